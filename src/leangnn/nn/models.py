@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torch_geometric.nn import GATConv, GCNConv, GraphConv, LayerNorm, SAGEConv
-from torch_geometric.nn.models import GCN, GraphSAGE
+from torch_geometric.nn.models import GAT, GCN, GraphSAGE
 
 __all__ = ["CONVS", "build_conv", "ResGNN", "build_model", "MODELS"]
 
@@ -106,6 +106,7 @@ MODELS = {
     "res": ResGNN,
     "gcn": _shallow(GCN),
     "sage": _shallow(GraphSAGE),
+    "gat": _shallow(GAT),
 }
 
 
