@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import torch
 from torch import Tensor
 
 __all__ = [
