@@ -156,7 +156,8 @@ def _exhaustive_words(num_sources: int, word0: int, words: int) -> np.ndarray:
 
 def signal_probability(net: Netlist, num_patterns: int = 1 << 16, seed: int = 0,
                        exhaustive: bool | None = None, levels: Levels | None = None,
-                       chunk_words: int = 128) -> np.ndarray:
+                       chunk_words: int = 128,
+                       patterns: np.ndarray | None = None) -> np.ndarray:
     """Probability that each node is 1 under uniform random source values.
 
     Args:
@@ -169,6 +170,9 @@ def signal_probability(net: Netlist, num_patterns: int = 1 << 16, seed: int = 0,
         levels (Levels, optional): reuse a :func:`levelize` result.
         chunk_words (int, optional): ``uint64`` words simulated at once per
             node; bounds memory at ``8 * N * chunk_words`` bytes. (default: ``128``)
+        patterns (np.ndarray, optional): explicit source values, ``uint64
+            [S, W]`` in the order of sources (primary and pseudo-primary
+            inputs by node index); overrides ``exhaustive`` and sampling.
 
     Returns:
         ``float64 [N]`` probabilities (exact multiples of ``1 / patterns`` when
@@ -177,9 +181,15 @@ def signal_probability(net: Netlist, num_patterns: int = 1 << 16, seed: int = 0,
     lv = levels or levelize(net)
     sources = np.flatnonzero(np.isin(net.types, (TYPE_ID["input"], TYPE_ID["ppi"])))
     s = sources.size
-    if exhaustive is None:
-        exhaustive = s <= 16
-    if exhaustive:
+    if patterns is not None:
+        patterns = np.asarray(patterns, dtype=np.uint64)
+        if patterns.ndim != 2 or patterns.shape[0] != s:
+            raise ValueError(f"patterns must have shape [{s}, W] (one row per "
+                             f"source), got {tuple(patterns.shape)}")
+        exhaustive = False
+        total_words = patterns.shape[1]
+    elif exhaustive or (exhaustive is None and s <= 16):
+        exhaustive = True
         if s > 30:
             raise ValueError(f"exhaustive simulation of {s} sources is infeasible; "
                              "use exhaustive=False")
@@ -195,7 +205,9 @@ def signal_probability(net: Netlist, num_patterns: int = 1 << 16, seed: int = 0,
     for w0 in range(0, total_words, chunk_words):
         wc = min(chunk_words, total_words - w0)
         vals = np.zeros((net.num_nodes, wc), dtype=np.uint64)
-        if exhaustive:
+        if patterns is not None:
+            vals[sources] = patterns[:, w0:w0 + wc]
+        elif exhaustive:
             vals[sources] = _exhaustive_words(s, w0, wc)
         else:
             vals[sources] = rng.integers(0, np.iinfo(np.uint64).max, size=(s, wc),
