@@ -1,0 +1,144 @@
+"""Trainer: determinism, resume, early stopping, clipping, run directory."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from leangnn.config import TrainConfig
+from leangnn.strategy import FullBatch
+from leangnn.train import Trainer, make_loss_fn
+
+TINY = dict(dataset="iscas85/c17,misc/mux_4,epfl/ctrl,misc/c17_gates",
+            val_dataset="misc/mux_2", test_dataset="misc/switch,iscas85g/c17g",
+            model="res", num_layers=2, hidden_channels=8, epochs=4, patience=0)
+
+
+def _run(tmp_path, name, resume=False, **kw):
+    cfg = TrainConfig(**{**TINY, **kw, "out": str(tmp_path / name)})
+    return Trainer(cfg, progress=False).fit(resume=resume)
+
+
+def _lines(path):
+    out = []
+    for ln in path.read_text().splitlines():
+        rec = json.loads(ln)
+        rec.pop("epoch_seconds")
+        out.append(rec)
+    return out
+
+
+def test_same_seed_same_metrics(tmp_path):
+    a = _run(tmp_path, "a", dropout=0.1)
+    b = _run(tmp_path, "b", dropout=0.1)
+    assert _lines(tmp_path / "a" / "metrics.jsonl") == _lines(
+        tmp_path / "b" / "metrics.jsonl")
+    assert a["metrics"] == b["metrics"]
+    c = _run(tmp_path, "c", dropout=0.1, seed=1)
+    assert c["metrics"] != a["metrics"]
+
+
+def test_resume_continues_exactly(tmp_path):
+    full = _run(tmp_path, "full", dropout=0.1, epochs=4)
+    _run(tmp_path, "part", dropout=0.1, epochs=2)
+    assert len(_lines(tmp_path / "part" / "metrics.jsonl")) == 2
+    resumed = _run(tmp_path, "part", resume=True, dropout=0.1, epochs=4)
+    assert _lines(tmp_path / "part" / "metrics.jsonl") == _lines(
+        tmp_path / "full" / "metrics.jsonl")
+    assert resumed["metrics"] == full["metrics"]
+    assert resumed["epochs_run"] == 4
+
+
+def test_run_directory_contents(tmp_path):
+    s = _run(tmp_path, "r", epochs=2)
+    run = tmp_path / "r"
+    assert {p.name for p in run.iterdir()} == {"config.json", "metrics.jsonl",
+                                              "checkpoint.pt", "summary.json"}
+    cfg = json.loads((run / "config.json").read_text())
+    assert cfg["num_layers"] == 2 and cfg["model"] == "res"
+    on_disk = json.loads((run / "summary.json").read_text())
+    assert on_disk == json.loads(json.dumps(s))
+    for key in ("strategy", "task", "model", "num_layers", "hidden_channels"):
+        assert key in s
+    assert set(s["metrics"]["test"]) >= {"pearson", "spearman", "kendall", "mae", "r2"}
+    assert s["memory"]["peak_bytes"] >= 0 and s["memory"]["method"].startswith("cpu")
+    assert s["memory"]["saved_for_backward_bytes"] > 0
+    assert s["time"]["epoch_seconds_median"] > 0
+    ckpt = torch.load(run / "checkpoint.pt", weights_only=False)
+    assert ckpt["epoch"] == 2
+
+
+class _Frozen(FullBatch):
+    """Computes the loss but never produces gradients: validation cannot improve."""
+
+    def train_step(self, model, data, loss_fn):
+        with torch.no_grad():
+            return float(loss_fn(self.forward(model, data), data))
+
+
+def test_early_stopping_after_patience(tmp_path):
+    cfg = TrainConfig(**{**TINY, "epochs": 20, "patience": 3,
+                         "out": str(tmp_path / "es")})
+    t = Trainer(cfg, progress=False)
+    t.strategy = _Frozen()
+    s = t.fit()
+    assert s["early_stopped"] and s["epochs_run"] == 4  # 1 best + 3 without gain
+
+
+def test_gradient_clipping_bounds_the_step(tmp_path):
+    cfg = TrainConfig(**{**TINY, "epochs": 2, "clip_norm": 1e-3, "lr": 1.0,
+                         "out": str(tmp_path / "clip")})
+    t = Trainer(cfg, progress=False)
+    norms = []
+
+    def pre_hook(opt, *_):
+        g = [p.grad.norm() for grp in opt.param_groups for p in grp["params"]
+             if p.grad is not None]
+        norms.append(float(torch.stack(g).norm()))
+
+    t.optimizer.register_step_pre_hook(pre_hook)
+    t.fit()
+    assert norms and max(norms) <= 1e-3 * (1 + 1e-5)
+
+
+def test_loss_respects_node_mask():
+    loss_fn = make_loss_fn("regression")
+    out = torch.tensor([[1.0], [5.0]])
+
+    class D:
+        y = torch.tensor([1.0, 0.0])
+
+        def get(self, key, default=None):
+            return torch.tensor([True, False]) if key == "node_mask" else default
+
+    assert float(loss_fn(out, D())) == 0.0
+    ce = make_loss_fn("classification")
+    logits = torch.tensor([[10.0, 0.0], [0.0, 10.0]])
+
+    class C(D):
+        y = torch.tensor([0, 0])
+
+    assert float(ce(logits, C())) < 1e-3
+
+
+def test_synthetic_dataset_with_node_masks(tmp_path):
+    cfg = TrainConfig(dataset="csbm:600", model="sage", num_layers=2,
+                      hidden_channels=16, epochs=3, patience=0,
+                      out=str(tmp_path / "csbm"))
+    s = Trainer(cfg, progress=False).fit()
+    assert 0.0 <= s["metrics"]["test"]["accuracy"] <= 1.0
+    assert s["data"]["train"] == ["csbm-600"]
+
+
+def test_bad_config_values_are_named():
+    with pytest.raises(ValueError, match=r"num_layers: expected a positive integer, "
+                                         r"got 0"):
+        TrainConfig(num_layers=0)
+    with pytest.raises(ValueError, match="strategy: expected one of"):
+        TrainConfig(strategy="magic")
+    with pytest.raises(ValueError, match="device_budget: cannot read 'lots'"):
+        TrainConfig(device_budget="lots")
+    with pytest.raises(ValueError, match="test_dataset: circuits"):
+        Trainer(TrainConfig(**{**TINY, "test_dataset": "iscas85/c17"}), progress=False)
