@@ -1,9 +1,13 @@
-"""Models: deep residual GNNs and shallow PyG baselines, built by name.
+"""Models: deep GSR and residual GNNs and shallow PyG baselines, built by name.
 
-``ResGNN`` is the plain-autograd deep residual GNN of DeepGCN/RevGNN
-("pre-activation" res+ blocks: norm -> ReLU -> dropout -> conv, added to the
-input). The shallow baselines are PyG's :class:`~torch_geometric.nn.models.GCN`
-and :class:`~torch_geometric.nn.models.GraphSAGE`.
+* ``gsr``: :class:`GSRGNN`, encoder -> :class:`~leangnn.nn.reversible.GSRStack`
+  -> head (GSR-GNN, DAC 2026); activation memory independent of depth.
+* ``res``: :class:`ResGNN`, the same pre-activation blocks
+  (:class:`~leangnn.nn.reversible.GSRBlock`: norm -> group-sparse activation ->
+  dropout -> conv) in plain residual form under plain autograd (DeepGCN res+).
+* ``gcn`` / ``sage`` / ``gat``: PyG's shallow :class:`~torch_geometric.nn.models.GCN`,
+  :class:`~torch_geometric.nn.models.GraphSAGE` and
+  :class:`~torch_geometric.nn.models.GAT`.
 """
 
 from __future__ import annotations
@@ -11,46 +15,41 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch_geometric.nn import GATConv, GCNConv, GraphConv, LayerNorm, SAGEConv
 from torch_geometric.nn.models import GAT, GCN, GraphSAGE
 
-__all__ = ["CONVS", "build_conv", "ResGNN", "build_model", "MODELS"]
+from leangnn.nn.group_sparse import resolve_k
+from leangnn.nn.reversible import CONVS, ConvSpec, GSRBlock, GSRStack, build_conv
 
-CONVS = ("gcn", "sage", "gat", "graph")
-
-
-def build_conv(conv: str, in_channels: int, out_channels: int, heads: int = 1,
-               **kwargs) -> torch.nn.Module:
-    """A PyG conv by name: ``gcn``, ``sage``, ``gat`` or ``graph``.
-
-    GAT uses ``heads`` heads whose outputs are averaged (``concat=False``) so
-    the width stays ``out_channels``.
-    """
-    if conv == "gcn":
-        return GCNConv(in_channels, out_channels, **kwargs)
-    if conv == "sage":
-        return SAGEConv(in_channels, out_channels, **kwargs)
-    if conv == "gat":
-        return GATConv(in_channels, out_channels, heads=heads, concat=False, **kwargs)
-    if conv == "graph":
-        return GraphConv(in_channels, out_channels, **kwargs)
-    raise ValueError(f"unknown conv {conv!r}; expected one of {CONVS}")
+__all__ = ["CONVS", "build_conv", "GSRGNN", "ResGNN", "build_model", "MODELS"]
 
 
-class ResGNN(torch.nn.Module):
-    r"""Deep residual GNN with pre-activation blocks, trained by plain autograd.
+def _conv_name(conv: ConvSpec) -> str:
+    return conv if isinstance(conv, str) else getattr(conv, "__name__", "custom")
 
-    From DeepGCN (Li et al., ICCV 2019) as used by RevGNN: an encoder, ``L``
-    blocks :math:`h \leftarrow h + \mathrm{conv}(\mathrm{drop}(\mathrm{ReLU}(
-    \mathrm{norm}(h))))`, then a head. Activations grow as :math:`O(L N C)`.
+
+class GSRGNN(torch.nn.Module):
+    r"""Grouped-Sparse-Reversible GNN: encoder -> GSRStack -> norm/ReLU -> head.
+
+    From "GSR-GNN: Training Acceleration and Memory-Saving Framework of Deep
+    GNNs on Circuit Graph" (Luo et al., DAC 2026), with the grouped reversible
+    coupling of RevGNN (Li et al., ICML 2021). Trains hundreds of layers at the
+    activation memory of one.
 
     Args:
         in_channels (int): input feature size.
-        hidden_channels (int): width of every block.
+        hidden_channels (int): width ``C`` (divisible by ``num_groups``).
         out_channels (int): output size.
-        num_layers (int): number of residual blocks ``L``.
-        conv (str, optional): conv type, see :func:`build_conv`. (default: ``"sage"``)
-        dropout (float, optional): dropout inside blocks. (default: ``0.0``)
+        num_layers (int): reversible layers ``L``.
+        num_groups (int, optional): groups ``G >= 2``. (default: ``2``)
+        conv (str or callable, optional): see
+            :func:`~leangnn.nn.reversible.build_conv`. (default: ``"sage"``)
+        sparsity (int or float, optional): winners per group of ``C / G``
+            channels, or kept fraction; ``None`` is ReLU. (default: ``None``)
+        dropout (float, optional): shared dropout in the stack and dropout
+            before the head. (default: ``0.0``)
+        disable (bool, optional): plain autograd through the same parameters
+            (the reference; no memory saving). (default: ``False``)
+        **conv_kwargs: passed to every conv.
 
     Shapes:
         **input:** ``x [N, in_channels]``, ``edge_index [2, E]``
@@ -58,33 +57,117 @@ class ResGNN(torch.nn.Module):
     """
 
     def __init__(self, in_channels: int, hidden_channels: int, out_channels: int,
-                 num_layers: int, conv: str = "sage", dropout: float = 0.0,
-                 **conv_kwargs):
+                 num_layers: int, num_groups: int = 2, conv: ConvSpec = "sage",
+                 sparsity: int | float | None = None, dropout: float = 0.0,
+                 disable: bool = False, **conv_kwargs):
         super().__init__()
         self.in_channels, self.hidden_channels = in_channels, hidden_channels
         self.out_channels, self.num_layers = out_channels, num_layers
-        self.conv_name, self.dropout = conv, dropout
+        self.dropout = dropout
         self.encoder = torch.nn.Linear(in_channels, hidden_channels)
-        self.norms = torch.nn.ModuleList(
-            LayerNorm(hidden_channels, mode="node") for _ in range(num_layers))
-        self.convs = torch.nn.ModuleList(
-            build_conv(conv, hidden_channels, hidden_channels, **conv_kwargs)
-            for _ in range(num_layers))
-        self.out_norm = LayerNorm(hidden_channels, mode="node")
+        self.stack = GSRStack(hidden_channels, num_layers, num_groups, conv,
+                              sparsity, dropout, disable, **conv_kwargs)
+        self.out_norm = torch.nn.LayerNorm(hidden_channels)
         self.head = torch.nn.Linear(hidden_channels, out_channels)
-        self.reset_parameters()
+
+    @property
+    def disable(self) -> bool:
+        """Whether the stack runs under plain autograd."""
+        return self.stack.disable
+
+    @disable.setter
+    def disable(self, value: bool) -> None:
+        self.stack.disable = bool(value)
+
+    def reset_parameters(self) -> None:
+        for m in (self.encoder, self.stack, self.out_norm, self.head):
+            m.reset_parameters()
+
+    def forward(self, x: Tensor, edge_index, *args, **kwargs) -> Tensor:
+        h = self.stack(self.encoder(x), edge_index, *args, **kwargs)
+        h = F.dropout(F.relu(self.out_norm(h)), p=self.dropout,
+                      training=self.training)
+        return self.head(h)
+
+    def __repr__(self) -> str:
+        s = self.stack
+        k = "relu" if s.k is None else s.k
+        return (f"{self.__class__.__name__}({self.in_channels}, "
+                f"{self.hidden_channels}, {self.out_channels}, "
+                f"num_layers={self.num_layers}, num_groups={s.num_groups}, "
+                f"conv={s.conv_name}, k={k})")
+
+
+class ResGNN(torch.nn.Module):
+    r"""Deep residual GNN with pre-activation blocks, trained by plain autograd.
+
+    From DeepGCN (Li et al., ICCV 2019) as used by RevGNN: an encoder, ``L``
+    blocks :math:`h \leftarrow h + \mathrm{conv}(\mathrm{drop}(\sigma(
+    \mathrm{norm}(h))))` at full width ``C``, then a head. The blocks are
+    :class:`~leangnn.nn.reversible.GSRBlock`, the same as in :class:`GSRGNN`,
+    with :math:`\sigma` the group-sparse activation over groups of
+    ``C / num_groups`` channels (ReLU when ``sparsity`` is ``None``) and a
+    fresh dropout mask per layer. Activations grow as :math:`O(L N C)`.
+
+    Args:
+        in_channels (int): input feature size.
+        hidden_channels (int): width of every block.
+        out_channels (int): output size.
+        num_layers (int): number of residual blocks ``L``.
+        conv (str or callable, optional): conv type, see :func:`build_conv`.
+            (default: ``"sage"``)
+        dropout (float, optional): dropout inside blocks. (default: ``0.0``)
+        num_groups (int, optional): activation groups per node. (default: ``1``)
+        sparsity (int or float, optional): winners per activation group.
+            (default: ``None``)
+        **conv_kwargs: passed to every conv.
+
+    Shapes:
+        **input:** ``x [N, in_channels]``, ``edge_index [2, E]``
+        **output:** ``[N, out_channels]``
+    """
+
+    def __init__(self, in_channels: int, hidden_channels: int, out_channels: int,
+                 num_layers: int, conv: ConvSpec = "sage", dropout: float = 0.0,
+                 num_groups: int = 1, sparsity: int | float | None = None,
+                 **conv_kwargs):
+        super().__init__()
+        if not isinstance(num_groups, int) or num_groups < 1 or \
+                hidden_channels % num_groups:
+            raise ValueError(f"num_groups must be a positive divisor of "
+                             f"hidden_channels={hidden_channels}, got {num_groups!r}")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {dropout!r}")
+        self.in_channels, self.hidden_channels = in_channels, hidden_channels
+        self.out_channels, self.num_layers = out_channels, num_layers
+        self.conv_name, self.dropout = _conv_name(conv), dropout
+        group_size = hidden_channels // num_groups
+        self.k = resolve_k(sparsity, group_size)
+        self.encoder = torch.nn.Linear(in_channels, hidden_channels)
+        self.blocks = torch.nn.ModuleList(
+            GSRBlock(hidden_channels, conv, self.k, group_size, **conv_kwargs)
+            for _ in range(num_layers))
+        self.out_norm = torch.nn.LayerNorm(hidden_channels)
+        self.head = torch.nn.Linear(hidden_channels, out_channels)
 
     def reset_parameters(self) -> None:
         self.encoder.reset_parameters()
-        for m in [*self.norms, *self.convs, self.out_norm, self.head]:
+        for m in [*self.blocks, self.out_norm, self.head]:
             m.reset_parameters()
 
-    def forward(self, x: Tensor, edge_index: Tensor, **kwargs) -> Tensor:
+    def forward(self, x: Tensor, edge_index, *args, **kwargs) -> Tensor:
         h = self.encoder(x)
-        for norm, conv in zip(self.norms, self.convs):
-            z = F.dropout(F.relu(norm(h)), p=self.dropout, training=self.training)
-            h = h + conv(z, edge_index, **kwargs)
-        return self.head(F.relu(self.out_norm(h)))
+        drop = self.training and self.dropout > 0
+        scale = 1.0 / (1.0 - self.dropout) if drop else 1.0
+        for block in self.blocks:
+            keep = None
+            if drop:
+                keep = torch.empty(h.shape, dtype=torch.bool, device=h.device)
+                keep.bernoulli_(1.0 - self.dropout)
+            h = h + block(h, edge_index, *args, keep=keep, scale=scale, **kwargs)
+        h = F.dropout(F.relu(self.out_norm(h)), p=self.dropout,
+                      training=self.training)
+        return self.head(h)
 
     def __repr__(self) -> str:
         return (f"{self.__class__.__name__}({self.in_channels}, "
@@ -97,12 +180,14 @@ def _shallow(cls):
              **_):
         return cls(in_channels, hidden_channels, num_layers, out_channels,
                    dropout=dropout)
+    make.__name__ = make.__qualname__ = cls.__name__
     return make
 
 
 #: model name -> constructor(in_channels, hidden_channels, out_channels,
 #: num_layers, **kwargs)
 MODELS = {
+    "gsr": GSRGNN,
     "res": ResGNN,
     "gcn": _shallow(GCN),
     "sage": _shallow(GraphSAGE),
@@ -112,11 +197,16 @@ MODELS = {
 
 def build_model(name: str, in_channels: int, hidden_channels: int,
                 out_channels: int, num_layers: int, **kwargs) -> torch.nn.Module:
-    """Build a model by name (see :data:`MODELS`); unknown kwargs are ignored by
-    the shallow baselines."""
+    """Build a model by name (see :data:`MODELS`).
+
+    ``kwargs`` may carry ``conv``, ``dropout``, ``num_groups``, ``sparsity``
+    (and ``disable`` for ``gsr``); ``None`` values mean "model default" and
+    the shallow baselines ignore what they do not use.
+    """
     if name not in MODELS:
         raise ValueError(f"unknown model {name!r}; expected one of {sorted(MODELS)}")
-    if num_layers < 1:
-        raise ValueError(f"num_layers must be >= 1, got {num_layers}")
+    if not isinstance(num_layers, int) or num_layers < 1:
+        raise ValueError(f"num_layers must be an int >= 1, got {num_layers!r}")
+    kwargs = {k: v for k, v in kwargs.items() if v is not None}
     return MODELS[name](in_channels, hidden_channels, out_channels, num_layers,
                         **kwargs)

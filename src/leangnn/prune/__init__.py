@@ -1,0 +1,41 @@
+"""DPR: Decoupled Prune-and-Reconstruct (train on a compact core, serve every node).
+
+* :mod:`~leangnn.prune.importance`: pluggable node importance (degree,
+  PageRank, k-core, combined);
+* :mod:`~leangnn.prune.core`: core selection at a budget, bridging edges,
+  DSpar sparsification;
+* :mod:`~leangnn.prune.decoder`: sparse PageRank anchors and the decoder;
+* :mod:`~leangnn.prune.dpr`: :class:`DPRStrategy`, the trainer strategy
+  ``prune``.
+"""
+
+from .core import (
+    CoreGraph,
+    bridge_edges,
+    build_core,
+    core_size,
+    core_size_for_bytes,
+    dspar_sparsify,
+    select_core,
+)
+from .decoder import AnchorDecoder, Anchors, ppr_anchors
+from .dpr import DPRConfig, DPRStrategy, adj_t_of
+from .importance import (
+    IMPORTANCE,
+    combined_importance,
+    degree_importance,
+    kcore_number,
+    node_importance,
+    pagerank,
+    register_importance,
+    undirected_csr,
+)
+
+__all__ = [
+    "IMPORTANCE", "register_importance", "node_importance", "degree_importance",
+    "pagerank", "kcore_number", "combined_importance", "undirected_csr",
+    "CoreGraph", "core_size", "core_size_for_bytes", "select_core", "bridge_edges",
+    "dspar_sparsify", "build_core",
+    "Anchors", "ppr_anchors", "AnchorDecoder",
+    "DPRConfig", "DPRStrategy", "adj_t_of",
+]

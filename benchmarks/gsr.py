@@ -1,0 +1,519 @@
+"""GSR benchmark: memory vs depth, speed vs peers, quality vs depth, b19 depth.
+
+Reproduces the claims of issue 3 side by side with the peers, in one run:
+
+1. **memory**: peak training memory (2 steps of forward + backward + Adam) of
+   GSRGNN, ResGNN and PyG ``GroupAddRev`` against depth on ``epfl/multiplier``
+   (hidden 64, 4 groups), each point in a fresh subprocess
+   (:func:`leangnn.profile.measure_in_subprocess`); also the bytes autograd
+   saves for backward (:class:`leangnn.profile.SavedTensorsMeter`).
+2. **speed**: one training epoch (one step on ``epfl/multiplier``) of GSRGNN,
+   ``GroupAddRev`` and ResGNN with the same conv, width, depth and groups,
+   alternated round by round in one process; medians and ratios.
+3. **quality**: ``arrival`` trained on the default training circuits and
+   tested on circuits never seen (``leangnn.circuits.DEFAULT_SPLIT``) with the
+   :class:`leangnn.train.Trainer`; Pearson, Spearman, Kendall and MAE.
+4. **b19**: peak memory of GSRGNN on ``itc99/b19`` at growing depth, and the
+   ResGNN per-layer slope, to bound the depth trainable within 8 GiB.
+
+No GPU here: times are CPU times (one thread by default, because the machine
+is shared) and only their ratios carry over; memory is CPU peak RSS.
+
+Usage::
+
+    python benchmarks/gsr.py --quick          # ~5 min smoke run
+    nice -n 5 python benchmarks/gsr.py        # full run (see benchmarks/gsr.md)
+    python benchmarks/gsr.py --sections memory,speed
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch_geometric.nn import GroupAddRev
+
+from leangnn.nn import GSRGNN, ResGNN, build_conv
+from leangnn.profile import SavedTensorsMeter, measure_in_subprocess
+
+ROOT = Path(__file__).resolve().parents[1]
+MiB = float(1 << 20)
+
+
+# --------------------------------------------------------------------------- #
+# The peer: PyG GroupAddRev as in PyG's examples/rev_gnn.py
+# --------------------------------------------------------------------------- #
+class RevBlock(torch.nn.Module):
+    """PyG's RevGNN group block: norm -> ReLU -> shared dropout mask -> conv."""
+
+    def __init__(self, channels: int, conv: str):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(channels)
+        self.conv = build_conv(conv, channels, channels)
+
+    def reset_parameters(self):
+        self.norm.reset_parameters()
+        self.conv.reset_parameters()
+
+    def forward(self, x, edge_index, dropout_mask=None):
+        x = F.relu(self.norm(x))
+        if self.training and dropout_mask is not None:
+            x = x * dropout_mask
+        return self.conv(x, edge_index)
+
+
+class GroupAddRevGNN(torch.nn.Module):
+    """Encoder -> L x ``torch_geometric.nn.GroupAddRev`` -> norm/ReLU -> head."""
+
+    def __init__(self, in_channels, hidden_channels, out_channels, num_layers,
+                 num_groups=4, conv="sage", dropout=0.0):
+        super().__init__()
+        self.dropout = dropout
+        self.encoder = torch.nn.Linear(in_channels, hidden_channels)
+        self.layers = torch.nn.ModuleList(
+            GroupAddRev(RevBlock(hidden_channels // num_groups, conv),
+                        num_groups=num_groups) for _ in range(num_layers))
+        self.out_norm = torch.nn.LayerNorm(hidden_channels)
+        self.head = torch.nn.Linear(hidden_channels, out_channels)
+
+    def forward(self, x, edge_index):
+        h = self.encoder(x)
+        mask = None
+        if self.training and self.dropout > 0:
+            mask = torch.zeros_like(h).bernoulli_(1 - self.dropout) / (1 - self.dropout)
+        for layer in self.layers:
+            h = layer(h, edge_index, mask)
+        h = F.dropout(F.relu(self.out_norm(h)), self.dropout, self.training)
+        return self.head(h)
+
+
+LABELS = {"gsr": "GSRGNN", "gsr_relu": "GSRGNN (ReLU)", "res": "ResGNN",
+          "rev": "GroupAddRev"}
+
+
+def make_model(kind, in_channels, hidden, layers, groups, conv, sparsity, dropout):
+    if kind in ("gsr", "gsr_relu"):
+        return GSRGNN(in_channels, hidden, 1, layers, num_groups=groups, conv=conv,
+                      sparsity=None if kind == "gsr_relu" else sparsity,
+                      dropout=dropout)
+    if kind == "res":
+        return ResGNN(in_channels, hidden, 1, layers, conv=conv, dropout=dropout,
+                      num_groups=groups, sparsity=sparsity)
+    if kind == "rev":
+        return GroupAddRevGNN(in_channels, hidden, 1, layers, groups, conv, dropout)
+    raise ValueError(f"unknown model kind {kind!r}")
+
+
+def train_step(model, opt, data) -> float:
+    opt.zero_grad(set_to_none=True)
+    out = model(data.x, data.edge_index)
+    loss = F.mse_loss(out.view(-1), data.y)
+    loss.backward()
+    opt.step()
+    return float(loss)
+
+
+# --------------------------------------------------------------------------- #
+# 1. memory vs depth (one fresh subprocess per point)
+# --------------------------------------------------------------------------- #
+def _mem_setup(kind, circuit, hidden, layers, groups, conv, sparsity, dropout,
+               threads, seed=0):
+    from leangnn.circuits import load_circuit
+
+    torch.set_num_threads(threads)
+    torch.manual_seed(seed)
+    data = load_circuit(circuit, task="arrival")
+    model = make_model(kind, data.num_features, hidden, layers, groups, conv,
+                       sparsity, dropout).train()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    return {"model": model, "opt": opt, "data": data, "steps": 2}
+
+
+def _mem_run(state):
+    model, opt, data = state["model"], state["opt"], state["data"]
+    times, saved = [], 0
+    for step in range(state["steps"]):
+        t0 = time.perf_counter()
+        if step == 0:
+            with SavedTensorsMeter() as meter:
+                out = model(data.x, data.edge_index)
+                loss = F.mse_loss(out.view(-1), data.y)
+            saved = meter.bytes
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            del out, loss
+        else:
+            train_step(model, opt, data)
+        times.append(time.perf_counter() - t0)
+    return {"saved_bytes": saved, "step_seconds": times,
+            "num_parameters": sum(p.numel() for p in model.parameters())}
+
+
+def measure_point(kind, layers, args, circuit=None):
+    kw = dict(kind=kind, circuit=circuit or args.circuit, hidden=args.hidden,
+              layers=layers, groups=args.groups, conv=args.conv,
+              sparsity=args.sparsity, dropout=args.dropout, threads=args.threads)
+    result, mem = measure_in_subprocess(_mem_setup, _mem_run, kw, device=args.device,
+                                        timeout=args.timeout)
+    return {"model": kind, "layers": layers, "circuit": kw["circuit"],
+            "peak_bytes": mem["peak_bytes"], "method": mem["method"],
+            "baseline_bytes": mem["baseline_bytes"], **result}
+
+
+def bench_memory(args, log):
+    depths = {"gsr": args.gsr_depths, "res": args.res_depths, "rev": args.rev_depths}
+    rows = []
+    for kind, ds in depths.items():
+        for layers in ds:
+            row = measure_point(kind, layers, args)
+            rows.append(row)
+            log(f"memory {LABELS[kind]:>12} L={layers:<4} peak "
+                f"{row['peak_bytes'] / MiB:9.1f} MiB  saved "
+                f"{row['saved_bytes'] / MiB:9.1f} MiB")
+    return rows
+
+
+# --------------------------------------------------------------------------- #
+# 2. speed: alternating rounds in one process
+# --------------------------------------------------------------------------- #
+def bench_speed(args, log):
+    from leangnn.circuits import load_circuit
+
+    torch.set_num_threads(args.threads)
+    data = load_circuit(args.circuit, task="arrival")
+    out = []
+    for conv in args.speed_convs:
+        kinds = ["gsr", "gsr_relu", "rev", "res"]
+        models, opts = {}, {}
+        for kind in kinds:
+            torch.manual_seed(0)
+            models[kind] = make_model(kind, data.num_features, args.hidden,
+                                      args.speed_layers, args.groups, conv,
+                                      args.sparsity, args.dropout).train()
+            opts[kind] = torch.optim.Adam(models[kind].parameters(), lr=1e-3)
+        times = {k: [] for k in kinds}
+        for r in range(args.rounds + 1):  # round 0 warms up and is dropped
+            order = kinds[r % len(kinds):] + kinds[:r % len(kinds)]
+            for kind in order:
+                t0 = time.perf_counter()
+                train_step(models[kind], opts[kind], data)
+                if r > 0:
+                    times[kind].append(time.perf_counter() - t0)
+        med = {k: statistics.median(v) for k, v in times.items()}
+        row = {"conv": conv, "layers": args.speed_layers, "rounds": args.rounds,
+               "times": times, "median_seconds": med,
+               "ratio_vs_groupaddrev": {k: med[k] / med["rev"] for k in kinds},
+               "ratio_vs_resgnn": {k: med[k] / med["res"] for k in kinds}}
+        out.append(row)
+        log(f"speed {conv} L={args.speed_layers}: " + "  ".join(
+            f"{LABELS[k]} {med[k]:.3f}s ({med[k] / med['rev']:.2f}x rev, "
+            f"{med[k] / med['res']:.2f}x res)" for k in kinds))
+        del models, opts
+    return out
+
+
+# --------------------------------------------------------------------------- #
+# 3. quality: arrival, split by circuit, through the Trainer
+# --------------------------------------------------------------------------- #
+def bench_quality(args, log):
+    from leangnn.config import TrainConfig
+    from leangnn.nn import build_model
+    from leangnn.train import Trainer
+    from leangnn.utils import seed_everything
+
+    torch.set_num_threads(args.threads)
+    rows = []
+    for spec in args.quality_models:
+        name, layers = spec.split("@")
+        layers = int(layers)
+        strategy = "reversible" if name == "gsr" else "full"
+        cfg = TrainConfig(
+            dataset=args.train, val_dataset=args.val, test_dataset=args.test,
+            task="arrival", strategy=strategy, model=name, conv=args.conv,
+            num_layers=layers, hidden_channels=args.hidden, dropout=args.dropout,
+            epochs=args.epochs, lr=args.lr, patience=args.patience, seed=args.seed,
+            device=args.device, num_groups=args.groups, sparsity=args.sparsity,
+            out=str(ROOT / "runs" / "bench-gsr" / f"{name}-L{layers}"))
+        trainer = Trainer(cfg, progress=False)
+        if name == "res":
+            # ResGNN with the same activation as GSRGNN (the Trainer passes
+            # num_groups/sparsity to gsr only); rebuilt with the same seed.
+            seed_everything(cfg.seed)
+            trainer.model = build_model(
+                "res", trainer.splits.in_channels, cfg.hidden_channels, 1, layers,
+                conv=cfg.conv, dropout=cfg.dropout, num_groups=cfg.num_groups,
+                sparsity=cfg.sparsity).to(trainer.device)
+            trainer.optimizer = torch.optim.Adam(trainer.model.parameters(),
+                                                 lr=cfg.lr)
+        t0 = time.perf_counter()
+        summary = trainer.fit()
+        test = summary["metrics"]["test"]
+        row = {"model": name, "layers": layers,
+               "pearson": test["pearson"], "spearman": test["spearman"],
+               "kendall": test["kendall"], "mae": test["mae"],
+               "val_pearson": summary["metrics"]["val"]["pearson"],
+               "epochs_run": summary["epochs_run"],
+               "epoch_seconds": summary["time"]["epoch_seconds_median"],
+               "wall_seconds": time.perf_counter() - t0,
+               "num_parameters": summary["num_parameters"]}
+        rows.append(row)
+        log(f"quality {name}@{layers}: pearson {row['pearson']:.4f} spearman "
+            f"{row['spearman']:.4f} kendall {row['kendall']:.4f} mae {row['mae']:.4f}"
+            f" ({row['epochs_run']} ep, {row['wall_seconds']:.0f} s)")
+    return rows
+
+
+# --------------------------------------------------------------------------- #
+# 4. itc99/b19: how deep within 8 GiB
+# --------------------------------------------------------------------------- #
+def bench_b19(args, log):
+    rows = []
+    budget = 8 << 30
+    for kind, ds in (("res", args.b19_res_depths), ("gsr", args.b19_gsr_depths)):
+        for layers in ds:
+            row = measure_point(kind, layers, args, circuit="itc99/b19")
+            rows.append(row)
+            log(f"b19 {LABELS[kind]:>8} L={layers:<5} peak "
+                f"{row['peak_bytes'] / MiB:9.1f} MiB  step "
+                f"{statistics.median(row['step_seconds']):.1f} s")
+
+    def fit(kind):
+        pts = sorted((r["layers"], r["peak_bytes"]) for r in rows
+                     if r["model"] == kind)
+        if len(pts) < 2:
+            return None
+        (l0, m0), (l1, m1) = pts[0], pts[-1]
+        slope = max((m1 - m0) / (l1 - l0), 1.0)
+        return {"bytes_per_layer": slope, "intercept_bytes": m0 - slope * l0,
+                "max_layers_8gib_extrapolated": int((budget - (m0 - slope * l0))
+                                                    / slope)}
+
+    within = [r["layers"] for r in rows if r["model"] == "gsr"
+              and r["peak_bytes"] <= budget]
+    return {"points": rows, "fit": {"res": fit("res"), "gsr": fit("gsr")},
+            "largest_gsr_depth_measured_within_8gib": max(within) if within
+            else None}
+
+
+# --------------------------------------------------------------------------- #
+# report
+# --------------------------------------------------------------------------- #
+def _mib(b):
+    return f"{b / MiB:,.1f}"
+
+
+def checks(res, args):
+    out = {}
+    mem = res.get("memory")
+    if mem:
+        peak = {(r["model"], r["layers"]): r["peak_bytes"] for r in mem}
+        gsr = sorted(ly for m, ly in peak if m == "gsr")
+        if gsr and 16 in gsr and 256 in gsr:
+            out["memory_gsr256_over_gsr16"] = peak["gsr", 256] / peak["gsr", 16]
+        if ("gsr", 128) in peak and ("res", 128) in peak:
+            out["memory_gsr128_over_res128"] = peak["gsr", 128] / peak["res", 128]
+    for row in res.get("speed") or []:
+        out[f"speed_{row['conv']}_gsr_over_groupaddrev"] = \
+            row["ratio_vs_groupaddrev"]["gsr"]
+        out[f"speed_{row['conv']}_gsr_over_resgnn"] = row["ratio_vs_resgnn"]["gsr"]
+    q = res.get("quality")
+    if q:
+        by = {(r["model"], r["layers"]): r["pearson"] for r in q}
+        shallow = max((v for (m, ly), v in by.items() if ly <= 4), default=None)
+        for (m, ly), v in by.items():
+            if m == "gsr" and ly >= 64:
+                if ("res", ly) in by:
+                    out[f"quality_gsr{ly}_minus_res{ly}"] = v - by["res", ly]
+                if shallow is not None:
+                    out[f"quality_gsr{ly}_minus_best_4layer"] = v - shallow
+    return out
+
+
+def markdown(res, args) -> str:
+    lines = ["## GSR: reversible deep GNNs (`benchmarks/gsr.py`)", "",
+             f"CPU only ({res['env']['cpu']}, torch {res['env']['torch']}, "
+             f"{args.threads} thread(s)); memory is peak RSS above the loaded "
+             "model in a fresh subprocess; times are CPU times, compare ratios "
+             "only. Command: `" + res["command"] + "`.", ""]
+    cfg = (f"hidden {args.hidden}, {args.groups} groups, conv {args.conv}, "
+           f"sparsity {args.sparsity} of {args.hidden // args.groups} per group, "
+           f"dropout {args.dropout}")
+    mem = res.get("memory")
+    if mem:
+        peak = {(r["model"], r["layers"]): r for r in mem}
+        depths = sorted({r["layers"] for r in mem})
+        lines += [f"### Peak training memory vs depth ({args.circuit}, {cfg}; "
+                  "2 steps of forward + backward + Adam)", "",
+                  "| layers | GSRGNN MiB | ResGNN MiB | GroupAddRev MiB | "
+                  "GSR / ResGNN | GSR saved-for-backward MiB | "
+                  "ResGNN saved-for-backward MiB |",
+                  "|---:|---:|---:|---:|---:|---:|---:|"]
+        for ly in depths:
+            g, r, v = (peak.get((k, ly)) for k in ("gsr", "res", "rev"))
+            cell = lambda x: _mib(x["peak_bytes"]) if x else "-"  # noqa: E731
+            ratio = f"{g['peak_bytes'] / r['peak_bytes']:.3f}" if g and r else "-"
+            lines.append(f"| {ly} | {cell(g)} | {cell(r)} | {cell(v)} | {ratio} | "
+                         f"{_mib(g['saved_bytes']) if g else '-'} | "
+                         f"{_mib(r['saved_bytes']) if r else '-'} |")
+        lines.append("")
+    if res.get("speed"):
+        lines += [f"### Epoch time vs peers ({args.circuit}, {cfg}; one step = one "
+                  f"epoch; median of {args.rounds} alternating rounds)", "",
+                  "| conv | layers | model | median s/epoch | vs GroupAddRev | "
+                  "vs ResGNN |", "|---|---:|---|---:|---:|---:|"]
+        for row in res["speed"]:
+            for k, t in row["median_seconds"].items():
+                lines.append(f"| {row['conv']} | {row['layers']} | {LABELS[k]} | "
+                             f"{t:.3f} | {row['ratio_vs_groupaddrev'][k]:.3f} | "
+                             f"{row['ratio_vs_resgnn'][k]:.3f} |")
+        lines.append("")
+    if res.get("quality"):
+        lines += [f"### Quality on `arrival`, unseen test circuits ({cfg}; train "
+                  f"{args.train or 'default split'}, test "
+                  f"{args.test or 'default split'}; up to {args.epochs} epochs, "
+                  f"patience {args.patience})", "",
+                  "| model | layers | pearson | spearman | kendall | MAE | epochs | "
+                  "s/epoch |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+        for r in res["quality"]:
+            lines.append(f"| {r['model']} | {r['layers']} | {r['pearson']:.4f} | "
+                         f"{r['spearman']:.4f} | {r['kendall']:.4f} | {r['mae']:.4f} "
+                         f"| {r['epochs_run']} | {r['epoch_seconds']:.2f} |")
+        lines.append("")
+    b19 = res.get("b19")
+    if b19:
+        lines += ["### itc99/b19: depth within 8 GiB", "",
+                  "| model | layers | peak MiB | s/step |", "|---|---:|---:|---:|"]
+        for r in b19["points"]:
+            lines.append(f"| {LABELS[r['model']]} | {r['layers']} | "
+                         f"{_mib(r['peak_bytes'])} | "
+                         f"{statistics.median(r['step_seconds']):.1f} |")
+        for k, f in b19["fit"].items():
+            if f:
+                lines.append(f"\n{LABELS[k]}: {_mib(f['bytes_per_layer'])} MiB per "
+                             "layer; 8 GiB reached at ~"
+                             f"{f['max_layers_8gib_extrapolated']:,} layers "
+                             "(linear extrapolation).")
+        lines += ["", "Largest GSRGNN depth trained on b19 and measured within 8 GiB: "
+                  f"{b19['largest_gsr_depth_measured_within_8gib']}.", ""]
+    if res.get("checks"):
+        lines += ["### Targets", "", "| check | value |", "|---|---:|"]
+        lines += [f"| {k} | {v:.3f} |" for k, v in res["checks"].items()]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def plot(res, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for kind in ("gsr", "res", "rev"):
+        pts = sorted((r["layers"], r["peak_bytes"] / MiB) for r in res["memory"]
+                     if r["model"] == kind)
+        if pts:
+            ax.plot(*zip(*pts), marker="o", label=LABELS[kind])
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("layers")
+    ax.set_ylabel("peak training memory (MiB, CPU RSS)")
+    ax.set_title("epfl/multiplier, hidden 64, 4 groups")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    a = p.add_argument
+    ints = lambda s: [int(v) for v in s.split(",") if v]  # noqa: E731
+    strs = lambda s: [v for v in s.split(",") if v]  # noqa: E731
+    a("--quick", action="store_true", help="small smoke run (~5 min)")
+    a("--sections", type=strs, default=["memory", "speed", "quality", "b19"])
+    a("--circuit", default="epfl/multiplier")
+    a("--hidden", type=int, default=64)
+    a("--groups", type=int, default=4)
+    a("--conv", default="sage")
+    a("--sparsity", type=int, default=8, help="winners per group (of hidden/groups)")
+    a("--dropout", type=float, default=0.0)
+    a("--threads", type=int, default=1, help="torch intra-op threads (all peers)")
+    a("--device", default="cpu")
+    a("--timeout", type=float, default=3600)
+    a("--gsr-depths", type=ints, default=[16, 32, 64, 128, 256])
+    a("--res-depths", type=ints, default=[16, 32, 64, 128])
+    a("--rev-depths", type=ints, default=[16, 32, 64, 128, 256])
+    a("--speed-layers", type=int, default=64)
+    a("--speed-convs", type=strs, default=["sage", "gcn", "gat"])
+    a("--rounds", type=int, default=5)
+    a("--quality-models", type=strs,
+      default=["sage@4", "res@4", "gsr@4", "res@64", "gsr@64"])
+    a("--train", default=None, help="training circuits (default split)")
+    a("--val", default=None)
+    a("--test", default=None)
+    a("--epochs", type=int, default=60)
+    a("--patience", type=int, default=20)
+    a("--lr", type=float, default=3e-3)
+    a("--seed", type=int, default=0)
+    a("--b19-gsr-depths", type=ints, default=[64, 256, 1024])
+    a("--b19-res-depths", type=ints, default=[4, 8])
+    a("--out", default=str(ROOT / "results" / "gsr.json"))
+    a("--md", default=str(ROOT / "benchmarks" / "gsr.md"))
+    a("--plot", default=str(ROOT / "results" / "gsr_memory.png"))
+    args = p.parse_args(argv)
+    if args.quick:
+        args.gsr_depths, args.res_depths, args.rev_depths = [16, 64], [16], [16]
+        args.speed_layers, args.speed_convs, args.rounds = 16, ["sage"], 3
+        args.quality_models = ["gsr@4", "gsr@16"]
+        args.train = "iscas85/c432,iscas85/c880,epfl/ctrl,epfl/router"
+        args.val, args.test = "epfl/int2float", "iscas85/c1908"
+        args.epochs, args.patience = 10, 0
+        args.sections = [s for s in args.sections if s != "b19"]
+        for name in ("out", "md", "plot"):  # never overwrite the full results
+            stem, ext = os.path.splitext(getattr(args, name))
+            setattr(args, name, stem + "_quick" + ext)
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    t_start = time.perf_counter()
+
+    def log(msg):
+        print(f"[{time.perf_counter() - t_start:7.1f}s] {msg}", flush=True)
+
+    res = {"command": "python benchmarks/gsr.py " + " ".join(
+        sys.argv[1:] if argv is None else argv),
+        "args": vars(args),
+        "env": {"torch": torch.__version__, "cpu": platform.processor() or
+                platform.machine(), "cores": os.cpu_count(),
+                "threads": args.threads, "device": args.device}}
+    for section, fn in (("memory", bench_memory), ("speed", bench_speed),
+                        ("quality", bench_quality), ("b19", bench_b19)):
+        if section in args.sections:
+            log(f"== {section}")
+            res[section] = fn(args, log)
+            res["checks"] = checks(res, args)
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.out).write_text(json.dumps(res, indent=1) + "\n")
+    Path(args.md).write_text(markdown(res, args))
+    if res.get("memory"):
+        plot(res, args.plot)
+    log(f"done: {args.out}, {args.md}" + (f", {args.plot}" if res.get("memory")
+                                          else "") + " | " + ", ".join(
+        f"{k}={v:.3f}" for k, v in res["checks"].items()))
+
+
+if __name__ == "__main__":
+    main()

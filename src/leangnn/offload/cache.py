@@ -1,0 +1,252 @@
+"""Device cache for offloaded training: a byte-budgeted slot pool and its policies.
+
+The cache keeps rows of host arrays (features, embeddings, gradient partial
+sums) on the device between the chunk jobs of a layer-wise schedule. Every
+cached row has a *keep key*; when a job brings more rows than there are free
+slots, the rows with the smallest keys (resident or incoming) lose: resident
+ones are evicted (written back when dirty), incoming ones bypass the cache.
+The policy is nothing but the key:
+
+* ``none``: no cache at all (every read goes to the host);
+* ``lru``: the access clock, so the pool always holds the most recently used
+  rows (exact LRU);
+* ``degree``: PaGraph's static rule (Lin et al., SoCC 2020): out-degree, with
+  rows of arrays that the current sweep does not touch demoted;
+* ``st``: NeutronJittor's spatial-temporal priority (Fundamental Research
+  2026): the *temporal* distance to the row's next use in the known schedule
+  first (Belady's MIN, so the row needed furthest in the future goes), then
+  the *structural* priority: remaining jobs that need the row, then degree.
+
+Metadata lives in host tensors and every operation is vectorised over the
+rows of a job, so a step costs ``O(rows + slots)`` regardless of the policy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+__all__ = ["POLICIES", "DeviceCache", "Candidates", "st_keys", "INF_STEP"]
+
+POLICIES = ("none", "lru", "degree", "st")
+#: "never used again" in schedule steps (far above any real step index)
+INF_STEP = (1 << 36) - 1
+_CAP = (1 << 13) - 1
+
+
+def st_keys(next_use: Tensor, remaining: Tensor, degree: Tensor) -> Tensor:
+    """Keep keys of the ``st`` policy (larger = keep).
+
+    Temporal priority dominates: a row whose next use is sooner always beats
+    one used later (Belady). Among rows next needed by the same job, the one
+    more remaining jobs need wins, then the one of higher degree.
+
+    Args:
+        next_use (Tensor): next schedule step that reads the row
+            (:data:`INF_STEP` when none).
+        remaining (Tensor): remaining jobs that need the row.
+        degree (Tensor): the node's degree.
+    """
+    temporal = (INF_STEP - next_use.clamp(max=INF_STEP)) << 26
+    structural = remaining.clamp(0, _CAP) << 13
+    return temporal | structural | degree.clamp(0, _CAP)
+
+
+@dataclass
+class Candidates:
+    """Rows a job offers to the cache: ``rows`` of array ``aid``.
+
+    ``values`` (on the device) are written into the slots the rows win;
+    ``dirty`` rows hold data the host does not have yet.
+    """
+
+    aid: int
+    rows: Tensor
+    keys: Tensor
+    dirty: bool
+    values: Tensor | None = None
+    aux: Tensor | None = None
+
+
+class DeviceCache:
+    """A pool of ``num_slots`` rows of ``width`` elements on ``device``.
+
+    Args:
+        capacity_bytes (int): bytes the pool may occupy.
+        width (int): slot width in elements (the widest cached array; narrower
+            rows occupy a full slot).
+        dtype (torch.dtype): element type.
+        device (torch.device or str): where the pool lives.
+        policy (str, optional): one of :data:`POLICIES`. (default: ``"st"``)
+        virtual (bool, optional): bookkeeping only, no pool tensor (for
+            counting traffic on graphs whose data is not materialised).
+            (default: ``False``)
+    """
+
+    def __init__(self, capacity_bytes: int, width: int, dtype: torch.dtype,
+                 device: torch.device | str = "cpu", policy: str = "st",
+                 virtual: bool = False):
+        if policy not in POLICIES:
+            raise ValueError(f"cache policy must be one of {POLICIES}, got {policy!r}")
+        if capacity_bytes < 0:
+            raise ValueError(f"capacity_bytes must be >= 0, got {capacity_bytes}")
+        self.policy = policy
+        self.width = width
+        self.dtype = dtype
+        self.device = torch.device(device)
+        self.slot_bytes = width * torch.empty((), dtype=dtype).element_size()
+        n = 0 if policy == "none" else int(capacity_bytes // self.slot_bytes)
+        self.num_slots = n
+        self.virtual = virtual
+        self.pool = None if virtual or n == 0 else torch.empty(
+            n, width, dtype=dtype, device=self.device)
+        self.owner = torch.full((n,), -1, dtype=torch.long)
+        self.row = torch.zeros(n, dtype=torch.long)
+        self.key = torch.zeros(n, dtype=torch.long)
+        self.aux = torch.zeros(n, dtype=torch.long)
+        self.dirty = torch.zeros(n, dtype=torch.bool)
+        self.slot_of: dict[int, Tensor] = {}
+        self.used = 0
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the pool (allocated once, whatever is resident)."""
+        return self.num_slots * self.slot_bytes
+
+    def register(self, aid: int, num_rows: int) -> None:
+        self.slot_of[aid] = torch.full((num_rows,), -1, dtype=torch.long)
+
+    def lookup(self, aid: int, rows: Tensor) -> Tensor:
+        """Slot of each row (``-1``: not resident)."""
+        return self.slot_of[aid][rows]
+
+    def set_keys(self, slots: Tensor, keys: Tensor) -> None:
+        self.key[slots] = keys
+
+    def read(self, slots: Tensor) -> Tensor | None:
+        if self.pool is None:
+            return None
+        return self.pool.index_select(0, slots.to(self.device, non_blocking=True))
+
+    def add_(self, slots: Tensor, values: Tensor | None) -> None:
+        """Accumulate ``values`` into resident rows (gradient partial sums)."""
+        if self.pool is not None and values is not None:
+            self.pool[:, : values.size(1)].index_add_(
+                0, slots.to(self.device, non_blocking=True), values)
+        self.dirty[slots.cpu()] = True
+
+    def resident(self, aid: int | None = None) -> Tensor:
+        """Occupied slots (of array ``aid``)."""
+        if aid is None:
+            return torch.nonzero(self.owner >= 0).flatten()
+        return torch.nonzero(self.owner == aid).flatten()
+
+    def drop(self, aid: int, rows: Tensor | None = None) -> None:
+        """Forget rows (all of array ``aid`` when ``rows`` is None), no write-back."""
+        if aid not in self.slot_of:
+            return
+        s = self.slot_of[aid] if rows is None else self.slot_of[aid][rows]
+        s = s[s >= 0]
+        self._free(s)
+
+    def unregister(self, aid: int) -> None:
+        self.drop(aid)
+        self.slot_of.pop(aid, None)
+
+    def _free(self, slots: Tensor) -> None:
+        if slots.numel() == 0:
+            return
+        owners, rows = self.owner[slots], self.row[slots]
+        for a in torch.unique(owners).tolist():
+            m = owners == a
+            self.slot_of[a][rows[m]] = -1
+        self.owner[slots] = -1
+        self.dirty[slots] = False
+        self.used -= slots.numel()
+
+    def rekey(self, fn: Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]) -> None:
+        """Recompute the keys of all resident rows: ``fn(owner, row, aux, key)``."""
+        s = self.resident()
+        if s.numel():
+            self.key[s] = fn(self.owner[s], self.row[s], self.aux[s], self.key[s])
+
+    def insert(self, groups: Sequence[Candidates],
+               writeback: Callable[[int, Tensor, Tensor], None]) -> list[Tensor]:
+        """Offer rows to the cache; evict the lowest keys when it is full.
+
+        Ties go against incoming rows first (no churn for equal keys), then
+        against lower slot/candidate positions, so the result is deterministic.
+
+        Args:
+            groups: candidate rows per array (no row may already be resident).
+            writeback: ``writeback(aid, rows, slots)`` is called for evicted
+                dirty rows *before* their slots are reused.
+
+        Returns:
+            Per group, a bool mask of the rows that were admitted.
+        """
+        if self.num_slots == 0 or not any(g.rows.numel() for g in groups):
+            return [torch.zeros(g.rows.numel(), dtype=torch.bool) for g in groups]
+        keys = torch.cat([g.keys for g in groups])
+        n = keys.numel()
+        free_n = self.num_slots - self.used
+        admitted = torch.ones(n, dtype=torch.bool)
+        if n > free_n:
+            occ = self.resident()
+            need = n - free_n
+            allkeys = torch.cat([keys, self.key[occ]])
+            reject = _smallest(allkeys, need)
+            cand_rej = reject[reject < n]
+            admitted[cand_rej] = False
+            victims = occ[reject[reject >= n] - n]
+            if victims.numel():
+                dirty = victims[self.dirty[victims]]
+                owners = self.owner[dirty]
+                for a in torch.unique(owners).tolist():
+                    vs = dirty[owners == a]
+                    writeback(a, self.row[vs], vs)
+                self._free(victims)
+        n_in = int(admitted.sum())
+        free = torch.nonzero(self.owner < 0).flatten()[:n_in]
+        masks, off, used = [], 0, 0
+        for g in groups:
+            m = admitted[off: off + g.rows.numel()]
+            off += g.rows.numel()
+            masks.append(m)
+            k = int(m.sum()) if g.rows.numel() else 0
+            if k == 0:
+                continue
+            slots = free[used: used + k]
+            used += k
+            rows = g.rows[m]
+            if (self.slot_of[g.aid][rows] >= 0).any():
+                raise RuntimeError("DeviceCache.insert: row is already resident")
+            self.slot_of[g.aid][rows] = slots
+            self.owner[slots] = g.aid
+            self.row[slots] = rows
+            self.key[slots] = g.keys[m]
+            self.dirty[slots] = g.dirty
+            if g.aux is not None:
+                self.aux[slots] = g.aux[m]
+            if self.pool is not None and g.values is not None:
+                self.pool[slots.to(self.device), : g.values.size(1)] = g.values[
+                    m.to(g.values.device)]
+        self.used += n_in
+        return masks
+
+    def __repr__(self) -> str:
+        return (f"{self.__class__.__name__}(policy={self.policy}, "
+                f"num_slots={self.num_slots}, slot_bytes={self.slot_bytes})")
+
+
+def _smallest(keys: Tensor, k: int) -> Tensor:
+    """Indices of the ``k`` smallest keys; ties resolved by lower index."""
+    if k >= keys.numel():
+        return torch.arange(keys.numel())
+    thr = torch.kthvalue(keys, k).values
+    less = torch.nonzero(keys < thr).flatten()
+    eq = torch.nonzero(keys == thr).flatten()[: k - less.numel()]
+    return torch.cat([less, eq])

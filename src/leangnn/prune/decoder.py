@@ -1,0 +1,246 @@
+"""The DPR decoder: sparse core anchors per pruned node and a small network.
+
+Decoupled Prune-and-Reconstruct rebuilds every pruned node from a few *core
+anchors*. Anchors come from a truncated personalized PageRank (Page et al.,
+1999; Andersen et al., FOCS 2006) computed for all sources at once as sparse
+matrix products: a walk starts at the pruned node, stops with probability
+``alpha`` per step, and is *absorbed* by the first core node it reaches, so
+the score of core node ``j`` is the probability that ``j`` is the first core
+node hit within ``num_steps`` steps. The ``k`` best scores per row, normalised
+to sum to one, form the sparse ``N_pruned x N_core`` weight matrix ``W``. The
+dense reference keeps every core node within ``num_steps`` hops (walks pass
+through core nodes too), with its PageRank weight.
+
+:class:`AnchorDecoder` maps ``[x_i, (W H)_i, (W X)_i, log mass_i]`` to an
+output, with ``H`` the encoder's output on the core. It is trained apart from
+the encoder by masking core nodes as if they were pruned (their anchors
+exclude themselves), so no pruned label and no encoder gradient is needed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+from torch import Tensor
+from torch_geometric.nn import MLP
+
+from .importance import csr_tensor
+
+__all__ = ["Anchors", "ppr_anchors", "AnchorDecoder"]
+
+
+@dataclass
+class Anchors:
+    """Anchor weights of a set of source nodes.
+
+    Attributes:
+        nodes (Tensor): source node ids ``[S]`` (rows of ``weight``).
+        weight (Tensor): ``torch.sparse_csr`` ``[S, N_core]``, rows sum to one
+            (or are empty when no core node was reached).
+        mass (Tensor): walk probability captured by the kept anchors ``[S]``.
+    """
+
+    nodes: Tensor
+    weight: Tensor
+    mass: Tensor
+
+    @property
+    def nnz_per_row(self) -> Tensor:
+        return self.weight.crow_indices().diff()
+
+    def to(self, device) -> Anchors:
+        return Anchors(self.nodes.to(device), self.weight.to(device),
+                       self.mass.to(device))
+
+    def __repr__(self) -> str:
+        nnz = self.nnz_per_row.float()
+        return (f"Anchors(rows={self.nodes.numel()}, cols={self.weight.size(1)}, "
+                f"mean_per_row={float(nnz.mean()) if nnz.numel() else 0:.2f})")
+
+
+def _topk_rows(mat: sp.csr_matrix, k: int | None) -> sp.csr_matrix:
+    """Keep the ``k`` largest entries of every row (vectorized, no row loop)."""
+    mat.sum_duplicates()
+    if k is None:
+        return mat
+    counts = np.diff(mat.indptr)
+    if counts.size == 0 or counts.max() <= k:
+        return mat
+    rows = np.repeat(np.arange(mat.shape[0]), counts)
+    order = np.lexsort((-mat.data, rows))
+    rank = np.arange(order.size) - mat.indptr[rows[order]]
+    keep = order[rank < k]
+    keep.sort()  # back to row-major order with sorted columns
+    out = sp.csr_matrix((mat.data[keep], mat.indices[keep],
+                         np.concatenate([[0], np.cumsum(np.minimum(counts, k))])),
+                        shape=mat.shape)
+    return out
+
+
+def ppr_anchors(adj: sp.csr_matrix, core_index: Tensor | np.ndarray,
+                sources: Tensor | np.ndarray, num_anchors: int | None = 8,
+                num_steps: int = 2, alpha: float = 0.15, eps: float = 1e-4,
+                absorb: bool = True, chunk_size: int = 4096) -> Anchors:
+    """Anchors of ``sources`` in the core by truncated personalized PageRank.
+
+    Args:
+        adj (scipy.sparse.csr_matrix): symmetric adjacency ``[N, N]``
+            (:func:`~leangnn.prune.importance.undirected_csr`).
+        core_index (Tensor): sorted core node ids ``[N_core]``.
+        sources (Tensor): node ids to find anchors for ``[S]``; a core node
+            among them is treated as pruned (its own column is excluded).
+        num_anchors (int, optional): ``k`` anchors per row; ``None`` keeps all
+            (the dense reference). (default: ``8``)
+        num_steps (int, optional): walk length ``h``. (default: ``2``)
+        alpha (float, optional): stop probability per step. (default: ``0.15``)
+        eps (float, optional): walk entries below ``eps`` are dropped after
+            every step (bounds fill-in); ``0`` keeps everything. (default: ``1e-4``)
+        absorb (bool, optional): stop walks at the first core node; ``False``
+            lets them pass through core nodes (dense reference). (default: ``True``)
+        chunk_size (int, optional): sources per sparse product; bounds the
+            walk's working memory. (default: ``4096``)
+
+    Returns:
+        :class:`Anchors` with at most ``num_anchors`` entries per row.
+    """
+    if num_anchors is not None and (not isinstance(num_anchors, int)
+                                    or num_anchors < 1):
+        raise ValueError(f"num_anchors must be a positive int or None, "
+                         f"got {num_anchors!r}")
+    if not isinstance(num_steps, int) or num_steps < 1:
+        raise ValueError(f"num_steps must be a positive int, got {num_steps!r}")
+    if not 0.0 <= alpha < 1.0:
+        raise ValueError(f"alpha must be in [0, 1), got {alpha!r}")
+    n = adj.shape[0]
+    core_index = np.asarray(torch.as_tensor(core_index).cpu().numpy(), dtype=np.int64)
+    src = np.asarray(torch.as_tensor(sources).cpu().numpy(), dtype=np.int64)
+    nc = core_index.shape[0]
+    pos = np.full(n, -1, dtype=np.int64)
+    pos[core_index] = np.arange(nc)
+    deg = np.diff(adj.indptr).astype(np.float32)
+    inv = np.where(deg > 0, 1.0 / np.maximum(deg, 1.0), 0.0).astype(np.float32)
+    if absorb:
+        # Rows of core nodes are zeroed: mass that lands on a core node stops.
+        row_scale = inv.copy()
+        row_scale[core_index] = 0.0
+    else:
+        row_scale = inv
+    step_mat = (sp.diags(row_scale) @ adj).astype(np.float32).tocsr()
+    step_mat.eliminate_zeros()
+    select = sp.csr_matrix((np.ones(nc, dtype=np.float32), (core_index, np.arange(nc))),
+                           shape=(n, nc))
+    # The last step only needs the core columns: multiplying by
+    # step_mat @ select there avoids the fill-in over all N columns, the
+    # largest intermediate of the walk.
+    last = (step_mat @ select).tocsr() if num_steps > 1 else None
+    parts, masses = [], []
+    for begin in range(0, src.shape[0], chunk_size):
+        s = src[begin:begin + chunk_size]
+        z = (sp.diags(inv[s]) @ adj[s]).tocsr()  # first step, from any source
+        w = z @ select
+        decay = 1.0
+        for t in range(1, num_steps):
+            decay *= 1.0 - alpha
+            if t + 1 == num_steps:
+                w = w + decay * (z @ last)
+                break
+            z = z @ step_mat
+            if eps > 0:
+                z.data[z.data < eps] = 0.0
+                z.eliminate_zeros()
+            w = w + decay * (z @ select)
+        w = w.tocsr()
+        # A source in the core must not anchor on itself.
+        row_of = np.repeat(pos[s], np.diff(w.indptr))
+        w.data[w.indices == row_of] = 0.0
+        w.eliminate_zeros()
+        w = _topk_rows(w, num_anchors)
+        mass = np.asarray(w.sum(axis=1)).ravel()
+        norm = np.repeat(np.where(mass > 0, 1.0 / np.maximum(mass, 1e-30), 0.0),
+                         np.diff(w.indptr)).astype(np.float32)
+        w.data *= norm
+        parts.append(w)
+        masses.append(mass.astype(np.float32))
+    w = sp.vstack(parts, format="csr") if parts else sp.csr_matrix((0, nc))
+    w.sort_indices()
+    idx = np.int32 if max(nc, w.nnz) < 2**31 - 1 else np.int64
+    weight = csr_tensor(torch.from_numpy(w.indptr.astype(idx)),
+                        torch.from_numpy(w.indices.astype(idx)),
+                        torch.from_numpy(w.data.astype(np.float32)), (w.shape[0], nc))
+    mass = torch.from_numpy(np.concatenate(masses)) if masses else torch.zeros(0)
+    return Anchors(torch.from_numpy(src), weight, mass)
+
+
+class AnchorDecoder(torch.nn.Module):
+    r"""Small network that reconstructs a pruned node from its core anchors (DPR).
+
+    Input per node: its own features :math:`x_i`, the anchor-weighted encoder
+    outputs :math:`(WH)_i`, optionally the anchor-weighted features
+    :math:`(WX)_i`, and :math:`\log` of the captured walk mass. With
+    ``residual`` the network predicts a correction to :math:`(WH)_i`, so an
+    untrained decoder already equals parameter-free anchor averaging.
+
+    Args:
+        in_channels (int): node feature size ``F``.
+        embed_channels (int): size of the encoder output ``C`` on the core.
+        out_channels (int): output size.
+        hidden_channels (int, optional): MLP width. (default: ``64``)
+        num_layers (int, optional): MLP layers. (default: ``2``)
+        dropout (float, optional): MLP dropout. (default: ``0.0``)
+        anchor_features (bool, optional): also feed :math:`(WX)_i`.
+            (default: ``True``)
+        residual (bool, optional): add :math:`(WH)_i` to the output (needs
+            ``embed_channels == out_channels``). (default: ``True``)
+
+    Shapes:
+        **input:** ``x [B, F]``, ``anchor_emb [B, C]``, ``anchor_x [B, F]``,
+        ``mass [B]``
+        **output:** ``[B, out_channels]``
+    """
+
+    def __init__(self, in_channels: int, embed_channels: int, out_channels: int,
+                 hidden_channels: int = 64, num_layers: int = 2,
+                 dropout: float = 0.0, anchor_features: bool = True,
+                 residual: bool = True):
+        super().__init__()
+        if residual and embed_channels != out_channels:
+            raise ValueError(f"residual decoder needs embed_channels == out_channels, "
+                             f"got {embed_channels} and {out_channels}")
+        self.in_channels, self.embed_channels = in_channels, embed_channels
+        self.out_channels, self.hidden_channels = out_channels, hidden_channels
+        self.anchor_features, self.residual = anchor_features, residual
+        width = in_channels * (2 if anchor_features else 1) + embed_channels + 1
+        self.mlp = MLP(in_channels=width, hidden_channels=hidden_channels,
+                       out_channels=out_channels, num_layers=num_layers,
+                       dropout=dropout, norm=None)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        self.mlp.reset_parameters()
+        if self.residual:
+            # Start exactly at anchor averaging; training learns the correction.
+            last = self.mlp.lins[-1]
+            torch.nn.init.zeros_(last.weight)
+            if last.bias is not None:
+                torch.nn.init.zeros_(last.bias)
+
+    def forward(self, x: Tensor, anchor_emb: Tensor, anchor_x: Tensor | None = None,
+                mass: Tensor | None = None) -> Tensor:
+        if mass is None:
+            mass = torch.ones(x.size(0), device=x.device, dtype=x.dtype)
+        parts = [x, anchor_emb]
+        if self.anchor_features:
+            if anchor_x is None:
+                raise ValueError("AnchorDecoder(anchor_features=True) needs anchor_x")
+            parts.append(anchor_x)
+        parts.append(mass.clamp_min(1e-6).log().unsqueeze(-1).to(x.dtype))
+        out = self.mlp(torch.cat(parts, dim=-1))
+        return out + anchor_emb if self.residual else out
+
+    def __repr__(self) -> str:
+        return (f"{self.__class__.__name__}({self.in_channels}, {self.embed_channels}, "
+                f"{self.out_channels}, hidden_channels={self.hidden_channels}, "
+                f"anchor_features={self.anchor_features}, residual={self.residual})")

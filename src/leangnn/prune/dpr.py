@@ -1,0 +1,452 @@
+"""DPRStrategy: train the encoder on a compact core, serve every node.
+
+Decoupled Prune-and-Reconstruct ("double-layer sparsification"): one compact
+node set bounds both computations. :meth:`DPRStrategy.setup` selects the core
+of every training graph (:func:`~leangnn.prune.core.build_core`) and the
+sparse anchors of its pruned nodes (:func:`~leangnn.prune.decoder.ppr_anchors`);
+:meth:`~DPRStrategy.train_step` runs the encoder full-batch on the core only;
+:meth:`~DPRStrategy.fit_end` trains the :class:`~leangnn.prune.decoder.AnchorDecoder`
+with the encoder frozen, on core nodes masked as if pruned; and
+:meth:`~DPRStrategy.predict` serves all nodes: encoder on the core, decoder on
+the pruned nodes. ``budget_ratio=1`` is the off switch: the core is the
+whole graph and training is plain full-batch training.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch_geometric.data import Data
+
+from ..strategy import LossFn, Strategy
+from .core import CoreGraph, build_core
+from .decoder import AnchorDecoder, Anchors, ppr_anchors
+from .importance import csr_tensor, undirected_csr
+
+__all__ = ["DPRConfig", "DPRStrategy", "adj_t_of"]
+
+
+@dataclass
+class DPRConfig:
+    """Settings of :class:`DPRStrategy` (defaults are the benchmarked ones).
+
+    Args:
+        budget_ratio (float): share of nodes in the core, ``floor(r N + 0.5)``.
+        budget_bytes (int, optional): byte budget instead of a ratio.
+        importance (str): node importance (``degree``, ``pagerank``, ``kcore``,
+            ``combined`` or a registered name).
+        bridge (str): ``component``, ``two_hop`` or ``none``.
+        sparsify (float, optional): DSpar keep ratio for core edges.
+        edge_budget (float or str, optional): the core keeps at most this
+            share of the graph's edges (uniform per-node cap, see
+            :func:`~leangnn.prune.core.cap_in_degree`); ``"ratio"`` uses
+            ``budget_ratio``, so ``r`` bounds nodes and edges alike.
+        num_anchors (int, optional): ``k`` anchors per pruned node; ``None``
+            with ``dense=True`` is the dense reference.
+        num_steps (int): walk length (hops) of the anchor PageRank.
+        alpha (float): stop probability of the anchor walk.
+        eps (float): walk entries below this are dropped.
+        dense (bool): dense reference decoder: all core nodes within
+            ``num_steps`` hops.
+        decoder_hidden (int): decoder MLP width.
+        decoder_layers (int): decoder MLP layers.
+        decoder_dropout (float): decoder dropout.
+        decoder_epochs (int): decoder epochs (best validation epoch is kept).
+        decoder_lr (float): decoder learning rate.
+        decoder_batch_size (int): rows per decoder step.
+        decoder_rows (str): rows the decoder learns from: ``core`` (core
+            nodes masked as pruned), ``pruned`` (labelled pruned nodes) or
+            ``both``.
+        max_decoder_rows (int): cap on decoder training rows (random sample).
+        anchor_features (bool): feed anchor-weighted input features too.
+        sparse_adj (bool): run the encoder on a ``torch.sparse_csr`` adjacency
+            (no ``[E, C]`` message tensor; PyG convs that support it).
+        chunk_size (int): rows per decoder training/inference chunk.
+        anchor_chunk_size (int): sources per anchor walk product.
+        seed (int): seed for sparsification, row sampling and decoder init.
+    """
+
+    budget_ratio: float = 0.3
+    budget_bytes: int | None = None
+    importance: str = "pagerank"
+    bridge: str = "component"
+    sparsify: float | None = None
+    edge_budget: float | str | None = None
+    num_anchors: int | None = 8
+    num_steps: int = 2
+    alpha: float = 0.15
+    eps: float = 1e-4
+    dense: bool = False
+    decoder_hidden: int = 64
+    decoder_layers: int = 2
+    decoder_dropout: float = 0.0
+    decoder_epochs: int = 100
+    decoder_lr: float = 0.01
+    decoder_batch_size: int = 65536
+    decoder_rows: str = "core"
+    max_decoder_rows: int = 500_000
+    anchor_features: bool = True
+    sparse_adj: bool = False
+    chunk_size: int = 65536
+    anchor_chunk_size: int = 4096
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.decoder_rows not in ("core", "pruned", "both"):
+            raise ValueError(f"decoder_rows must be 'core', 'pruned' or 'both', "
+                             f"got {self.decoder_rows!r}")
+        if self.budget_bytes is None and not 0.0 < self.budget_ratio <= 1.0:
+            raise ValueError(f"budget_ratio must be in (0, 1], "
+                             f"got {self.budget_ratio!r}")
+        if self.num_anchors is None and not self.dense:
+            raise ValueError("num_anchors=None needs dense=True")
+        if isinstance(self.edge_budget, str) and self.edge_budget != "ratio":
+            raise ValueError(f"edge_budget must be a float in (0, 1], 'ratio' or "
+                             f"None, got {self.edge_budget!r}")
+
+
+def adj_t_of(edge_index: Tensor, num_nodes: int, edge_weight: Tensor | None = None
+             ) -> Tensor:
+    """Transposed adjacency ``[N, N]`` (row = target) as ``torch.sparse_csr``.
+
+    PyG convs given this instead of ``edge_index`` aggregate by sparse matrix
+    products and never build the ``[E, C]`` message tensor. Indices are int32
+    when they fit (torch's CSR kernels accept them), a third less memory.
+    """
+    import numpy as np
+    import scipy.sparse as sp
+
+    src, dst = edge_index.cpu().numpy()
+    val = (np.ones(src.shape[0], dtype=np.float32) if edge_weight is None
+           else edge_weight.cpu().numpy().astype(np.float32))
+    m = sp.csr_matrix((val, (dst, src)), shape=(num_nodes, num_nodes))
+    m.sum_duplicates()
+    m.sort_indices()
+    idx = np.int32 if max(num_nodes, m.nnz) < 2**31 - 1 else np.int64
+    return csr_tensor(torch.from_numpy(m.indptr.astype(idx)),
+                      torch.from_numpy(m.indices.astype(idx)),
+                      torch.from_numpy(m.data), (num_nodes, num_nodes))
+
+
+@dataclass
+class _GraphState:
+    core: CoreGraph
+    train_data: Data
+    pruned: Tensor
+    rows: Tensor | None              # the decoder's training rows
+    prep_s: float
+    num_edges: int
+    anchors: Anchors | None = None   # of the pruned nodes (lazy)
+    row_anchors: Anchors | None = None  # of the decoder's rows (lazy)
+    anchor_s: float = 0.0
+
+
+def _csr_rows(w: Tensor, a: int, b: int) -> Tensor:
+    crow = w.crow_indices()
+    lo, hi = int(crow[a]), int(crow[b])
+    return csr_tensor(crow[a:b + 1] - lo, w.col_indices()[lo:hi], w.values()[lo:hi],
+                      (b - a, w.size(1)))
+
+
+class DPRStrategy(Strategy):
+    """Decoupled Prune-and-Reconstruct as a :class:`~leangnn.strategy.Strategy`.
+
+    Args:
+        config (DPRConfig, optional): settings. (default: ``DPRConfig()``)
+        device (torch.device or str, optional): where the encoder and decoder
+            run. (default: ``"cpu"``)
+        **overrides: fields of :class:`DPRConfig` to override.
+    """
+
+    name = "prune"
+
+    def __init__(self, config: DPRConfig | None = None,
+                 device: torch.device | str = "cpu", **overrides):
+        super().__init__(device)
+        cfg = asdict(config) if config is not None else {}
+        unknown = set(overrides) - {f.name for f in fields(DPRConfig)}
+        if unknown:
+            raise ValueError(f"unknown DPRConfig fields {sorted(unknown)}")
+        cfg.update(overrides)
+        self.config = DPRConfig(**cfg)
+        self.decoder: AnchorDecoder | None = None
+        self._states: dict[Any, _GraphState] = {}
+        self._stats: dict[str, Any] = {}
+
+    @classmethod
+    def from_config(cls, cfg) -> DPRStrategy:
+        """From a :class:`~leangnn.train.TrainConfig`-like object: reads
+        ``budget_ratio``, ``num_anchors``, ``seed``, ``device`` and any
+        :class:`DPRConfig` field it has (``None`` values are ignored)."""
+        kw = {}
+        for f in fields(DPRConfig):
+            v = getattr(cfg, f.name, None)
+            if v is not None:
+                kw[f.name] = v
+        return cls(device=getattr(cfg, "device", None) or "cpu", **kw)
+
+    # ----------------------------------------------------------------- setup
+    @staticmethod
+    def _key(data: Data):
+        name = data.get("name", None)
+        return (name if isinstance(name, str) else id(data), data.num_nodes,
+                data.num_edges)
+
+    def prepare(self, data: Data) -> _GraphState:
+        """Core and core training graph of ``data`` (cached by name and size)."""
+        key = self._key(data)
+        if key in self._states:
+            return self._states[key]
+        cfg, t0 = self.config, time.perf_counter()
+        data = data.cpu()
+        adj = undirected_csr(data.edge_index, data.num_nodes)
+        eb = cfg.edge_budget
+        if eb == "ratio":
+            eb = cfg.budget_ratio if cfg.budget_bytes is None else None
+        core = build_core(data, cfg.budget_ratio, budget_bytes=cfg.budget_bytes,
+                          importance=cfg.importance, bridge=cfg.bridge,
+                          sparsify=cfg.sparsify, edge_budget=eb, seed=cfg.seed,
+                          adj=adj)
+        train_data = core.data
+        if cfg.sparse_adj:
+            # The CSR adjacency replaces edge_index for training; keeping both
+            # would hold the core's edges twice.
+            train_data = copy.copy(train_data)
+            train_data.adj_t = adj_t_of(train_data.edge_index, core.num_core,
+                                        train_data.get("edge_weight", None))
+            del train_data.edge_index
+            if "edge_weight" in train_data:
+                del train_data.edge_weight
+            core.data = train_data
+        pruned = (~core.mask).nonzero().view(-1)
+        rows = self._decoder_rows(data, core, pruned) if pruned.numel() else None
+        del adj
+        core.score = torch.empty(0)  # not needed any more; frees N floats
+        st = _GraphState(core, train_data.to(self.device), pruned, rows,
+                         time.perf_counter() - t0, int(core.stats["num_core_edges"]))
+        self._states[key] = st
+        return st
+
+    def _ensure_anchors(self, st: _GraphState, data: Data, rows: bool) -> None:
+        """Anchors of the pruned nodes (and of the decoder's rows), computed
+        on first use: encoder training never holds them."""
+        need_rows = rows and st.rows is not None and st.row_anchors is None
+        if st.anchors is not None and not need_rows:
+            return
+        cfg, t0 = self.config, time.perf_counter()
+        adj = undirected_csr(data.edge_index.cpu(), data.num_nodes)
+        akw = dict(num_anchors=None if cfg.dense else cfg.num_anchors,
+                   num_steps=cfg.num_steps, alpha=cfg.alpha,
+                   eps=0.0 if cfg.dense else cfg.eps, absorb=not cfg.dense,
+                   chunk_size=cfg.anchor_chunk_size)
+        if st.anchors is None:
+            st.anchors = ppr_anchors(adj, st.core.index, st.pruned, **akw)
+        if need_rows:
+            st.row_anchors = ppr_anchors(adj, st.core.index, st.rows, **akw)
+        st.anchor_s += time.perf_counter() - t0
+
+    def _decoder_rows(self, data: Data, core: CoreGraph, pruned: Tensor
+                      ) -> Tensor | None:
+        mask = data.get("node_mask", None)
+        if mask is None:
+            mask = torch.ones(data.num_nodes, dtype=torch.bool)
+        cand = []
+        if self.config.decoder_rows in ("core", "both"):
+            cand.append(core.index[mask[core.index]])
+        if self.config.decoder_rows in ("pruned", "both"):
+            cand.append(pruned[mask[pruned]])
+        rows = torch.cat(cand)
+        if rows.numel() == 0:
+            return None
+        if rows.numel() > self.config.max_decoder_rows:
+            gen = torch.Generator().manual_seed(self.config.seed)
+            pick = torch.randperm(rows.numel(), generator=gen)
+            rows = rows[pick[:self.config.max_decoder_rows]].sort().values
+        return rows
+
+    def setup(self, model: torch.nn.Module, train_graphs: list[Data]) -> None:
+        for data in train_graphs:
+            self.prepare(data)
+
+    # -------------------------------------------------------------- training
+    def forward(self, model: torch.nn.Module, data: Data) -> Tensor:
+        adj_t = data.get("adj_t", None)
+        if adj_t is not None:
+            return model(data.x.to(self.device), adj_t.to(self.device))
+        return super().forward(model, data)
+
+    def train_step(self, model: torch.nn.Module, data: Data, loss_fn: LossFn) -> float:
+        core = self.prepare(data).train_data
+        out = self.forward(model, core)
+        loss = loss_fn(out, core)
+        loss.backward()
+        return float(loss.detach())
+
+    @torch.no_grad()
+    def _embed(self, model: torch.nn.Module, st: _GraphState) -> Tensor:
+        training = model.training
+        model.eval()
+        try:
+            return self.forward(model, st.train_data)
+        finally:
+            model.train(training)
+
+    def _inputs(self, st: _GraphState, anchors: Anchors, h: Tensor, a: int, b: int,
+                x: Tensor) -> tuple[Tensor, Tensor, Tensor | None, Tensor]:
+        w = _csr_rows(anchors.weight, a, b).to(self.device)
+        nodes = anchors.nodes[a:b]
+        emb = w @ h
+        ax = (w @ st.train_data.x.to(self.device)
+              if self.config.anchor_features else None)
+        return (x[nodes].to(self.device), emb, ax,
+                anchors.mass[a:b].to(self.device))
+
+    def fit_end(self, model: torch.nn.Module, train_graphs: list[Data],
+                loss_fn: LossFn) -> None:
+        """Train the decoder with the encoder frozen (skipped when nothing is
+        pruned, e.g. ``budget_ratio=1``)."""
+        states = [(self.prepare(d), d) for d in train_graphs]
+        states = [(st, d) for st, d in states if st.pruned.numel() and
+                  st.rows is not None]
+        if not states:
+            return
+        t0, cfg = time.perf_counter(), self.config
+        feats = []
+        for st, data in states:
+            self._ensure_anchors(st, data, rows=True)
+            h = self._embed(model, st)
+            x = data.x
+            n = st.row_anchors.nodes.numel()
+            for a in range(0, n, cfg.chunk_size):
+                b = min(n, a + cfg.chunk_size)
+                xi, emb, ax, mass = self._inputs(st, st.row_anchors, h, a, b, x)
+                feats.append((xi, emb, ax, mass,
+                              data.y[st.row_anchors.nodes[a:b]].to(self.device)))
+            st.row_anchors = None  # only the decoder's training needs them
+        cat = [torch.cat([f[i] for f in feats]) if feats[0][i] is not None else None
+               for i in range(5)]
+        xi, emb, ax, mass, y = cat
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(cfg.seed)
+            self.decoder = AnchorDecoder(
+                xi.size(1), emb.size(1), emb.size(1), cfg.decoder_hidden,
+                cfg.decoder_layers, cfg.decoder_dropout, cfg.anchor_features,
+                residual=True).to(self.device)
+            self._train_decoder(xi, emb, ax, mass, y, loss_fn)
+        self._stats.update(decoder_rows=int(y.size(0)),
+                           decoder_train_s=time.perf_counter() - t0)
+
+    def _train_decoder(self, xi, emb, ax, mass, y, loss_fn) -> None:
+        cfg, dec = self.config, self.decoder
+        n = y.size(0)
+        perm = torch.randperm(n, device=self.device)
+        n_val = max(1, n // 10) if n >= 20 else 0
+        val, tr = perm[:n_val], perm[n_val:]
+
+        def loss_on(idx, train):
+            out = dec(xi[idx], emb[idx], None if ax is None else ax[idx], mass[idx])
+            return loss_fn(out, Data(y=y[idx]))
+
+        opt = torch.optim.Adam(dec.parameters(), lr=cfg.decoder_lr)
+        best, best_state = float("inf"), None
+        for _ in range(cfg.decoder_epochs):
+            dec.train()
+            order = tr[torch.randperm(tr.numel(), device=self.device)]
+            for a in range(0, order.numel(), cfg.decoder_batch_size):
+                opt.zero_grad()
+                loss_on(order[a:a + cfg.decoder_batch_size], True).backward()
+                opt.step()
+            if n_val:
+                dec.eval()
+                with torch.no_grad():
+                    v = float(loss_on(val, False))
+                if v < best:
+                    best = v
+                    best_state = {k: t.clone() for k, t in dec.state_dict().items()}
+        if best_state is not None:
+            dec.load_state_dict(best_state)
+        dec.eval()
+        self._stats["decoder_val_loss"] = best
+
+    # ------------------------------------------------------------- inference
+    @torch.no_grad()
+    def predict(self, model: torch.nn.Module, data: Data) -> Tensor:
+        """All-node predictions: encoder on the core, decoder on pruned nodes.
+
+        Before :meth:`fit_end` (e.g. validation during training) pruned nodes
+        get the anchor-weighted average of core outputs.
+        """
+        st = self.prepare(data)
+        self._ensure_anchors(st, data, rows=False)
+        t0 = time.perf_counter()
+        h = self._embed(model, st)
+        out = h.new_zeros(data.num_nodes, h.size(1))
+        out[st.core.index.to(self.device)] = h
+        n = st.pruned.numel()
+        dec = self.decoder
+        for a in range(0, n, self.config.chunk_size):
+            b = min(n, a + self.config.chunk_size)
+            if dec is None:
+                w = _csr_rows(st.anchors.weight, a, b).to(self.device)
+                rec = w @ h
+            else:
+                rec = dec(*self._inputs(st, st.anchors, h, a, b, data.x))
+            out[st.pruned[a:b].to(self.device)] = rec
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self._stats["all_node_inference_s"] = time.perf_counter() - t0
+        return out
+
+    # ----------------------------------------------------------------- state
+    def state_dict(self) -> dict[str, Any]:
+        dec = self.decoder
+        return {"config": asdict(self.config),
+                "decoder": None if dec is None else dec.state_dict(),
+                "decoder_dims": None if dec is None else
+                (dec.in_channels, dec.embed_channels, dec.out_channels)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.config = DPRConfig(**state["config"])
+        self.decoder = None
+        if state.get("decoder") is not None:
+            f, c, o = state["decoder_dims"]
+            cfg = self.config
+            self.decoder = AnchorDecoder(
+                f, c, o, cfg.decoder_hidden, cfg.decoder_layers, cfg.decoder_dropout,
+                cfg.anchor_features, residual=True).to(self.device)
+            self.decoder.load_state_dict(state["decoder"])
+            self.decoder.eval()
+
+    def summary(self) -> dict[str, Any]:
+        """Core size, anchors per pruned node, all-node inference time, ..."""
+        out: dict[str, Any] = {"budget_ratio": self.config.budget_ratio,
+                               "importance": self.config.importance,
+                               "num_anchors": self.config.num_anchors,
+                               "dense_decoder": self.config.dense}
+        if self._states:
+            sts = list(self._states.values())
+            nnz = [s.anchors.nnz_per_row for s in sts if s.anchors is not None]
+            nnz = torch.cat(nnz).float() if nnz else torch.zeros(0)
+            out.update(
+                core_size=sum(s.core.num_core for s in sts),
+                num_nodes=sum(s.core.mask.numel() for s in sts),
+                core_edges=sum(s.num_edges for s in sts),
+                num_bridges=sum(s.core.num_bridges for s in sts),
+                anchors_per_node=float(nnz.mean()) if nnz.numel() else 0.0,
+                max_anchors_per_node=int(nnz.max()) if nnz.numel() else 0,
+                prep_s=sum(s.prep_s for s in sts),
+                anchor_s=sum(s.anchor_s for s in sts))
+            out["core_ratio"] = out["core_size"] / max(out["num_nodes"], 1)
+        out.update(self._stats)
+        return out
+
+    def __repr__(self) -> str:
+        c = self.config
+        return (f"{self.__class__.__name__}(budget_ratio={c.budget_ratio}, "
+                f"num_anchors={c.num_anchors}, importance={c.importance}, "
+                f"device={self.device})")

@@ -1,0 +1,103 @@
+"""Partitioning: METIS, the BFS fallback, caching, halos against PyG k_hop_subgraph."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+from torch_geometric.utils import k_hop_subgraph
+
+import leangnn.graphs.partition as P
+from leangnn.graphs.partition import DstCSR, halo_sets, partition_graph
+from leangnn.graphs.synthetic import power_law_graph
+
+
+@pytest.fixture(scope="module")
+def graph():
+    return power_law_graph(500, avg_degree=6, in_channels=2, seed=3)
+
+
+def _cut(edge_index, part):
+    return int((part[edge_index[0]] != part[edge_index[1]]).sum())
+
+
+@pytest.mark.parametrize("method", ["metis", "bfs"])
+def test_partition_is_balanced_and_beats_random(graph, method, tmp_path):
+    p = partition_graph(graph.edge_index, 500, 5, method, cache_dir=tmp_path)
+    assert p.method == method and p.num_parts == 5
+    sizes = p.sizes()
+    assert int(sizes.sum()) == 500 and int(sizes.min()) > 0
+    assert int(sizes.max()) <= 1.2 * 500 / 5
+    rand = torch.randint(5, (500,), generator=torch.Generator().manual_seed(0))
+    assert _cut(graph.edge_index, p.part) < _cut(graph.edge_index, rand)
+    nodes = p.nodes()
+    assert torch.equal(torch.sort(torch.cat(nodes))[0], torch.arange(500))
+
+
+def test_single_part_and_bad_arguments(graph):
+    p = partition_graph(graph.edge_index, 500, 1, cache=False)
+    assert (p.part == 0).all()
+    with pytest.raises(ValueError, match="num_parts"):
+        partition_graph(graph.edge_index, 500, 0)
+    with pytest.raises(ValueError, match="num_parts"):
+        partition_graph(graph.edge_index, 500, 501)
+    with pytest.raises(ValueError, match="method"):
+        partition_graph(graph.edge_index, 500, 2, "spectral")
+    with pytest.raises(ValueError, match="edge_index"):
+        partition_graph(graph.edge_index[0], 500, 2)
+    with pytest.raises(ValueError, match="num_nodes"):
+        partition_graph(graph.edge_index, 10, 2)
+
+
+def test_fallback_when_pymetis_is_missing(graph, monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "pymetis", None)  # import now fails
+    with pytest.warns(UserWarning, match="pymetis"):
+        p = partition_graph(graph.edge_index, 500, 4, cache_dir=tmp_path)
+    assert p.method == "bfs" and int(p.sizes().min()) == 125
+    with pytest.raises(ImportError):
+        partition_graph(graph.edge_index, 500, 4, "metis", cache=False)
+
+
+def test_cached_in_memory_and_on_disk(graph, monkeypatch, tmp_path):
+    first = partition_graph(graph.edge_index, 500, 3, "metis", seed=7,
+                            cache_dir=tmp_path)
+    assert len(list(tmp_path.glob("*-3-metis-7.pt"))) == 1
+
+    def boom(*a, **k):
+        raise AssertionError("recomputed despite the cache")
+
+    monkeypatch.setattr(P, "metis_partition", boom)
+    again = partition_graph(graph.edge_index, 500, 3, "metis", seed=7,
+                            cache_dir=tmp_path)
+    assert torch.equal(first.part, again.part)
+    P._MEMORY.clear()  # now only the disk copy is left
+    disk = partition_graph(graph.edge_index, 500, 3, "metis", seed=7,
+                           cache_dir=tmp_path)
+    assert torch.equal(first.part, disk.part)
+    other = graph.edge_index.flip(0)[:, :-2]  # a different graph: new key
+    with pytest.raises(AssertionError, match="recomputed"):
+        partition_graph(other, 500, 3, "metis", seed=7, cache_dir=tmp_path)
+
+
+@pytest.mark.parametrize("hops", [1, 2, 3])
+def test_halos_match_k_hop_subgraph(graph, hops):
+    # a directed graph, so in- and out-neighbourhoods differ
+    ei = graph.edge_index[:, graph.edge_index[0] < graph.edge_index[1]]
+    part = partition_graph(ei, 500, 4, "bfs", cache=False)
+    csr = DstCSR(ei, 500)
+    for nodes, halo in zip(part.nodes(), halo_sets(csr, part, hops)):
+        subset, _, _, _ = k_hop_subgraph(nodes, hops, ei, num_nodes=500)
+        want = subset[~torch.isin(subset, nodes)]
+        assert torch.equal(halo, want)
+
+
+def test_dst_csr_gathers_in_edges():
+    ei = torch.tensor([[0, 1, 2, 2, 3], [1, 2, 1, 0, 1]])
+    csr = DstCSR(ei, 4, torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0]))
+    assert csr.in_degree().tolist() == [1, 3, 1, 0]
+    ids, counts = csr.edge_ids(torch.tensor([1, 3, 0]))
+    assert counts.tolist() == [3, 0, 1]
+    assert sorted(csr.col[ids[:3]].tolist()) == [0, 2, 3]
+    assert sorted(csr.weight[ids[:3]].tolist()) == [1.0, 3.0, 5.0]
+    assert csr.in_neighbors(torch.tensor([1, 0])).tolist() == [0, 2, 3]

@@ -1,0 +1,250 @@
+"""OffloadEngine: exact full-batch gradients against PyG, budgets, counters."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch_geometric.nn.models import GCN
+
+from leangnn.graphs.synthetic import power_law_graph
+from leangnn.nn.models import ResGNN, build_model
+from leangnn.offload import BudgetError, OffloadEngine, full_batch_vertex_bytes
+from leangnn.offload.engine import parse_bytes
+
+
+def _graph(n=400, dtype=torch.float64, seed=0):
+    d = power_law_graph(n, avg_degree=6, in_channels=8, num_classes=4, seed=seed)
+    d.x = d.x.to(dtype)
+    return d
+
+
+def loss_fn(out, data):
+    return F.cross_entropy(out[data.train_mask], data.y[data.train_mask])
+
+
+def _model(name, dtype=torch.float64, dropout=0.0, seed=0):
+    torch.manual_seed(seed)
+    return build_model(name, 8, 16, 4, 3, dropout=dropout).to(dtype)
+
+
+def _reference(model, data):
+    """PyG full-batch loss and gradients (the independent reference)."""
+    out = model(data.x, data.edge_index)
+    loss = loss_fn(out, data)
+    grads = torch.autograd.grad(loss, list(model.parameters()))
+    return float(loss.detach()), grads
+
+
+def _engine_grads(engine, model, data):
+    model.zero_grad(set_to_none=True)
+    loss = engine.train_step(loss_fn, data)
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    return loss, grads
+
+
+def _assert_close(loss, grads, ref_loss, ref_grads, tol):
+    assert abs(loss - ref_loss) <= tol * abs(ref_loss)
+    for g, r in zip(grads, ref_grads):
+        err = (g - r).abs().max() / r.abs().max().clamp_min(1e-30)
+        assert err <= tol, f"relative gradient error {float(err):.3e} > {tol}"
+
+
+# budgets as fractions of full-batch vertex data; the tightest forces many
+# chunks and evictions on this graph, the largest caches everything.
+BUDGETS = (("st", 0.7), ("lru", 1.0), ("degree", 0.8), ("none", 0.5), ("st", 6.0))
+
+
+@pytest.mark.parametrize("name", ["gcn", "sage", "gat"])
+@pytest.mark.parametrize("num_parts", [1, 2, 7])
+def test_exact_float64_matches_pyg(name, num_parts):
+    data, model = _graph(), _model(name)
+    ref_loss, ref_grads = _reference(model, data)
+    need = full_batch_vertex_bytes(model, data.num_nodes)
+    for policy, frac in BUDGETS:
+        eng = OffloadEngine(model, data, int(frac * need), num_parts, policy)
+        loss, grads = _engine_grads(eng, model, data)
+        _assert_close(loss, grads, ref_loss, ref_grads, 1e-10)
+        c = eng.counters
+        assert c.peak_device_bytes <= eng.budget
+        assert c.vertex_layer_computations == data.num_nodes * 3
+        assert c.vertex_layer_recomputations == data.num_nodes * 3
+        if frac < 1 and policy != "none":
+            assert eng.num_chunks > num_parts  # the budget really bit
+            assert c.writebacks > 0 or c.cache_misses > data.num_nodes
+
+
+@pytest.mark.parametrize("name", ["gcn", "sage", "gat"])
+def test_exact_float32_matches_pyg(name):
+    data, model = _graph(dtype=torch.float32), _model(name, torch.float32)
+    ref_loss, ref_grads = _reference(model, data)
+    need = full_batch_vertex_bytes(model, data.num_nodes)
+    for policy, frac in (("st", 0.7), ("lru", 2.0)):
+        eng = OffloadEngine(model, data, int(frac * need), 7, policy)
+        loss, grads = _engine_grads(eng, model, data)
+        _assert_close(loss, grads, ref_loss, ref_grads, 1e-5)
+
+
+@pytest.mark.parametrize("name,policy", [("gcn", "lru"), ("sage", "none"),
+                                         ("gat", "degree")])
+def test_recompute_baseline_is_exact_but_recomputes(name, policy):
+    data, model = _graph(), _model(name)
+    ref_loss, ref_grads = _reference(model, data)
+    need = full_batch_vertex_bytes(model, data.num_nodes)
+    base = OffloadEngine(model, data, need, 7, policy, mode="recompute")
+    loss, grads = _engine_grads(base, model, data)
+    _assert_close(loss, grads, ref_loss, ref_grads, 1e-10)
+    exact = OffloadEngine(model, data, need, 7, policy)
+    _engine_grads(exact, model, data)
+    # the saving the exact engine exists for: no vertex is computed twice
+    assert exact.counters.vertex_layer_computations == 3 * data.num_nodes
+    assert base.counters.vertex_layer_computations > 1.5 * 3 * data.num_nodes
+
+
+def test_st_cache_cuts_traffic_and_none_is_the_off_switch():
+    data, model = _graph(1200), _model("gcn")
+    need = full_batch_vertex_bytes(model, data.num_nodes)
+    traffic = {}
+    for policy in ("none", "lru", "st"):
+        eng = OffloadEngine(model, data, need // 3, 8, policy)
+        _engine_grads(eng, model, data)
+        traffic[policy] = eng.counters.traffic_bytes
+        if policy == "none":
+            assert eng.counters.cache_hits == 0 and eng.cache.nbytes == 0
+    assert traffic["st"] < traffic["lru"] < traffic["none"]
+
+
+@pytest.mark.parametrize("name", ["gcn", "sage", "gat"])
+def test_strict_measured_device_bytes_stay_under_budget(name):
+    data, model = _graph(300), _model(name)
+    budget = int(0.8 * full_batch_vertex_bytes(model, data.num_nodes))
+    eng = OffloadEngine(model, data, budget, 4, "st", strict=True)
+    _engine_grads(eng, model, data)
+    c = eng.counters
+    assert 0 < c.peak_device_bytes_measured <= budget
+    assert c.peak_device_bytes <= budget
+
+
+@pytest.mark.parametrize("mode,policy", [("exact", "st"), ("exact", "lru"),
+                                         ("recompute", "degree")])
+def test_virtual_replay_counts_the_same_as_a_real_epoch(mode, policy):
+    data, model = _graph(500), _model("sage")
+    budget = full_batch_vertex_bytes(model, data.num_nodes) // 2
+    real = OffloadEngine(model, data, budget, 5, policy, mode=mode)
+    _engine_grads(real, model, data)
+    virt = OffloadEngine(model, data, budget, 5, policy, mode=mode, virtual=True)
+    assert virt.simulate().to_dict() == real.counters.to_dict()
+    shared = OffloadEngine(model, data, budget, 5, policy, mode=mode, virtual=True,
+                           like=real)
+    assert shared.sched is real.sched
+    assert shared.simulate().to_dict() == real.counters.to_dict()
+
+
+@pytest.mark.parametrize("mode", ["exact", "recompute"])
+def test_predict_matches_full_forward(mode):
+    data, model = _graph(), _model("gat", dropout=0.5)
+    model.eval()
+    ref = model(data.x, data.edge_index)
+    eng = OffloadEngine(model, data, full_batch_vertex_bytes(model, 400), 3,
+                        "lru", mode=mode)
+    out = eng.predict()
+    assert torch.allclose(out, ref, rtol=1e-10, atol=1e-12)
+    assert eng.counters.vertex_layer_recomputations == 0
+
+
+def test_dropout_gradient_is_exact_for_the_sampled_masks():
+    """With dropout the engine is a deterministic function of the parameters
+    once the RNG is seeded: its gradient must match finite differences."""
+    data, model = _graph(60), _model("gat", dropout=0.3)
+    model.train()
+    # PyG zero-initialises biases; a node whose attention is fully dropped
+    # then sits exactly on the ReLU kink, where finite differences disagree
+    # with any subgradient. Move the parameters off such ties.
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn(p.shape, dtype=p.dtype))
+    eng = OffloadEngine(model, data, 4 * full_batch_vertex_bytes(model, 60), 3, "st")
+
+    def loss_at():
+        torch.manual_seed(123)
+        model.zero_grad(set_to_none=True)
+        return eng.train_step(loss_fn, data)
+
+    loss_at()
+    grads = [p.grad.clone() for p in model.parameters()]
+    assert loss_at() == loss_at()
+    eps = 1e-6
+    gen = torch.Generator().manual_seed(0)
+    for p, g in zip(model.parameters(), grads):
+        for _ in range(2):
+            i = int(torch.randint(p.numel(), (1,), generator=gen))
+            with torch.no_grad():
+                p.view(-1)[i] += eps
+            up = loss_at()
+            with torch.no_grad():
+                p.view(-1)[i] -= 2 * eps
+            down = loss_at()
+            with torch.no_grad():
+                p.view(-1)[i] += eps
+            fd = (up - down) / (2 * eps)
+            assert abs(fd - float(g.view(-1)[i])) <= 1e-6 * max(1.0, abs(fd))
+
+
+def test_bad_inputs_raise_clear_errors():
+    data, model = _graph(100), _model("gcn")
+    with pytest.raises(ValueError, match="device_budget"):
+        OffloadEngine(model, data, "lots", 2)
+    with pytest.raises(ValueError, match="device_budget"):
+        OffloadEngine(model, data, -5, 2)
+    with pytest.raises(ValueError, match="parameters"):
+        OffloadEngine(model, data, 1000, 2)
+    with pytest.raises(BudgetError, match="device_budget"):
+        OffloadEngine(model, data, 16_000, 2, "st")
+    with pytest.raises(ValueError, match="cache"):
+        OffloadEngine(model, data, "1MiB", 2, "fifo")
+    with pytest.raises(ValueError, match="mode"):
+        OffloadEngine(model, data, "1MiB", 2, mode="magic")
+    with pytest.raises(ValueError, match="st"):
+        OffloadEngine(model, data, "1MiB", 2, "st", mode="recompute")
+    with pytest.raises(ValueError, match="BasicGNN"):
+        OffloadEngine(ResGNN(8, 16, 4, 2).double(), data, "1MiB", 2)
+    with pytest.raises(ValueError, match="num_parts"):
+        OffloadEngine(model, data, "1MiB", 0)
+    jk = GCN(8, 16, 2, 4, jk="cat").double()
+    with pytest.raises(ValueError, match="jumping knowledge"):
+        OffloadEngine(jk, data, "1MiB", 2)
+
+
+def test_batch_norm_is_refused_in_training_only():
+    data = _graph(100)
+    model = GCN(8, 16, 2, 4, norm="batch_norm").double()
+    eng = OffloadEngine(model, data, "1MiB", 2)
+    with pytest.raises(ValueError, match="node-wise"):
+        eng.train_step(loss_fn, data)
+    model.eval()
+    assert torch.allclose(eng.predict(), model(data.x, data.edge_index))
+
+
+def test_parse_bytes():
+    assert parse_bytes("2GiB") == 2 << 30
+    assert parse_bytes("512MB") == 512 * 10**6
+    assert parse_bytes("1.5k") == 1536
+    assert parse_bytes(4096) == 4096
+    for bad in ("", "12 parsecs", "GiB", 0, True):
+        with pytest.raises(ValueError, match="device_budget"):
+            parse_bytes(bad)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("name", ["gcn", "gat"])
+def test_cuda_exact_pinned_and_under_budget(name):
+    data, model = _graph(), _model(name)
+    ref_loss, ref_grads = _reference(model, data)
+    model = model.cuda()
+    budget = int(0.7 * full_batch_vertex_bytes(model, data.num_nodes)) + (8 << 20)
+    eng = OffloadEngine(model, data, budget, 7, "st", strict=True)
+    assert eng.host.pin and eng.host["h0"].is_pinned()
+    loss, grads = _engine_grads(eng, model, data)
+    _assert_close(loss, [g.cpu() for g in grads], ref_loss, ref_grads, 1e-10)
+    assert 0 < eng.counters.peak_device_bytes_measured <= budget

@@ -1,0 +1,30 @@
+"""HostStore: named host arrays, row gathers, writes and accumulation."""
+
+from __future__ import annotations
+
+import torch
+
+from leangnn.offload.store import HostStore
+
+
+def test_gather_write_accumulate_free():
+    s = HostStore()
+    x = torch.arange(12.0).view(4, 3)
+    s.put("h0", x)
+    assert torch.equal(s.gather("h0", torch.tensor([2, 0])), x[[2, 0]])
+    s.allocate("g1", 4, 3, torch.float32, zero=True)
+    s.accumulate("g1", torch.tensor([1, 3]), torch.ones(2, 3))
+    s.accumulate("g1", torch.tensor([1]), torch.ones(1, 3))
+    assert s["g1"][:, 0].tolist() == [0.0, 2.0, 0.0, 1.0]
+    s.allocate("h1", 4, 2, torch.float32)
+    s.write("h1", torch.tensor([0, 1, 2, 3]), torch.eye(4)[:, :2])
+    assert torch.equal(s["h1"], torch.eye(4)[:, :2])
+    assert s.nbytes() == (12 + 12 + 8) * 4
+    s.free("h1")
+    assert "h1" not in s and "g1" in s
+
+
+def test_virtual_store_records_shapes_only():
+    s = HostStore(virtual=True)
+    assert s.allocate("h1", 10**9, 64, torch.float32) is None
+    assert s.shapes["h1"] == (10**9, 64) and s.nbytes() == 0
