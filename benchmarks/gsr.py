@@ -41,7 +41,8 @@ import torch
 import torch.nn.functional as F
 from torch_geometric.nn import GroupAddRev
 
-from leangnn.nn import GSRGNN, ResGNN, build_conv
+from leangnn.nn import GSRGNN, GSRBlock, ResGNN
+from leangnn.nn.group_sparse import resolve_k
 from leangnn.profile import SavedTensorsMeter, measure_in_subprocess
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,66 +50,73 @@ MiB = float(1 << 20)
 
 
 # --------------------------------------------------------------------------- #
-# The peer: PyG GroupAddRev as in PyG's examples/rev_gnn.py
+# The peer: PyG GroupAddRev (as in PyG's examples/rev_gnn.py) around the very
+# same group function as GSRGNN, so only the reversible machinery differs.
 # --------------------------------------------------------------------------- #
-class RevBlock(torch.nn.Module):
-    """PyG's RevGNN group block: norm -> ReLU -> shared dropout mask -> conv."""
+class RevBlock(GSRBlock):
+    """A :class:`GSRBlock` taking its dropout keep-mask positionally, the way
+    ``GroupAddRev`` hands each group its chunk of extra arguments."""
 
-    def __init__(self, channels: int, conv: str):
-        super().__init__()
-        self.norm = torch.nn.LayerNorm(channels)
-        self.conv = build_conv(conv, channels, channels)
+    def __init__(self, channels, conv, k, scale):
+        super().__init__(channels, conv, k, channels)
+        self.scale = scale
 
-    def reset_parameters(self):
-        self.norm.reset_parameters()
-        self.conv.reset_parameters()
-
-    def forward(self, x, edge_index, dropout_mask=None):
-        x = F.relu(self.norm(x))
-        if self.training and dropout_mask is not None:
-            x = x * dropout_mask
-        return self.conv(x, edge_index)
+    def forward(self, x, edge_index, keep=None):
+        return super().forward(x, edge_index, keep=keep, scale=self.scale)
 
 
 class GroupAddRevGNN(torch.nn.Module):
-    """Encoder -> L x ``torch_geometric.nn.GroupAddRev`` -> norm/ReLU -> head."""
+    """Encoder -> L x ``torch_geometric.nn.GroupAddRev`` -> norm/ReLU -> head,
+    the layout of :class:`~leangnn.nn.GSRGNN` (shared dropout mask as in PyG's
+    RevGNN example)."""
 
     def __init__(self, in_channels, hidden_channels, out_channels, num_layers,
-                 num_groups=4, conv="sage", dropout=0.0):
+                 num_groups=4, conv="sage", sparsity=None, dropout=0.0):
         super().__init__()
         self.dropout = dropout
+        c = hidden_channels // num_groups
+        k = resolve_k(sparsity, c)
+        scale = 1.0 / (1.0 - dropout)
         self.encoder = torch.nn.Linear(in_channels, hidden_channels)
         self.layers = torch.nn.ModuleList(
-            GroupAddRev(RevBlock(hidden_channels // num_groups, conv),
-                        num_groups=num_groups) for _ in range(num_layers))
+            GroupAddRev(torch.nn.ModuleList(RevBlock(c, conv, k, scale)
+                                            for _ in range(num_groups)))
+            for _ in range(num_layers))
         self.out_norm = torch.nn.LayerNorm(hidden_channels)
         self.head = torch.nn.Linear(hidden_channels, out_channels)
 
     def forward(self, x, edge_index):
         h = self.encoder(x)
-        mask = None
+        keep = None
         if self.training and self.dropout > 0:
-            mask = torch.zeros_like(h).bernoulli_(1 - self.dropout) / (1 - self.dropout)
+            keep = torch.empty(h.shape, dtype=torch.bool).bernoulli_(1 - self.dropout)
         for layer in self.layers:
-            h = layer(h, edge_index, mask)
+            h = layer(h, edge_index, keep) if keep is not None else \
+                layer(h, edge_index)
         h = F.dropout(F.relu(self.out_norm(h)), self.dropout, self.training)
         return self.head(h)
 
 
-LABELS = {"gsr": "GSRGNN", "gsr_relu": "GSRGNN (ReLU)", "res": "ResGNN",
-          "rev": "GroupAddRev"}
+LABELS = {"gsr": "GSRGNN", "gsr_narrow": "GSRGNN (fp32 stream)",
+          "res": "ResGNN", "rev": "GroupAddRev"}
+
+#: allocator settings for the memory runs: glibc's default, and a fixed mmap
+#: threshold so every block >= 64 KiB is mapped and unmapped on its own and the
+#: RSS follows the live bytes (the CPU analogue of CUDA max_memory_allocated)
+MALLOC = {"default": {}, "mmap": {"MALLOC_MMAP_THRESHOLD_": "65536"}}
 
 
 def make_model(kind, in_channels, hidden, layers, groups, conv, sparsity, dropout):
-    if kind in ("gsr", "gsr_relu"):
+    if kind in ("gsr", "gsr_narrow"):
         return GSRGNN(in_channels, hidden, 1, layers, num_groups=groups, conv=conv,
-                      sparsity=None if kind == "gsr_relu" else sparsity,
-                      dropout=dropout)
+                      sparsity=sparsity, dropout=dropout,
+                      exact_stream=kind == "gsr")
     if kind == "res":
         return ResGNN(in_channels, hidden, 1, layers, conv=conv, dropout=dropout,
                       num_groups=groups, sparsity=sparsity)
     if kind == "rev":
-        return GroupAddRevGNN(in_channels, hidden, 1, layers, groups, conv, dropout)
+        return GroupAddRevGNN(in_channels, hidden, 1, layers, groups, conv, sparsity,
+                              dropout)
     raise ValueError(f"unknown model kind {kind!r}")
 
 
@@ -118,7 +126,7 @@ def train_step(model, opt, data) -> float:
     loss = F.mse_loss(out.view(-1), data.y)
     loss.backward()
     opt.step()
-    return float(loss)
+    return float(loss.detach())
 
 
 # --------------------------------------------------------------------------- #
@@ -158,27 +166,39 @@ def _mem_run(state):
             "num_parameters": sum(p.numel() for p in model.parameters())}
 
 
-def measure_point(kind, layers, args, circuit=None):
+def measure_point(kind, layers, args, circuit=None, malloc="default"):
     kw = dict(kind=kind, circuit=circuit or args.circuit, hidden=args.hidden,
               layers=layers, groups=args.groups, conv=args.conv,
               sparsity=args.sparsity, dropout=args.dropout, threads=args.threads)
-    result, mem = measure_in_subprocess(_mem_setup, _mem_run, kw, device=args.device,
-                                        timeout=args.timeout)
+    old = {k: os.environ.get(k) for k in MALLOC[malloc]}
+    os.environ.update(MALLOC[malloc])  # read by glibc when the child starts
+    try:
+        result, mem = measure_in_subprocess(_mem_setup, _mem_run, kw,
+                                            device=args.device, timeout=args.timeout)
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
     return {"model": kind, "layers": layers, "circuit": kw["circuit"],
-            "peak_bytes": mem["peak_bytes"], "method": mem["method"],
-            "baseline_bytes": mem["baseline_bytes"], **result}
+            "malloc": malloc, "peak_bytes": mem["peak_bytes"],
+            "method": mem["method"], "baseline_bytes": mem["baseline_bytes"],
+            **result}
 
 
 def bench_memory(args, log):
     depths = {"gsr": args.gsr_depths, "res": args.res_depths, "rev": args.rev_depths}
     rows = []
-    for kind, ds in depths.items():
-        for layers in ds:
-            row = measure_point(kind, layers, args)
-            rows.append(row)
-            log(f"memory {LABELS[kind]:>12} L={layers:<4} peak "
-                f"{row['peak_bytes'] / MiB:9.1f} MiB  saved "
-                f"{row['saved_bytes'] / MiB:9.1f} MiB")
+    for malloc in args.malloc:
+        for kind, ds in depths.items():
+            for layers in ds:
+                row = measure_point(kind, layers, args, malloc=malloc)
+                rows.append(row)
+                log(f"memory [{malloc}] {LABELS[kind]:>12} L={layers:<4} peak "
+                    f"{row['peak_bytes'] / MiB:9.1f} MiB  saved "
+                    f"{row['saved_bytes'] / MiB:9.1f} MiB  step "
+                    f"{statistics.median(row['step_seconds']):.1f} s")
     return rows
 
 
@@ -191,14 +211,16 @@ def bench_speed(args, log):
     torch.set_num_threads(args.threads)
     data = load_circuit(args.circuit, task="arrival")
     out = []
-    for conv in args.speed_convs:
-        kinds = ["gsr", "gsr_relu", "rev", "res"]
+    configs = [(conv, sp) for conv in args.speed_convs
+               for sp in ([args.sparsity, None] if args.sparsity else [None])]
+    for conv, sparsity in configs:
+        kinds = list(args.speed_kinds)
         models, opts = {}, {}
         for kind in kinds:
             torch.manual_seed(0)
             models[kind] = make_model(kind, data.num_features, args.hidden,
                                       args.speed_layers, args.groups, conv,
-                                      args.sparsity, args.dropout).train()
+                                      sparsity, args.dropout).train()
             opts[kind] = torch.optim.Adam(models[kind].parameters(), lr=1e-3)
         times = {k: [] for k in kinds}
         for r in range(args.rounds + 1):  # round 0 warms up and is dropped
@@ -209,12 +231,16 @@ def bench_speed(args, log):
                 if r > 0:
                     times[kind].append(time.perf_counter() - t0)
         med = {k: statistics.median(v) for k, v in times.items()}
-        row = {"conv": conv, "layers": args.speed_layers, "rounds": args.rounds,
+        row = {"conv": conv, "sparsity": sparsity, "layers": args.speed_layers,
+               "rounds": args.rounds,
                "times": times, "median_seconds": med,
                "ratio_vs_groupaddrev": {k: med[k] / med["rev"] for k in kinds},
-               "ratio_vs_resgnn": {k: med[k] / med["res"] for k in kinds}}
+               "ratio_vs_resgnn": {k: med[k] / med["res"] for k in kinds},
+               # per-round ratios too: the spread shows how noisy the machine was
+               "round_ratios_vs_groupaddrev": {
+                   k: [a / b for a, b in zip(times[k], times["rev"])] for k in kinds}}
         out.append(row)
-        log(f"speed {conv} L={args.speed_layers}: " + "  ".join(
+        log(f"speed {conv} k={sparsity} L={args.speed_layers}: " + "  ".join(
             f"{LABELS[k]} {med[k]:.3f}s ({med[k] / med['rev']:.2f}x rev, "
             f"{med[k] / med['res']:.2f}x res)" for k in kinds))
         del models, opts
@@ -280,7 +306,8 @@ def bench_b19(args, log):
     budget = 8 << 30
     for kind, ds in (("res", args.b19_res_depths), ("gsr", args.b19_gsr_depths)):
         for layers in ds:
-            row = measure_point(kind, layers, args, circuit="itc99/b19")
+            row = measure_point(kind, layers, args, circuit="itc99/b19",
+                                malloc=args.b19_malloc)
             rows.append(row)
             log(f"b19 {LABELS[kind]:>8} L={layers:<5} peak "
                 f"{row['peak_bytes'] / MiB:9.1f} MiB  step "
@@ -313,18 +340,23 @@ def _mib(b):
 
 def checks(res, args):
     out = {}
-    mem = res.get("memory")
-    if mem:
-        peak = {(r["model"], r["layers"]): r["peak_bytes"] for r in mem}
-        gsr = sorted(ly for m, ly in peak if m == "gsr")
-        if gsr and 16 in gsr and 256 in gsr:
-            out["memory_gsr256_over_gsr16"] = peak["gsr", 256] / peak["gsr", 16]
+    for malloc in MALLOC:
+        peak = {(r["model"], r["layers"]): r["peak_bytes"]
+                for r in res.get("memory") or [] if r["malloc"] == malloc}
+        if ("gsr", 16) in peak and ("gsr", 256) in peak:
+            out[f"memory_{malloc}_gsr256_over_gsr16"] = \
+                peak["gsr", 256] / peak["gsr", 16]
         if ("gsr", 128) in peak and ("res", 128) in peak:
-            out["memory_gsr128_over_res128"] = peak["gsr", 128] / peak["res", 128]
+            out[f"memory_{malloc}_gsr128_over_res128"] = \
+                peak["gsr", 128] / peak["res", 128]
     for row in res.get("speed") or []:
-        out[f"speed_{row['conv']}_gsr_over_groupaddrev"] = \
-            row["ratio_vs_groupaddrev"]["gsr"]
-        out[f"speed_{row['conv']}_gsr_over_resgnn"] = row["ratio_vs_resgnn"]["gsr"]
+        act = "relu" if row["sparsity"] is None else f"k{row['sparsity']}"
+        for kind in ("gsr", "gsr_narrow"):
+            if kind in row["ratio_vs_groupaddrev"]:
+                out[f"speed_{row['conv']}_{act}_{kind}_over_groupaddrev"] = \
+                    row["ratio_vs_groupaddrev"][kind]
+                out[f"speed_{row['conv']}_{act}_{kind}_over_resgnn"] = \
+                    row["ratio_vs_resgnn"][kind]
     q = res.get("quality")
     if q:
         by = {(r["model"], r["layers"]): r["pearson"] for r in q}
@@ -347,12 +379,16 @@ def markdown(res, args) -> str:
     cfg = (f"hidden {args.hidden}, {args.groups} groups, conv {args.conv}, "
            f"sparsity {args.sparsity} of {args.hidden // args.groups} per group, "
            f"dropout {args.dropout}")
-    mem = res.get("memory")
-    if mem:
+    for malloc in MALLOC:
+        mem = [r for r in res.get("memory") or [] if r["malloc"] == malloc]
+        if not mem:
+            continue
         peak = {(r["model"], r["layers"]): r for r in mem}
         depths = sorted({r["layers"] for r in mem})
-        lines += [f"### Peak training memory vs depth ({args.circuit}, {cfg}; "
-                  "2 steps of forward + backward + Adam)", "",
+        how = ("glibc malloc defaults" if malloc == "default" else
+               "MALLOC_MMAP_THRESHOLD_=65536, RSS follows live bytes")
+        lines += [f"### Peak training memory vs depth, {how} ({args.circuit}, "
+                  f"{cfg}; 2 steps of forward + backward + Adam)", "",
                   "| layers | GSRGNN MiB | ResGNN MiB | GroupAddRev MiB | "
                   "GSR / ResGNN | GSR saved-for-backward MiB | "
                   "ResGNN saved-for-backward MiB |",
@@ -368,12 +404,15 @@ def markdown(res, args) -> str:
     if res.get("speed"):
         lines += [f"### Epoch time vs peers ({args.circuit}, {cfg}; one step = one "
                   f"epoch; median of {args.rounds} alternating rounds)", "",
-                  "| conv | layers | model | median s/epoch | vs GroupAddRev | "
-                  "vs ResGNN |", "|---|---:|---|---:|---:|---:|"]
+                  "| conv | activation | layers | model | median s/epoch | "
+                  "vs GroupAddRev | vs ResGNN |", "|---|---|---:|---|---:|---:|---:|"]
         for row in res["speed"]:
+            act = "ReLU" if row["sparsity"] is None else \
+                f"top-{row['sparsity']} of {args.hidden // args.groups}"
             for k, t in row["median_seconds"].items():
-                lines.append(f"| {row['conv']} | {row['layers']} | {LABELS[k]} | "
-                             f"{t:.3f} | {row['ratio_vs_groupaddrev'][k]:.3f} | "
+                lines.append(f"| {row['conv']} | {act} | {row['layers']} | "
+                             f"{LABELS[k]} | {t:.3f} | "
+                             f"{row['ratio_vs_groupaddrev'][k]:.3f} | "
                              f"{row['ratio_vs_resgnn'][k]:.3f} |")
         lines.append("")
     if res.get("quality"):
@@ -417,19 +456,23 @@ def plot(res, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for kind in ("gsr", "res", "rev"):
-        pts = sorted((r["layers"], r["peak_bytes"] / MiB) for r in res["memory"]
-                     if r["model"] == kind)
-        if pts:
-            ax.plot(*zip(*pts), marker="o", label=LABELS[kind])
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("layers")
-    ax.set_ylabel("peak training memory (MiB, CPU RSS)")
-    ax.set_title("epfl/multiplier, hidden 64, 4 groups")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
+    modes = [m for m in MALLOC if any(r["malloc"] == m for r in res["memory"])]
+    fig, axes = plt.subplots(1, len(modes), figsize=(6 * len(modes), 4),
+                             squeeze=False)
+    for ax, malloc in zip(axes[0], modes):
+        for kind in ("gsr", "res", "rev"):
+            pts = sorted((r["layers"], r["peak_bytes"] / MiB) for r in res["memory"]
+                         if r["model"] == kind and r["malloc"] == malloc)
+            if pts:
+                ax.plot(*zip(*pts), marker="o", label=LABELS[kind])
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("layers")
+        ax.set_ylabel("peak training memory (MiB, CPU RSS)")
+        ax.set_title(f"{res['args']['circuit']}, hidden {res['args']['hidden']}, "
+                     f"{res['args']['groups']} groups; malloc {malloc}")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -451,6 +494,10 @@ def parse_args(argv=None):
     a("--threads", type=int, default=1, help="torch intra-op threads (all peers)")
     a("--device", default="cpu")
     a("--timeout", type=float, default=3600)
+    a("--malloc", type=strs, default=["mmap", "default"],
+      help=f"allocator settings for the memory runs, from {list(MALLOC)}")
+    a("--b19-malloc", default="mmap", choices=list(MALLOC))
+    a("--speed-kinds", type=strs, default=["gsr", "gsr_narrow", "rev", "res"])
     a("--gsr-depths", type=ints, default=[16, 32, 64, 128, 256])
     a("--res-depths", type=ints, default=[16, 32, 64, 128])
     a("--rev-depths", type=ints, default=[16, 32, 64, 128, 256])
@@ -475,6 +522,7 @@ def parse_args(argv=None):
     if args.quick:
         args.gsr_depths, args.res_depths, args.rev_depths = [16, 64], [16], [16]
         args.speed_layers, args.speed_convs, args.rounds = 16, ["sage"], 3
+        args.malloc = ["mmap"]
         args.quality_models = ["gsr@4", "gsr@16"]
         args.train = "iscas85/c432,iscas85/c880,epfl/ctrl,epfl/router"
         args.val, args.test = "epfl/int2float", "iscas85/c1908"

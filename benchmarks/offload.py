@@ -398,6 +398,9 @@ def main(argv=None) -> dict:
                     help="torch threads (1: stable on a shared machine)")
     ap.add_argument("--skip", nargs="*", default=[],
                     choices=["circuits", "sweep", "timing", "min-budget", "baseline"])
+    ap.add_argument("--max-chunks", type=int, default=None,
+                    help="smallest-budget search: stop planning lower once a sweep "
+                         "has this many chunks (default 2000 quick, 2500 full)")
     ap.add_argument("--out", default="results/offload.json")
     ap.add_argument("--markdown", default="benchmarks/offload.md")
     ap.add_argument("--cache-dir", default=None, help="partition cache folder")
@@ -427,9 +430,9 @@ def main(argv=None) -> dict:
     if "min-budget" not in args.skip:
         log("smallest budget that trains")
         fracs = [args.fraction / 2 ** i for i in range(0, 8)]
-        res["min_budget"] = smallest_budget(data, model, fracs, args.parts,
-                                            2000 if quick else 1600, args.cache_dir,
-                                            ref)
+        res["min_budget"] = smallest_budget(
+            data, model, fracs, args.parts,
+            args.max_chunks or (2000 if quick else 2500), args.cache_dir, ref)
     del data, ref
     gc.collect()
 

@@ -10,7 +10,6 @@ from torch_geometric.nn.models import GCN
 from leangnn.graphs.synthetic import power_law_graph
 from leangnn.nn.models import ResGNN, build_model
 from leangnn.offload import BudgetError, OffloadEngine, full_batch_vertex_bytes
-from leangnn.offload.engine import parse_bytes
 
 
 def _graph(n=400, dtype=torch.float64, seed=0):
@@ -224,16 +223,6 @@ def test_batch_norm_is_refused_in_training_only():
         eng.train_step(loss_fn, data)
     model.eval()
     assert torch.allclose(eng.predict(), model(data.x, data.edge_index))
-
-
-def test_parse_bytes():
-    assert parse_bytes("2GiB") == 2 << 30
-    assert parse_bytes("512MB") == 512 * 10**6
-    assert parse_bytes("1.5k") == 1536
-    assert parse_bytes(4096) == 4096
-    for bad in ("", "12 parsecs", "GiB", 0, True):
-        with pytest.raises(ValueError, match="device_budget"):
-            parse_bytes(bad)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

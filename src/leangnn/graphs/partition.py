@@ -121,6 +121,10 @@ class DstCSR:
         ids, _ = self.edge_ids(nodes)
         return torch.unique(self.col[ids])
 
+    def __repr__(self) -> str:
+        return (f"{self.__class__.__name__}(num_nodes={self.num_nodes}, "
+                f"num_edges={self.num_edges})")
+
 
 def _check_edge_index(edge_index: Tensor, num_nodes: int) -> None:
     if not (isinstance(edge_index, Tensor) and edge_index.dim() == 2

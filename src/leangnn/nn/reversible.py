@@ -19,6 +19,12 @@ reconstructs the group's input (``x_i = y_i - f(.)``) and is backpropagated.
 A layer thus costs one forward in the forward pass and one forward plus one
 backward in the backward pass, where PyG's ``GroupAddRev`` evaluates every
 group function three times (forward, inverse, recompute).
+
+By default the residual stream (the buffer) is carried in float64 while every
+group function computes in the input dtype, so the reconstruction is exact
+and the gradients equal plain autograd's (``exact_stream``); dropout masks are
+shared across layers and every group function runs on its own seeded RNG
+stream, so stochastic layers replay exactly too.
 """
 
 from __future__ import annotations

@@ -114,6 +114,9 @@ class ChunkBuilder:
         w = csr.weight[ids] if weighted else None
         return Chunk(targets, sources, ei, w, ids.numel(), weighted)
 
+    def __repr__(self) -> str:
+        return f"{self.__class__.__name__}({self.csr}, topology={self.topology})"
+
     def split(self, targets: Tensor, max_edges: int | None = None) -> list[Chunk]:
         """Chunks covering ``targets`` in order, each fitting the budget."""
         out: list[Chunk] = []

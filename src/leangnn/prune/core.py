@@ -129,17 +129,19 @@ def bridge_edges(adj: sp.csr_matrix, core_index: np.ndarray, score: np.ndarray,
     pruned_index = np.flatnonzero(~is_core)
     rows_c = adj[core_index]
     _, lab_c = connected_components(rows_c[:, core_index], directed=False)
+    lab_c = lab_c.astype(np.int64)  # int32 labels would overflow pair keys
     cut = rows_c[:, pruned_index].tocoo()
     del rows_c
     _, lab_p = connected_components(adj[pruned_index][:, pruned_index],
                                     directed=False)
+    lab_p = lab_p.astype(np.int64)
     kc = int(lab_c.max()) + 1
     cs, ps = cut.row.astype(np.int64), cut.col.astype(np.int64)
     del cut
     core_score = score[core_index]
     # One representative (the most important core node) per pair
     # (core component, pruned component) that touches.
-    pair = lab_c[cs].astype(np.int64) * (int(lab_p.max()) + 1) + lab_p[ps]
+    pair = lab_c[cs] * (int(lab_p.max()) + 1) + lab_p[ps]
     rep_pos = _first_per_group(pair, core_score[cs])
     pa, pp, rep = lab_c[cs[rep_pos]], lab_p[ps[rep_pos]], cs[rep_pos]
     out = []
@@ -155,6 +157,7 @@ def bridge_edges(adj: sp.csr_matrix, core_index: np.ndarray, score: np.ndarray,
         key = pa * kp + pp
         srt = np.argsort(key)
         loc = srt[np.searchsorted(key[srt], a.astype(np.int64) * kp + p)]
+        assert bool((key[loc] == a * kp + p).all())  # every tree edge is in H
         trep, tp = rep[loc], p
         order = np.lexsort((-core_score[trep], tp))
         trep, tp = trep[order], tp[order]
@@ -173,7 +176,7 @@ def bridge_edges(adj: sp.csr_matrix, core_index: np.ndarray, score: np.ndarray,
         out.append(np.stack([h[keep], cs[keep]]))
     if not out:
         return np.zeros((2, 0), dtype=np.int64)
-    e = np.concatenate(out, axis=1)
+    e = np.concatenate(out, axis=1).astype(np.int64)
     e = np.concatenate([e, e[::-1]], axis=1)
     e = np.unique(e[0] * nc + e[1])
     return np.stack([e // nc, e % nc])
@@ -247,8 +250,9 @@ def cap_in_degree(edge_index: Tensor, num_nodes: int, max_edges: int,
         else:
             hi = mid - 1
     gen = torch.Generator().manual_seed(seed)
-    order = torch.argsort(torch.rand(e, generator=gen))
-    order = order[torch.argsort(dst[order], stable=True)]  # by target, random within
+    # One sort by "target + uniform offset": grouped by target, random within.
+    order = torch.argsort(dst.double() + torch.rand(e, generator=gen,
+                                                    dtype=torch.float64))
     start = torch.cumsum(deg, 0) - deg
     rank = torch.arange(e) - start[dst[order]]
     mask = torch.zeros(e, dtype=torch.bool)

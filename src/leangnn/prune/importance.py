@@ -123,7 +123,7 @@ def degree_importance(edge_index: Tensor, num_nodes: int,
 @register_importance("pagerank")
 def pagerank(edge_index: Tensor, num_nodes: int, alpha: float = 0.85,
              tol: float = 1e-6, max_iter: int = 100,
-             dtype: torch.dtype = torch.float64,
+             dtype: torch.dtype = torch.float32,
              adj: sp.csr_matrix | None = None) -> Tensor:
     r"""PageRank by sparse power iteration in torch (Page et al., 1999).
 
@@ -138,8 +138,9 @@ def pagerank(edge_index: Tensor, num_nodes: int, alpha: float = 0.85,
         alpha (float, optional): damping factor. (default: ``0.85``)
         tol (float, optional): L1 convergence tolerance. (default: ``1e-6``)
         max_iter (int, optional): iteration cap. (default: ``100``)
-        dtype (torch.dtype, optional): float32 halves the matrix on huge
-            graphs; ranks barely change. (default: ``torch.float64``)
+        dtype (torch.dtype, optional): float32 shares the adjacency's arrays
+            (no copy of the matrix); float64 for tight tolerances.
+            (default: ``torch.float32``)
         adj (scipy.sparse.csr_matrix, optional): precomputed
             :func:`undirected_csr`. (default: ``None``)
 
@@ -149,8 +150,8 @@ def pagerank(edge_index: Tensor, num_nodes: int, alpha: float = 0.85,
     if not 0.0 < alpha < 1.0:
         raise ValueError(f"pagerank: alpha must be in (0, 1), got {alpha!r}")
     adj = _adj(edge_index, num_nodes, adj)
-    mat = csr_tensor(adj.indptr, adj.indices, torch.ones(adj.nnz, dtype=dtype),
-                     adj.shape)
+    values = torch.from_numpy(adj.data)  # all ones; shared when dtypes agree
+    mat = csr_tensor(adj.indptr, adj.indices, values.to(dtype), adj.shape)
     deg = torch.from_numpy(np.diff(adj.indptr)).to(dtype)
     inv = torch.where(deg > 0, 1.0 / deg.clamp_min(1.0), torch.zeros_like(deg))
     dangling = deg == 0

@@ -1,0 +1,144 @@
+"""Anchors (truncated absorbing PageRank) and the anchor decoder."""
+
+import networkx as nx
+import numpy as np
+import pytest
+import torch
+
+from leangnn.graphs.synthetic import contextual_sbm
+from leangnn.prune.core import build_core
+from leangnn.prune.decoder import AnchorDecoder, ppr_anchors
+from leangnn.prune.importance import undirected_csr
+
+
+def _setup(n=400, deg=4.0, r=0.3, seed=0):
+    d = contextual_sbm(n, avg_degree=deg, seed=seed)
+    adj = undirected_csr(d.edge_index, n)
+    core = build_core(d, r, adj=adj)
+    return d, adj, core
+
+
+def _reference(adj, core_index, sources, steps, alpha, absorb):
+    """Dense float64 walk, one source at a time (the obvious, slow way)."""
+    a = adj.toarray().astype(np.float64)
+    deg = a.sum(1)
+    p = np.divide(a, deg[:, None], out=np.zeros_like(a), where=deg[:, None] > 0)
+    is_core = np.zeros(a.shape[0], dtype=bool)
+    is_core[core_index] = True
+    out = np.zeros((len(sources), len(core_index)))
+    for i, s in enumerate(sources):
+        z = p[s].copy()
+        score = z.copy()
+        for t in range(1, steps):
+            if absorb:
+                z = np.where(is_core, 0.0, z)
+            z = z @ p
+            score += (1 - alpha) ** t * z
+        row = score[core_index]
+        if is_core[s]:
+            row[np.searchsorted(core_index, s)] = 0.0
+        out[i] = row
+    return out
+
+
+@pytest.mark.parametrize("absorb", [True, False])
+@pytest.mark.parametrize("steps", [1, 2, 3])
+def test_anchor_scores_match_dense_reference(absorb, steps):
+    d, adj, core = _setup()
+    ci = core.index.numpy()
+    src = np.concatenate([np.flatnonzero(~core.mask.numpy())[:60], ci[:20]])
+    got = ppr_anchors(adj, core.index, torch.from_numpy(src), num_anchors=None,
+                      num_steps=steps, alpha=0.2, eps=0.0, absorb=absorb,
+                      chunk_size=17)
+    ref = _reference(adj, ci, src, steps, 0.2, absorb)
+    mass = ref.sum(1)
+    ref = np.divide(ref, mass[:, None], out=np.zeros_like(ref),
+                    where=mass[:, None] > 0)
+    assert np.allclose(got.weight.to_dense().numpy(), ref, atol=1e-5)
+    assert np.allclose(got.mass.numpy(), mass, atol=1e-5)
+    assert torch.equal(got.nodes, torch.from_numpy(src))
+
+
+def test_at_most_k_per_row_and_the_k_largest():
+    d, adj, core = _setup(600, 8.0)
+    ci = core.index.numpy()
+    src = np.flatnonzero(~core.mask.numpy())
+    k = 3
+    got = ppr_anchors(adj, core.index, torch.from_numpy(src), num_anchors=k,
+                      num_steps=3, alpha=0.15, eps=0.0)
+    nnz = got.nnz_per_row
+    assert int(nnz.max()) <= k
+    ref = _reference(adj, ci, src, 3, 0.15, True)
+    dense = got.weight.to_dense().numpy() * got.mass.numpy()[:, None]
+    for i in range(len(src)):
+        want = np.sort(ref[i][ref[i] > 0])[::-1][:k]
+        have = np.sort(dense[i][dense[i] > 0])[::-1]
+        assert np.allclose(have, want, atol=1e-6)
+        if nnz[i]:
+            assert abs(got.weight.to_dense()[i].sum() - 1.0) < 1e-5
+
+
+def test_core_sources_never_anchor_on_themselves():
+    d, adj, core = _setup()
+    got = ppr_anchors(adj, core.index, core.index, num_anchors=8)
+    w = got.weight.to_dense()
+    assert float(w.diagonal().abs().max()) == 0.0
+    assert int(got.nnz_per_row.max()) <= 8
+
+
+def test_dense_reference_is_all_core_nodes_within_h_hops():
+    d, adj, core = _setup(300, 3.0)
+    g = nx.from_scipy_sparse_array(adj)
+    pos = {int(v): i for i, v in enumerate(core.index)}
+    src = torch.nonzero(~core.mask).view(-1)[:50]
+    got = ppr_anchors(adj, core.index, src, num_anchors=None, num_steps=2,
+                      eps=0.0, absorb=False)
+    w = got.weight.to_dense()
+    for i, s in enumerate(src.tolist()):
+        near = nx.single_source_shortest_path_length(g, s, cutoff=2)
+        want = sorted(pos[v] for v in near if v in pos and v != s)
+        assert w[i].nonzero().view(-1).tolist() == want
+
+
+def test_isolated_pruned_node_gets_no_anchor():
+    ei = torch.tensor([[0, 1], [1, 0]])
+    from leangnn.prune.importance import undirected_csr as uc
+
+    adj = uc(ei, 3)
+    got = ppr_anchors(adj, torch.tensor([0]), torch.tensor([1, 2]), num_anchors=4)
+    assert got.nnz_per_row.tolist() == [1, 0]
+    assert got.mass[1] == 0
+
+
+def test_bad_arguments():
+    _, adj, core = _setup(100)
+    with pytest.raises(ValueError, match="num_anchors"):
+        ppr_anchors(adj, core.index, torch.tensor([0]), num_anchors=0)
+    with pytest.raises(ValueError, match="num_steps"):
+        ppr_anchors(adj, core.index, torch.tensor([0]), num_steps=0)
+    with pytest.raises(ValueError, match="alpha"):
+        ppr_anchors(adj, core.index, torch.tensor([0]), alpha=1.0)
+    with pytest.raises(ValueError, match="embed_channels == out_channels"):
+        AnchorDecoder(4, 3, 2)
+
+
+def test_decoder_starts_at_anchor_average_and_learns():
+    torch.manual_seed(0)
+    dec = AnchorDecoder(5, 3, 3, hidden_channels=16)
+    x, emb, ax = torch.randn(50, 5), torch.randn(50, 3), torch.randn(50, 5)
+    mass = torch.rand(50)
+    assert torch.equal(dec(x, emb, ax, mass), emb)  # residual, zero-init head
+    target = emb + x[:, :3]
+    opt = torch.optim.Adam(dec.parameters(), lr=0.01)
+    first = None
+    for _ in range(200):
+        opt.zero_grad()
+        loss = ((dec(x, emb, ax, mass) - target) ** 2).mean()
+        first = first if first is not None else float(loss.detach())
+        loss.backward()
+        opt.step()
+    assert float(loss) < 0.2 * first
+    plain = AnchorDecoder(5, 3, 2, anchor_features=False, residual=False)
+    assert plain(x, emb).shape == (50, 2)
+    with pytest.raises(ValueError, match="anchor_x"):
+        dec(x, emb)

@@ -1,0 +1,185 @@
+"""DPRStrategy: r = 1 equals plain full-batch training; the saving at r < 1."""
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from leangnn.config import TrainConfig
+from leangnn.graphs.synthetic import contextual_sbm
+from leangnn.metrics import accuracy
+from leangnn.nn.models import build_model
+from leangnn.profile import SavedTensorsMeter
+from leangnn.prune import DPRConfig, DPRStrategy
+from leangnn.train import Trainer, make_loss_fn
+
+LOSS = make_loss_fn("classification")
+
+
+def _graph(n=1200, seed=0):
+    d = contextual_sbm(n, avg_degree=8, seed=seed)
+    d.node_mask = d.train_mask
+    return d
+
+
+def _model(d, seed=0, dropout=0.3):
+    torch.manual_seed(seed)
+    return build_model("sage", d.num_features, 32, int(d.y.max()) + 1, 2,
+                       dropout=dropout)
+
+
+def _plain(d, epochs, seed=0):
+    """The reference: a plain full-batch loop, no strategy involved."""
+    model = _model(d, seed)
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    for _ in range(epochs):
+        model.train()
+        opt.zero_grad()
+        out = model(d.x, d.edge_index)
+        F.cross_entropy(out[d.train_mask], d.y[d.train_mask]).backward()
+        opt.step()
+    model.eval()
+    with torch.no_grad():
+        return model(d.x, d.edge_index)
+
+
+def _with_strategy(strategy, d, epochs, seed=0):
+    """The trainer's hook order: setup, train_step per epoch, fit_end, predict."""
+    model = _model(d, seed)
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    strategy.setup(model, [d])
+    for _ in range(epochs):
+        model.train()
+        opt.zero_grad()
+        strategy.train_step(model, d, LOSS)
+        opt.step()
+    strategy.fit_end(model, [d], LOSS)
+    model.eval()
+    return strategy.predict(model, d), model
+
+
+def test_r1_equals_plain_full_batch_training():
+    d = _graph()
+    ref = _plain(d, 12)
+    out, _ = _with_strategy(DPRStrategy(budget_ratio=1.0, edge_budget="ratio"), d, 12)
+    assert torch.equal(out, ref)
+    tm = d.test_mask
+    assert accuracy(out[tm], d.y[tm]) == accuracy(ref[tm], d.y[tm])
+
+
+def test_r1_sparse_adjacency_matches_plain():
+    d = _graph()
+    ref = _plain(d, 8)
+    out, _ = _with_strategy(DPRStrategy(budget_ratio=1.0, sparse_adj=True), d, 8)
+    assert torch.allclose(out, ref, atol=1e-4)
+
+
+def test_r1_same_metrics_through_the_trainer(tmp_path):
+    common = dict(dataset="csbm:1500", model="sage", num_layers=2,
+                  hidden_channels=16, epochs=4, patience=0, seed=3,
+                  dropout=0.2, task="critical")
+    full = Trainer(TrainConfig(strategy="full", out=str(tmp_path / "f"), **common),
+                   progress=False).fit()
+    dpr = Trainer(TrainConfig(strategy="prune", budget_ratio=1.0,
+                              out=str(tmp_path / "p"), **common),
+                  progress=False).fit()
+    assert dpr["metrics"]["test"] == full["metrics"]["test"]
+    assert dpr["core_size"] == 1500 and dpr["core_ratio"] == 1.0
+
+
+def test_trainer_summary_records_core_anchors_and_inference_time(tmp_path):
+    cfg = TrainConfig(dataset="csbm:1500", strategy="prune", model="sage",
+                      num_layers=2, hidden_channels=16, epochs=3, patience=0,
+                      budget_ratio=0.3, num_anchors=5, task="critical",
+                      out=str(tmp_path))
+    s = Trainer(cfg, progress=False).fit()
+    on_disk = json.loads((tmp_path / "summary.json").read_text())
+    for key in ("core_size", "anchors_per_node", "all_node_inference_s"):
+        assert key in on_disk
+    assert s["core_size"] == 450
+    assert 0 < s["anchors_per_node"] <= 5 and s["max_anchors_per_node"] <= 5
+    assert s["decoder_rows"] > 0
+
+
+def test_saving_at_r03_on_saved_activations():
+    """The off switch (r = 1) saves for backward what full-batch saves; the
+    core at r = 0.3 saves far less (plain edge_index path, counted exactly)."""
+    d = contextual_sbm(3000, avg_degree=10, seed=1)
+    d.node_mask = d.train_mask
+
+    def saved(strategy):
+        model = _model(d)
+        strategy.setup(model, [d])
+        with SavedTensorsMeter() as m:
+            strategy.train_step(model, d, LOSS)
+        return m.bytes
+
+    with SavedTensorsMeter() as m:
+        model = _model(d)
+        LOSS(model(d.x, d.edge_index), d).backward()
+    full = m.bytes
+    assert saved(DPRStrategy(budget_ratio=1.0)) == full
+    assert saved(DPRStrategy(budget_ratio=0.3, edge_budget="ratio")) < 0.45 * full
+
+
+def test_decoder_reconstructs_better_than_no_reconstruction():
+    d = _graph(2000, seed=2)
+    strat = DPRStrategy(budget_ratio=0.3, num_anchors=8, decoder_epochs=60)
+    out, model = _with_strategy(strat, d, 40)
+    st = strat.prepare(d)
+    pruned_test = d.test_mask & ~st.core.mask
+    dpr = accuracy(out[pruned_test], d.y[pruned_test])
+    # no reconstruction: pruned nodes get the core's majority class
+    maj = torch.bincount(d.y[st.core.index]).max() / st.core.num_core
+    assert dpr > float(maj) + 0.3
+    # rows of the decoder are core nodes, masked as if pruned
+    assert strat.summary()["decoder_rows"] == int(d.train_mask[st.core.index].sum())
+
+
+def test_predict_before_fit_end_uses_anchor_average_and_state_roundtrip():
+    d = _graph(800)
+    strat = DPRStrategy(budget_ratio=0.4, decoder_epochs=5)
+    model = _model(d)
+    strat.setup(model, [d])
+    model.eval()
+    out = strat.predict(model, d)
+    st = strat.prepare(d)
+    h = model(st.train_data.x, st.train_data.edge_index)
+    assert torch.allclose(out[st.core.index], h)
+    avg = st.anchors.weight @ h
+    assert torch.allclose(out[st.pruned], avg, atol=1e-6)
+    strat.fit_end(model, [d], LOSS)
+    model.eval()
+    a = strat.predict(model, d)
+    other = DPRStrategy()
+    other.load_state_dict(strat.state_dict())
+    assert other.config == strat.config
+    assert torch.allclose(other.predict(model, d), a)
+
+
+def test_several_graphs_are_cached_by_name():
+    g1, g2 = _graph(600, seed=1), _graph(700, seed=2)
+    g1.name, g2.name = "a", "b"
+    strat = DPRStrategy(budget_ratio=0.5, decoder_epochs=2)
+    model = _model(g1)
+    strat.setup(model, [g1, g2])
+    assert strat.prepare(g1).core.num_core == 300
+    assert strat.prepare(g2).core.num_core == 350
+    strat.fit_end(model, [g1, g2], LOSS)
+    assert strat.predict(model, g2).shape == (700, int(g2.y.max()) + 1)
+    assert strat.summary()["core_size"] == 650
+
+
+def test_from_config_and_bad_config():
+    cfg = TrainConfig(strategy="prune", budget_ratio=0.2, num_anchors=3, seed=7)
+    s = DPRStrategy.from_config(cfg)
+    assert (s.config.budget_ratio, s.config.num_anchors, s.config.seed) == (0.2, 3, 7)
+    with pytest.raises(ValueError, match="budget_ratio"):
+        DPRConfig(budget_ratio=0.0)
+    with pytest.raises(ValueError, match="decoder_rows"):
+        DPRConfig(decoder_rows="all")
+    with pytest.raises(ValueError, match="edge_budget"):
+        DPRConfig(edge_budget="half")
+    with pytest.raises(ValueError, match="unknown DPRConfig"):
+        DPRStrategy(budget=0.3)
