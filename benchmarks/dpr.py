@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -658,6 +659,11 @@ def main(argv=None) -> dict:
     ap.add_argument("--md", default=str(ROOT / "benchmarks" / "dpr.md"))
     args = ap.parse_args(argv)
 
+    # A fixed mmap threshold keeps glibc from caching freed blocks on its
+    # heap (its default raises the threshold as large blocks are freed), so
+    # RSS follows live memory; the spawned measuring processes inherit it.
+    os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", "65536")
+    os.environ.setdefault("MALLOC_TRIM_THRESHOLD_", "1048576")
     quick = args.quick
     p = {"hidden": 64, "layers": 2, "lr": 0.01, "seed": 0, "r": args.r, "k": args.k,
          "epochs": args.epochs or (40 if quick else 100),

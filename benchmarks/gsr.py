@@ -258,17 +258,18 @@ def bench_quality(args, log):
 
     torch.set_num_threads(args.threads)
     rows = []
-    for spec in args.quality_models:
-        name, layers = spec.split("@")
-        layers = int(layers)
+    for spec in args.quality_models:  # name@layers[:kK]
+        name, rest = spec.split("@")
+        layers, _, k = rest.partition(":k")
+        layers, sparsity = int(layers), int(k) if k else None
         strategy = "reversible" if name == "gsr" else "full"
         cfg = TrainConfig(
             dataset=args.train, val_dataset=args.val, test_dataset=args.test,
             task="arrival", strategy=strategy, model=name, conv=args.conv,
             num_layers=layers, hidden_channels=args.hidden, dropout=args.dropout,
             epochs=args.epochs, lr=args.lr, patience=args.patience, seed=args.seed,
-            device=args.device, num_groups=args.groups, sparsity=args.sparsity,
-            out=str(ROOT / "runs" / "bench-gsr" / f"{name}-L{layers}"))
+            device=args.device, num_groups=args.groups, sparsity=sparsity,
+            out=str(ROOT / "runs" / "bench-gsr" / f"{name}-L{layers}-k{sparsity}"))
         trainer = Trainer(cfg, progress=False)
         if name == "res":
             # ResGNN with the same activation as GSRGNN (the Trainer passes
@@ -283,7 +284,7 @@ def bench_quality(args, log):
         t0 = time.perf_counter()
         summary = trainer.fit()
         test = summary["metrics"]["test"]
-        row = {"model": name, "layers": layers,
+        row = {"model": name, "layers": layers, "sparsity": sparsity,
                "pearson": test["pearson"], "spearman": test["spearman"],
                "kendall": test["kendall"], "mae": test["mae"],
                "val_pearson": summary["metrics"]["val"]["pearson"],
@@ -292,7 +293,7 @@ def bench_quality(args, log):
                "wall_seconds": time.perf_counter() - t0,
                "num_parameters": summary["num_parameters"]}
         rows.append(row)
-        log(f"quality {name}@{layers}: pearson {row['pearson']:.4f} spearman "
+        log(f"quality {spec}: pearson {row['pearson']:.4f} spearman "
             f"{row['spearman']:.4f} kendall {row['kendall']:.4f} mae {row['mae']:.4f}"
             f" ({row['epochs_run']} ep, {row['wall_seconds']:.0f} s)")
     return rows
@@ -350,7 +351,7 @@ def checks(res, args):
             out[f"memory_{malloc}_gsr128_over_res128"] = \
                 peak["gsr", 128] / peak["res", 128]
     for row in res.get("speed") or []:
-        act = "relu" if row["sparsity"] is None else f"k{row['sparsity']}"
+        act = "relu" if row.get("sparsity") is None else f"k{row['sparsity']}"
         for kind in ("gsr", "gsr_narrow"):
             if kind in row["ratio_vs_groupaddrev"]:
                 out[f"speed_{row['conv']}_{act}_{kind}_over_groupaddrev"] = \
@@ -359,14 +360,15 @@ def checks(res, args):
                     row["ratio_vs_resgnn"][kind]
     q = res.get("quality")
     if q:
-        by = {(r["model"], r["layers"]): r["pearson"] for r in q}
-        shallow = max((v for (m, ly), v in by.items() if ly <= 4), default=None)
-        for (m, ly), v in by.items():
+        by = {(r["model"], r["layers"], r.get("sparsity")): r["pearson"] for r in q}
+        shallow = max((v for (m, ly, k), v in by.items() if ly <= 4), default=None)
+        for (m, ly, k), v in by.items():
             if m == "gsr" and ly >= 64:
-                if ("res", ly) in by:
-                    out[f"quality_gsr{ly}_minus_res{ly}"] = v - by["res", ly]
+                tag = f"gsr{ly}" + (f"k{k}" if k else "")
+                if ("res", ly, k) in by:
+                    out[f"quality_{tag}_minus_res{ly}"] = v - by["res", ly, k]
                 if shallow is not None:
-                    out[f"quality_gsr{ly}_minus_best_4layer"] = v - shallow
+                    out[f"quality_{tag}_minus_best_4layer"] = v - shallow
     return out
 
 
@@ -376,9 +378,13 @@ def markdown(res, args) -> str:
              f"{args.threads} thread(s)); memory is peak RSS above the loaded "
              "model in a fresh subprocess; times are CPU times, compare ratios "
              "only. Command: `" + res["command"] + "`.", ""]
-    cfg = (f"hidden {args.hidden}, {args.groups} groups, conv {args.conv}, "
-           f"sparsity {args.sparsity} of {args.hidden // args.groups} per group, "
-           f"dropout {args.dropout}")
+    def cfg_of(section):
+        a = argparse.Namespace(**res.get(f"{section}_args", vars(args)))
+        return a, (f"hidden {a.hidden}, {a.groups} groups, conv {a.conv}, "
+                   f"top-{a.sparsity} of {a.hidden // a.groups} per group, "
+                   f"dropout {a.dropout}")
+
+    args, cfg = cfg_of("memory")
     for malloc in MALLOC:
         mem = [r for r in res.get("memory") or [] if r["malloc"] == malloc]
         if not mem:
@@ -401,13 +407,14 @@ def markdown(res, args) -> str:
                          f"{_mib(g['saved_bytes']) if g else '-'} | "
                          f"{_mib(r['saved_bytes']) if r else '-'} |")
         lines.append("")
+    args, cfg = cfg_of("speed")
     if res.get("speed"):
         lines += [f"### Epoch time vs peers ({args.circuit}, {cfg}; one step = one "
                   f"epoch; median of {args.rounds} alternating rounds)", "",
                   "| conv | activation | layers | model | median s/epoch | "
                   "vs GroupAddRev | vs ResGNN |", "|---|---|---:|---|---:|---:|---:|"]
         for row in res["speed"]:
-            act = "ReLU" if row["sparsity"] is None else \
+            act = "ReLU" if row.get("sparsity") is None else \
                 f"top-{row['sparsity']} of {args.hidden // args.groups}"
             for k, t in row["median_seconds"].items():
                 lines.append(f"| {row['conv']} | {act} | {row['layers']} | "
@@ -415,15 +422,22 @@ def markdown(res, args) -> str:
                              f"{row['ratio_vs_groupaddrev'][k]:.3f} | "
                              f"{row['ratio_vs_resgnn'][k]:.3f} |")
         lines.append("")
+    args, cfg = cfg_of("quality")
+    cfg = cfg.split(", top-")[0] + f", dropout {args.dropout}, lr {args.lr}"
     if res.get("quality"):
         lines += [f"### Quality on `arrival`, unseen test circuits ({cfg}; train "
                   f"{args.train or 'default split'}, test "
                   f"{args.test or 'default split'}; up to {args.epochs} epochs, "
                   f"patience {args.patience})", "",
-                  "| model | layers | pearson | spearman | kendall | MAE | epochs | "
-                  "s/epoch |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+                  "| model | layers | activation | pearson | spearman | kendall | "
+                  "MAE | epochs | s/epoch |",
+                  "|---|---:|---|---:|---:|---:|---:|---:|---:|"]
         for r in res["quality"]:
-            lines.append(f"| {r['model']} | {r['layers']} | {r['pearson']:.4f} | "
+            act = "ReLU" if not r.get("sparsity") else f"top-{r['sparsity']}"
+            if r["model"] not in ("gsr", "res"):
+                act = "ReLU (PyG model)"
+            lines.append(f"| {r['model']} | {r['layers']} | {act} | "
+                         f"{r['pearson']:.4f} | "
                          f"{r['spearman']:.4f} | {r['kendall']:.4f} | {r['mae']:.4f} "
                          f"| {r['epochs_run']} | {r['epoch_seconds']:.2f} |")
         lines.append("")
@@ -515,6 +529,8 @@ def parse_args(argv=None):
     a("--seed", type=int, default=0)
     a("--b19-gsr-depths", type=ints, default=[64, 256, 1024])
     a("--b19-res-depths", type=ints, default=[4, 8])
+    a("--merge", action="store_true",
+      help="keep the other sections of an existing --out file")
     a("--out", default=str(ROOT / "results" / "gsr.json"))
     a("--md", default=str(ROOT / "benchmarks" / "gsr.md"))
     a("--plot", default=str(ROOT / "results" / "gsr_memory.png"))
@@ -541,17 +557,24 @@ def main(argv=None):
     def log(msg):
         print(f"[{time.perf_counter() - t_start:7.1f}s] {msg}", flush=True)
 
-    res = {"command": "python benchmarks/gsr.py " + " ".join(
-        sys.argv[1:] if argv is None else argv),
+    cmd = "python benchmarks/gsr.py " + " ".join(sys.argv[1:] if argv is None
+                                                 else argv)
+    res = {}
+    if args.merge and Path(args.out).is_file():  # add sections to an earlier run
+        res = json.loads(Path(args.out).read_text())
+    res.setdefault("commands", []).append(cmd)
+    res.update({
+        "command": " && ".join(res["commands"]),
         "args": vars(args),
         "env": {"torch": torch.__version__, "cpu": platform.processor() or
                 platform.machine(), "cores": os.cpu_count(),
-                "threads": args.threads, "device": args.device}}
+                "threads": args.threads, "device": args.device}})
     for section, fn in (("memory", bench_memory), ("speed", bench_speed),
                         ("quality", bench_quality), ("b19", bench_b19)):
         if section in args.sections:
             log(f"== {section}")
             res[section] = fn(args, log)
+            res[f"{section}_args"] = vars(args)
             res["checks"] = checks(res, args)
             Path(args.out).parent.mkdir(parents=True, exist_ok=True)
             Path(args.out).write_text(json.dumps(res, indent=1) + "\n")

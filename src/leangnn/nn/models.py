@@ -49,6 +49,9 @@ class GSRGNN(torch.nn.Module):
             before the head. (default: ``0.0``)
         disable (bool, optional): plain autograd through the same parameters
             (the reference; no memory saving). (default: ``False``)
+        exact_stream (bool, optional): float64 residual stream for a bit-exact
+            reconstruction, see :class:`~leangnn.nn.reversible.GSRStack`.
+            (default: ``True``)
         **conv_kwargs: passed to every conv.
 
     Shapes:
@@ -59,14 +62,15 @@ class GSRGNN(torch.nn.Module):
     def __init__(self, in_channels: int, hidden_channels: int, out_channels: int,
                  num_layers: int, num_groups: int = 2, conv: ConvSpec = "sage",
                  sparsity: int | float | None = None, dropout: float = 0.0,
-                 disable: bool = False, **conv_kwargs):
+                 disable: bool = False, exact_stream: bool = True, **conv_kwargs):
         super().__init__()
         self.in_channels, self.hidden_channels = in_channels, hidden_channels
         self.out_channels, self.num_layers = out_channels, num_layers
         self.dropout = dropout
         self.encoder = torch.nn.Linear(in_channels, hidden_channels)
         self.stack = GSRStack(hidden_channels, num_layers, num_groups, conv,
-                              sparsity, dropout, disable, **conv_kwargs)
+                              sparsity, dropout, disable,
+                              exact_stream=exact_stream, **conv_kwargs)
         self.out_norm = torch.nn.LayerNorm(hidden_channels)
         self.head = torch.nn.Linear(hidden_channels, out_channels)
 

@@ -83,7 +83,7 @@ def _topk_rows(mat: sp.csr_matrix, k: int | None) -> sp.csr_matrix:
 def ppr_anchors(adj: sp.csr_matrix, core_index: Tensor | np.ndarray,
                 sources: Tensor | np.ndarray, num_anchors: int | None = 8,
                 num_steps: int = 2, alpha: float = 0.15, eps: float = 1e-4,
-                absorb: bool = True, chunk_size: int = 4096) -> Anchors:
+                absorb: bool = True, chunk_size: int = 1024) -> Anchors:
     """Anchors of ``sources`` in the core by truncated personalized PageRank.
 
     Args:
@@ -101,7 +101,7 @@ def ppr_anchors(adj: sp.csr_matrix, core_index: Tensor | np.ndarray,
         absorb (bool, optional): stop walks at the first core node; ``False``
             lets them pass through core nodes (dense reference). (default: ``True``)
         chunk_size (int, optional): sources per sparse product; bounds the
-            walk's working memory. (default: ``4096``)
+            walk's working memory. (default: ``1024``)
 
     Returns:
         :class:`Anchors` with at most ``num_anchors`` entries per row.
@@ -120,16 +120,22 @@ def ppr_anchors(adj: sp.csr_matrix, core_index: Tensor | np.ndarray,
     nc = core_index.shape[0]
     pos = np.full(n, -1, dtype=np.int64)
     pos[core_index] = np.arange(nc)
-    deg = np.diff(adj.indptr).astype(np.float32)
-    inv = np.where(deg > 0, 1.0 / np.maximum(deg, 1.0), 0.0).astype(np.float32)
+    counts = np.diff(adj.indptr)
+    inv = np.where(counts > 0, 1.0 / np.maximum(counts, 1), 0.0).astype(np.float32)
     if absorb:
-        # Rows of core nodes are zeroed: mass that lands on a core node stops.
-        row_scale = inv.copy()
-        row_scale[core_index] = 0.0
-    else:
-        row_scale = inv
-    step_mat = (sp.diags(row_scale) @ adj).astype(np.float32).tocsr()
-    step_mat.eliminate_zeros()
+        # Core rows are left out: mass that lands on a core node stops. Only
+        # the pruned rows' entries are copied.
+        live = np.ones(n, dtype=bool)
+        live[core_index] = False
+        kept = np.where(live, counts, 0)
+        indptr = np.zeros(n + 1, dtype=adj.indptr.dtype)
+        np.cumsum(kept, out=indptr[1:])
+        step_mat = sp.csr_matrix((np.repeat(inv[live], counts[live]),
+                                  adj.indices[np.repeat(live, counts)], indptr),
+                                 shape=adj.shape)
+    else:  # shares adj's index arrays; only the values are new
+        step_mat = sp.csr_matrix((np.repeat(inv, counts), adj.indices, adj.indptr),
+                                 shape=adj.shape)
     select = sp.csr_matrix((np.ones(nc, dtype=np.float32), (core_index, np.arange(nc))),
                            shape=(n, nc))
     # The last step only needs the core columns: multiplying by

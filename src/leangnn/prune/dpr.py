@@ -26,7 +26,7 @@ from torch_geometric.data import Data
 from ..strategy import LossFn, Strategy
 from .core import CoreGraph, build_core
 from .decoder import AnchorDecoder, Anchors, ppr_anchors
-from .importance import csr_tensor, undirected_csr
+from .importance import csr_tensor, is_canonical, undirected_csr
 
 __all__ = ["DPRConfig", "DPRStrategy", "adj_t_of"]
 
@@ -87,13 +87,13 @@ class DPRConfig:
     decoder_dropout: float = 0.0
     decoder_epochs: int = 100
     decoder_lr: float = 0.01
-    decoder_batch_size: int = 65536
+    decoder_batch_size: int = 16384
     decoder_rows: str = "core"
     max_decoder_rows: int = 500_000
     anchor_features: bool = True
     sparse_adj: bool = False
-    chunk_size: int = 65536
-    anchor_chunk_size: int = 4096
+    chunk_size: int = 16384
+    anchor_chunk_size: int = 1024
     seed: int = 0
 
     def __post_init__(self):
@@ -141,6 +141,7 @@ class _GraphState:
     rows: Tensor | None              # the decoder's training rows
     prep_s: float
     num_edges: int
+    canonical: bool                  # edge_index is its own symmetric CSR
     anchors: Anchors | None = None   # of the pruned nodes (lazy)
     row_anchors: Anchors | None = None  # of the decoder's rows (lazy)
     anchor_s: float = 0.0
@@ -205,6 +206,7 @@ class DPRStrategy(Strategy):
         cfg, t0 = self.config, time.perf_counter()
         data = data.cpu()
         adj = undirected_csr(data.edge_index, data.num_nodes)
+        canonical = is_canonical(adj, data.edge_index)
         eb = cfg.edge_budget
         if eb == "ratio":
             eb = cfg.budget_ratio if cfg.budget_bytes is None else None
@@ -228,7 +230,8 @@ class DPRStrategy(Strategy):
         del adj
         core.score = torch.empty(0)  # not needed any more; frees N floats
         st = _GraphState(core, train_data.to(self.device), pruned, rows,
-                         time.perf_counter() - t0, int(core.stats["num_core_edges"]))
+                         time.perf_counter() - t0, int(core.stats["num_core_edges"]),
+                         canonical)
         self._states[key] = st
         return st
 
@@ -239,7 +242,7 @@ class DPRStrategy(Strategy):
         if st.anchors is not None and not need_rows:
             return
         cfg, t0 = self.config, time.perf_counter()
-        adj = undirected_csr(data.edge_index.cpu(), data.num_nodes)
+        adj = undirected_csr(data.edge_index.cpu(), data.num_nodes, st.canonical)
         akw = dict(num_anchors=None if cfg.dense else cfg.num_anchors,
                    num_steps=cfg.num_steps, alpha=cfg.alpha,
                    eps=0.0 if cfg.dense else cfg.eps, absorb=not cfg.dense,
