@@ -4,16 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from leangnn.config import TrainConfig, parse_bytes
-
-
-def test_parse_bytes():
-    assert parse_bytes("2GiB") == 2 << 30
-    assert parse_bytes("512MB") == 512 * 1000**2
-    assert parse_bytes("1.5g") == int(1.5 * (1 << 30))
-    assert parse_bytes(4096) == 4096 and parse_bytes(None) is None
-    with pytest.raises(ValueError, match="budget: cannot read '2 parsecs'"):
-        parse_bytes("2 parsecs", "budget")
+from leangnn.config import TrainConfig
 
 
 def test_default_model_follows_strategy():
@@ -38,6 +29,8 @@ def test_round_trip(tmp_path):
     ({"task": "power"}, "task: expected arrival, signal_prob or critical"),
     ({"sparsity": 0}, "sparsity: expected an integer >= 1"),
     ({"hidden_channels": -4}, "hidden_channels: expected a positive integer"),
+    ({"offload_mode": "fast"}, "offload_mode: expected exact or recompute"),
+    ({"device_budget": "0GiB"}, "device_budget: cannot read '0GiB'"),
 ])
 def test_errors_name_argument_and_value(kw, msg):
     with pytest.raises(ValueError, match=msg):

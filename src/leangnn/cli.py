@@ -48,7 +48,7 @@ _TRAIN_FLAGS = {  # flag -> config field
     "device": "device", "out": "out", "level_feature": "level_feature",
     "groups": "num_groups", "sparsity": "sparsity", "budget_ratio": "budget_ratio",
     "anchors": "num_anchors", "device_budget": "device_budget", "parts": "num_parts",
-    "cache": "cache",
+    "cache": "cache", "offload_mode": "offload_mode",
 }
 
 
@@ -134,6 +134,8 @@ def build_parser() -> argparse.ArgumentParser:
     a("--parts", type=int, help="offload: number of partitions (default 8)")
     a("--cache", choices=["none", "lru", "degree", "st"],
       help="offload: device cache policy (default st)")
+    a("--offload-mode", choices=["exact", "recompute"],
+      help="offload: exact engine or the subgraph-recompute baseline (default exact)")
     a("--quiet", action="store_true", help="no progress bars")
     t.set_defaults(func=_train)
     return p

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
+
+from .utils import parse_bytes
 
 __all__ = ["TrainConfig", "STRATEGIES", "DEFAULT_MODEL", "parse_bytes"]
 
@@ -14,22 +15,6 @@ STRATEGIES = ("full", "reversible", "prune", "offload")
 #: The model a strategy uses when ``--model`` is not given.
 DEFAULT_MODEL = {"full": "res", "reversible": "gsr", "prune": "sage",
                  "offload": "sage"}
-
-_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1000, "kib": 1 << 10, "m": 1 << 20,
-          "mb": 1000**2, "mib": 1 << 20, "g": 1 << 30, "gb": 1000**3, "gib": 1 << 30,
-          "t": 1 << 40, "tb": 1000**4, "tib": 1 << 40}
-
-
-def parse_bytes(value: str | int | float | None, name: str = "size") -> int | None:
-    """``"2GiB"``, ``"512MB"``, ``"1.5g"`` or a number of bytes -> ``int`` bytes."""
-    if value is None or isinstance(value, int | float):
-        return None if value is None else int(value)
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(value))
-    if not m or m.group(2).lower() not in _UNITS:
-        raise ValueError(f"{name}: cannot read {value!r} as a size; use e.g. 2GiB, "
-                         "512MB or a number of bytes")
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
-
 
 @dataclass
 class TrainConfig:
@@ -53,7 +38,8 @@ class TrainConfig:
         out: run directory (default ``runs/<time>-<strategy>-<model>``).
         num_groups, sparsity: reversible (GSR) options.
         budget_ratio, num_anchors: prune (DPR) options.
-        device_budget, num_parts, cache: offload options.
+        device_budget, num_parts, cache, offload_mode: offload options
+            (``offload_mode="recompute"`` runs the subgraph-recompute baseline).
     """
 
     dataset: str | None = None
@@ -82,6 +68,7 @@ class TrainConfig:
     device_budget: str | None = None
     num_parts: int = 8
     cache: str = "st"
+    offload_mode: str = "exact"
 
     def __post_init__(self):
         self.validate()
@@ -109,7 +96,10 @@ class TrainConfig:
             bad("patience", self.patience, "an integer >= 0")
         if self.sparsity is not None and self.sparsity < 1:
             bad("sparsity", self.sparsity, "an integer >= 1 (or omitted)")
-        parse_bytes(self.device_budget, "device_budget")
+        if self.device_budget is not None:
+            parse_bytes(self.device_budget, "device_budget")
+        if self.offload_mode not in ("exact", "recompute"):
+            bad("offload_mode", self.offload_mode, "exact or recompute")
         if self.model is None:
             self.model = DEFAULT_MODEL[self.strategy]
 

@@ -54,7 +54,7 @@ def build_strategy(cfg: TrainConfig) -> Strategy:
 
         return DPRStrategy.from_config(cfg)
     if cfg.strategy == "offload":
-        from .offload.engine import OffloadStrategy
+        from .offload import OffloadStrategy
 
         return OffloadStrategy.from_config(cfg)
     raise ValueError(f"strategy: unknown {cfg.strategy!r}")

@@ -1,26 +1,9 @@
-"""Counters, byte parsing and the full-batch need."""
+"""Counters and the full-batch need."""
 
 from __future__ import annotations
 
-import pytest
-
 from leangnn.nn.models import build_model
-from leangnn.offload.counters import (
-    OffloadCounters,
-    full_batch_vertex_bytes,
-    parse_bytes,
-)
-
-
-def test_parse_bytes():
-    assert parse_bytes("2GiB") == 2 << 30
-    assert parse_bytes("512MB") == 512 * 10**6
-    assert parse_bytes("1.5k") == 1536
-    assert parse_bytes(" 3 mib ") == 3 << 20
-    assert parse_bytes(4096) == 4096
-    for bad in ("", "12 parsecs", "GiB", 0, -1, True, None):
-        with pytest.raises(ValueError, match="device_budget"):
-            parse_bytes(bad)
+from leangnn.offload.counters import OffloadCounters, full_batch_vertex_bytes
 
 
 def test_full_batch_vertex_bytes_counts_every_layer_and_its_gradient():

@@ -1,4 +1,4 @@
-"""Byte parsing, the engine's counters, and the full-batch need it is compared to."""
+"""The engine's counters, and the full-batch need it is compared to."""
 
 from __future__ import annotations
 
@@ -7,34 +7,9 @@ from dataclasses import asdict, dataclass
 import torch
 
 from leangnn.offload.layerwise import LayerwiseModel
+from leangnn.utils import parse_bytes
 
 __all__ = ["OffloadCounters", "parse_bytes", "full_batch_vertex_bytes"]
-
-_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1000, "kib": 1 << 10, "m": 1 << 20,
-          "mb": 10**6, "mib": 1 << 20, "g": 1 << 30, "gb": 10**9, "gib": 1 << 30,
-          "t": 1 << 40, "tb": 10**12, "tib": 1 << 40}
-
-
-def parse_bytes(value: int | float | str, name: str = "device_budget") -> int:
-    """``"2GiB"``, ``"512MB"``, ``"1.5g"`` or a number of bytes -> int bytes."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        if value <= 0:
-            raise ValueError(f"{name} must be > 0, got {value!r}")
-        return int(value)
-    if isinstance(value, str):
-        s = value.strip().lower().replace(" ", "")
-        num = s.rstrip("abcdefghijklmnopqrstuvwxyz")
-        unit = s[len(num):]
-        if num and unit in _UNITS:
-            try:
-                out = int(float(num) * _UNITS[unit])
-            except ValueError:
-                out = 0
-            if out > 0:
-                return out
-    raise ValueError(f"{name} must be a positive byte count like '2GiB', "
-                     f"'512MB' or 1073741824, got {value!r}")
-
 
 @dataclass
 class OffloadCounters:

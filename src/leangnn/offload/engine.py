@@ -105,7 +105,7 @@ class OffloadEngine(JobRunner):
             raise ValueError(f"workspace_fraction must be in (0, 1), got "
                              f"{workspace_fraction!r}")
         self.model, self.lw = model, LayerwiseModel(model)
-        self.budget = parse_bytes(device_budget)
+        self.budget = parse_bytes(device_budget, "device_budget")
         self.mode, self.policy, self.order = mode, cache, order
         self.strict, self.virtual = strict, virtual
         param = next(model.parameters())

@@ -48,7 +48,7 @@ class OffloadStrategy(Strategy):
                  device_budget: int | str = DEFAULT_BUDGET, num_parts: int = 8,
                  cache: str = "st", mode: str = "exact", **engine_kwargs):
         super().__init__(device)
-        self.device_budget = parse_bytes(device_budget)
+        self.device_budget = parse_bytes(device_budget, "device_budget")
         if not isinstance(num_parts, int) or num_parts < 1:
             raise ValueError(f"num_parts must be a positive int, got {num_parts!r}")
         if cache not in POLICIES:
