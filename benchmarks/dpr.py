@@ -331,7 +331,7 @@ def _dpr_kwargs(p: dict) -> dict:
                 seed=p["seed"], importance=p.get("importance", "pagerank"),
                 decoder_epochs=p["decoder_epochs"],
                 edge_budget=p.get("edge_budget", "ratio"),
-                decoder_rows=p.get("decoder_rows", "core"))
+                decoder_rows=p.get("decoder_rows", "both"))
 
 
 def _run_dpr(data: Data, p: dict) -> dict:
@@ -666,7 +666,8 @@ def markdown(results: dict) -> str:
         f"message tensor. DPR: r = {p['r']}, k = {p['k']} anchors "
         "(absorbing 2-step personalized PageRank), PageRank importance, component "
         f"bridges, core edges capped at r E, decoder {p['decoder_epochs']} epochs "
-        "on core nodes masked as pruned. DSpar: as many drawn edges as DPR's core "
+        "on labelled core nodes masked as if pruned plus labelled pruned nodes. "
+        "DSpar: as many drawn edges as DPR's core "
         "has, mean-unbiased weights. Sampled GraphSAGE: fanouts "
         f"{p['fanouts']}, batch {p['batch_size']}, {p['sage_epochs']} epochs, "
         f"all-node serving in batches of {p['serve_batch']} seeds "

@@ -258,18 +258,19 @@ def bench_quality(args, log):
 
     torch.set_num_threads(args.threads)
     rows = []
-    for spec in args.quality_models:  # name@layers[:kK]
+    for spec in args.quality_models:  # name@layers[:kK][:hH]
         name, rest = spec.split("@")
-        layers, _, k = rest.partition(":k")
-        layers, sparsity = int(layers), int(k) if k else None
+        layers, *opts = rest.split(":")
+        opt = {o[0]: int(o[1:]) for o in opts}
+        layers, sparsity, hidden = int(layers), opt.get("k"), opt.get("h", args.hidden)
         strategy = "reversible" if name == "gsr" else "full"
         cfg = TrainConfig(
             dataset=args.train, val_dataset=args.val, test_dataset=args.test,
             task="arrival", strategy=strategy, model=name, conv=args.conv,
-            num_layers=layers, hidden_channels=args.hidden, dropout=args.dropout,
+            num_layers=layers, hidden_channels=hidden, dropout=args.dropout,
             epochs=args.epochs, lr=args.lr, patience=args.patience, seed=args.seed,
             device=args.device, num_groups=args.groups, sparsity=sparsity,
-            out=str(ROOT / "runs" / "bench-gsr" / f"{name}-L{layers}-k{sparsity}"))
+            out=str(ROOT / "runs" / "bench-gsr" / spec.replace(":", "-")))
         trainer = Trainer(cfg, progress=False)
         if name == "res":
             # ResGNN with the same activation as GSRGNN (the Trainer passes
@@ -284,7 +285,7 @@ def bench_quality(args, log):
         t0 = time.perf_counter()
         summary = trainer.fit()
         test = summary["metrics"]["test"]
-        row = {"model": name, "layers": layers, "sparsity": sparsity,
+        row = {"model": name, "layers": layers, "sparsity": sparsity, "hidden": hidden,
                "pearson": test["pearson"], "spearman": test["spearman"],
                "kendall": test["kendall"], "mae": test["mae"],
                "val_pearson": summary["metrics"]["val"]["pearson"],
@@ -360,13 +361,18 @@ def checks(res, args):
                     row["ratio_vs_resgnn"][kind]
     q = res.get("quality")
     if q:
-        by = {(r["model"], r["layers"], r.get("sparsity")): r["pearson"] for r in q}
-        shallow = max((v for (m, ly, k), v in by.items() if ly <= 4), default=None)
-        for (m, ly, k), v in by.items():
+        by = {(r["model"], r["layers"], r.get("sparsity"), r.get("hidden")):
+              r["pearson"] for r in q}
+        shallow = max((v for (m, ly, k, h), v in by.items() if ly <= 4),
+                      default=None)
+        for (m, ly, k, h), v in by.items():
             if m == "gsr" and ly >= 64:
-                tag = f"gsr{ly}" + (f"k{k}" if k else "")
-                if ("res", ly, k) in by:
-                    out[f"quality_{tag}_minus_res{ly}"] = v - by["res", ly, k]
+                tag = f"gsr{ly}" + (f"k{k}" if k else "") + \
+                    (f"h{h}" if h != args.hidden else "")
+                res_same = [v2 for (m2, l2, k2, _), v2 in by.items()
+                            if m2 == "res" and l2 == ly and k2 == k]
+                if res_same:
+                    out[f"quality_{tag}_minus_res{ly}"] = v - max(res_same)
                 if shallow is not None:
                     out[f"quality_{tag}_minus_best_4layer"] = v - shallow
     return out
@@ -429,14 +435,15 @@ def markdown(res, args) -> str:
                   f"{args.train or 'default split'}, test "
                   f"{args.test or 'default split'}; up to {args.epochs} epochs, "
                   f"patience {args.patience})", "",
-                  "| model | layers | activation | pearson | spearman | kendall | "
-                  "MAE | epochs | s/epoch |",
-                  "|---|---:|---|---:|---:|---:|---:|---:|---:|"]
+                  "| model | layers | hidden | activation | pearson | spearman | "
+                  "kendall | MAE | epochs | s/epoch |",
+                  "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
         for r in res["quality"]:
             act = "ReLU" if not r.get("sparsity") else f"top-{r['sparsity']}"
             if r["model"] not in ("gsr", "res"):
                 act = "ReLU (PyG model)"
-            lines.append(f"| {r['model']} | {r['layers']} | {act} | "
+            lines.append(f"| {r['model']} | {r['layers']} | "
+                         f"{r.get('hidden', args.hidden)} | {act} | "
                          f"{r['pearson']:.4f} | "
                          f"{r['spearman']:.4f} | {r['kendall']:.4f} | {r['mae']:.4f} "
                          f"| {r['epochs_run']} | {r['epoch_seconds']:.2f} |")

@@ -133,8 +133,11 @@ def test_decoder_reconstructs_better_than_no_reconstruction():
     # no reconstruction: pruned nodes get the core's majority class
     maj = torch.bincount(d.y[st.core.index]).max() / st.core.num_core
     assert dpr > float(maj) + 0.3
-    # rows of the decoder are core nodes, masked as if pruned
-    assert strat.summary()["decoder_rows"] == int(d.train_mask[st.core.index].sum())
+    # rows of the decoder: every labelled node (core ones masked as pruned)
+    assert strat.summary()["decoder_rows"] == int(d.train_mask.sum())
+    core_only = DPRStrategy(budget_ratio=0.3, decoder_rows="core", decoder_epochs=2)
+    _with_strategy(core_only, d, 1)
+    assert core_only.summary()["decoder_rows"] == int(d.train_mask[st.core.index].sum())
 
 
 def test_predict_before_fit_end_uses_anchor_average_and_state_roundtrip():
