@@ -281,6 +281,7 @@ def _setup(path: str, method: str, params: dict) -> dict:
     # memory, which max_memory_allocated does not count either).
     from leangnn.graphs.synthetic import contextual_sbm
 
+    torch.set_num_threads(params.get("threads", 1))
     tiny = contextual_sbm(400, in_channels=params.get("in_channels", 64), seed=1)
     tiny.node_mask = tiny.train_mask
     warm = {**params, "epochs": 1, "decoder_epochs": 1, "sage_epochs": 1,
@@ -658,7 +659,8 @@ def markdown(results: dict) -> str:
     p = results["params"]
     lines = [
         "## DPR: Decoupled Prune-and-Reconstruct (`benchmarks/dpr.py`)", "",
-        f"Mode `{results['mode']}`, {results['torch_threads']} torch threads, "
+        f"Mode `{results['mode']}`, {results['torch_threads']} torch thread(s) per "
+        "process (the 2 cores are shared with other work), "
         f"{results['wall_s'] / 60:.1f} min. GraphSAGE (PyG), hidden {p['hidden']}, "
         f"{p['layers']} layers, Adam lr {p['lr']}, fixed epochs (per graph below), "
         "no early stopping, same seed; every method aggregates through a "
@@ -795,6 +797,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--epochs", type=int, default=None, help="override per-graph")
     ap.add_argument("--repeat", type=int, default=None)
     ap.add_argument("--graphs", default="circuits,csbm")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads per process (1: robust on shared cores)")
     ap.add_argument("--out", default=str(ROOT / "results" / "dpr.json"))
     ap.add_argument("--md", default=str(ROOT / "benchmarks" / "dpr.md"))
     args = ap.parse_args(argv)
@@ -810,7 +814,8 @@ def main(argv=None) -> dict:
          "fanouts": [25, 10], "batch_size": 1024, "serve_batch": 4096,
          "sage_epochs": 2 if args.quick else 5,
          "repeat": args.repeat or (3 if args.quick else 5),
-         "big_epochs": args.big_epochs}
+         "big_epochs": args.big_epochs, "threads": args.threads}
+    torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
 
     def log(msg):

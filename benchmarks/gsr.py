@@ -133,7 +133,7 @@ def train_step(model, opt, data) -> float:
 # 1. memory vs depth (one fresh subprocess per point)
 # --------------------------------------------------------------------------- #
 def _mem_setup(kind, circuit, hidden, layers, groups, conv, sparsity, dropout,
-               threads, seed=0):
+               threads, warmup=False, seed=0):
     from leangnn.circuits import load_circuit
 
     torch.set_num_threads(threads)
@@ -142,6 +142,8 @@ def _mem_setup(kind, circuit, hidden, layers, groups, conv, sparsity, dropout,
     model = make_model(kind, data.num_features, hidden, layers, groups, conv,
                        sparsity, dropout).train()
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    if warmup:  # optimizer state then sits in the baseline: the peak is a step's
+        train_step(model, opt, data)
     return {"model": model, "opt": opt, "data": data, "steps": 2}
 
 
@@ -166,10 +168,11 @@ def _mem_run(state):
             "num_parameters": sum(p.numel() for p in model.parameters())}
 
 
-def measure_point(kind, layers, args, circuit=None, malloc="default"):
+def measure_point(kind, layers, args, circuit=None, malloc="default", warmup=False):
     kw = dict(kind=kind, circuit=circuit or args.circuit, hidden=args.hidden,
               layers=layers, groups=args.groups, conv=args.conv,
-              sparsity=args.sparsity, dropout=args.dropout, threads=args.threads)
+              sparsity=args.sparsity, dropout=args.dropout, threads=args.threads,
+              warmup=warmup)
     old = {k: os.environ.get(k) for k in MALLOC[malloc]}
     os.environ.update(MALLOC[malloc])  # read by glibc when the child starts
     try:
@@ -182,7 +185,7 @@ def measure_point(kind, layers, args, circuit=None, malloc="default"):
             else:
                 os.environ[k] = v
     return {"model": kind, "layers": layers, "circuit": kw["circuit"],
-            "malloc": malloc, "peak_bytes": mem["peak_bytes"],
+            "malloc": malloc, "warmup": warmup, "peak_bytes": mem["peak_bytes"],
             "method": mem["method"], "baseline_bytes": mem["baseline_bytes"],
             **result}
 
@@ -199,6 +202,13 @@ def bench_memory(args, log):
                     f"{row['peak_bytes'] / MiB:9.1f} MiB  saved "
                     f"{row['saved_bytes'] / MiB:9.1f} MiB  step "
                     f"{statistics.median(row['step_seconds']):.1f} s")
+    # Steady-state steps: Adam's state allocated before the baseline, so the
+    # peak is activations + gradients + temporaries of one step.
+    for kind, layers in ((k, ly) for k in ("gsr", "rev") for ly in args.warmup_depths):
+        row = measure_point(kind, layers, args, malloc=args.malloc[0], warmup=True)
+        rows.append(row)
+        log(f"memory [{args.malloc[0]}, after a warm-up step] {LABELS[kind]:>12} "
+            f"L={layers:<4} peak {row['peak_bytes'] / MiB:9.1f} MiB")
     return rows
 
 
@@ -342,9 +352,16 @@ def _mib(b):
 
 def checks(res, args):
     out = {}
+    warm = {(r["model"], r["layers"]): r["peak_bytes"]
+            for r in res.get("memory") or [] if r.get("warmup")}
+    for kind in ("gsr", "rev"):
+        if (kind, 16) in warm and (kind, 256) in warm:
+            out[f"memory_step_{kind}256_over_{kind}16"] = \
+                warm[kind, 256] / warm[kind, 16]
     for malloc in MALLOC:
         peak = {(r["model"], r["layers"]): r["peak_bytes"]
-                for r in res.get("memory") or [] if r["malloc"] == malloc}
+                for r in res.get("memory") or [] if r["malloc"] == malloc
+                and not r.get("warmup")}
         if ("gsr", 16) in peak and ("gsr", 256) in peak:
             out[f"memory_{malloc}_gsr256_over_gsr16"] = \
                 peak["gsr", 256] / peak["gsr", 16]
@@ -392,7 +409,8 @@ def markdown(res, args) -> str:
 
     args, cfg = cfg_of("memory")
     for malloc in MALLOC:
-        mem = [r for r in res.get("memory") or [] if r["malloc"] == malloc]
+        mem = [r for r in res.get("memory") or [] if r["malloc"] == malloc
+               and not r.get("warmup")]
         if not mem:
             continue
         peak = {(r["model"], r["layers"]): r for r in mem}
@@ -412,6 +430,15 @@ def markdown(res, args) -> str:
             lines.append(f"| {ly} | {cell(g)} | {cell(r)} | {cell(v)} | {ratio} | "
                          f"{_mib(g['saved_bytes']) if g else '-'} | "
                          f"{_mib(r['saved_bytes']) if r else '-'} |")
+        lines.append("")
+    warm = [r for r in res.get("memory") or [] if r.get("warmup")]
+    if warm:
+        lines += ["Steady-state step (Adam's state allocated before the baseline; "
+                  f"malloc {warm[0]['malloc']}): the peak of one step is "
+                  "activations + gradients + temporaries.", "",
+                  "| model | layers | peak MiB |", "|---|---:|---:|"]
+        lines += [f"| {LABELS[r['model']]} | {r['layers']} | "
+                  f"{_mib(r['peak_bytes'])} |" for r in warm]
         lines.append("")
     args, cfg = cfg_of("speed")
     if res.get("speed"):
@@ -483,7 +510,8 @@ def plot(res, path):
     for ax, malloc in zip(axes[0], modes):
         for kind in ("gsr", "res", "rev"):
             pts = sorted((r["layers"], r["peak_bytes"] / MiB) for r in res["memory"]
-                         if r["model"] == kind and r["malloc"] == malloc)
+                         if r["model"] == kind and r["malloc"] == malloc
+                         and not r.get("warmup"))
             if pts:
                 ax.plot(*zip(*pts), marker="o", label=LABELS[kind])
         ax.set_xscale("log", base=2)
@@ -518,6 +546,8 @@ def parse_args(argv=None):
     a("--malloc", type=strs, default=["mmap", "default"],
       help=f"allocator settings for the memory runs, from {list(MALLOC)}")
     a("--b19-malloc", default="mmap", choices=list(MALLOC))
+    a("--warmup-depths", type=ints, default=[16, 256],
+      help="depths measured again with the optimizer state in the baseline")
     a("--speed-kinds", type=strs, default=["gsr", "gsr_narrow", "rev", "res"])
     a("--gsr-depths", type=ints, default=[16, 32, 64, 128, 256])
     a("--res-depths", type=ints, default=[16, 32, 64, 128])
@@ -545,7 +575,7 @@ def parse_args(argv=None):
     if args.quick:
         args.gsr_depths, args.res_depths, args.rev_depths = [16, 64], [16], [16]
         args.speed_layers, args.speed_convs, args.rounds = 16, ["sage"], 3
-        args.malloc = ["mmap"]
+        args.malloc, args.warmup_depths = ["mmap"], [16]
         args.quality_models = ["gsr@4", "gsr@16"]
         args.train = "iscas85/c432,iscas85/c880,epfl/ctrl,epfl/router"
         args.val, args.test = "epfl/int2float", "iscas85/c1908"
@@ -580,7 +610,10 @@ def main(argv=None):
                         ("quality", bench_quality), ("b19", bench_b19)):
         if section in args.sections:
             log(f"== {section}")
-            res[section] = fn(args, log)
+            new = fn(args, log)
+            if args.merge and isinstance(new, list) and section in res:
+                new = res[section] + new  # add rows to the earlier run's
+            res[section] = new
             res[f"{section}_args"] = vars(args)
             res["checks"] = checks(res, args)
             Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -202,3 +202,26 @@ def test_bad_arguments():
     with pytest.raises(ValueError, match="keep_ratio"):
         dspar_sparsify(d.edge_index, 100, 0.0)
     assert np.isfinite(build_core(d, 0.3).score.numpy()).all()
+
+
+def test_bridges_with_many_components_no_label_overflow():
+    # 100k disjoint paths a - m - b with a, b in the core and m pruned:
+    # 200k core components x 100k pruned ones, pair keys beyond int32.
+    k = 100_000
+    a = torch.arange(k) * 3
+    src = torch.cat([a, a + 1, a + 1, a + 2])
+    dst = torch.cat([a + 1, a, a + 2, a + 1])
+    d = Data(x=torch.zeros(3 * k, 1), edge_index=torch.stack([src, dst]),
+             num_nodes=3 * k)
+    score = torch.ones(3 * k)
+    score[a + 1] = 0.0
+    c = build_core(d, num_core=2 * k, importance=lambda e, n: score)
+    assert c.num_bridges == 2 * k and c.num_induced_edges == 0
+    from scipy.sparse.csgraph import connected_components
+
+    from leangnn.prune.importance import undirected_csr
+
+    ncomp, lab = connected_components(undirected_csr(c.data.edge_index, 2 * k),
+                                      directed=False)
+    assert ncomp == k
+    assert bool((lab[0::2] == lab[1::2]).all())  # a_i and b_i joined

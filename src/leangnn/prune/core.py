@@ -149,14 +149,14 @@ def bridge_edges(adj: sp.csr_matrix, core_index: np.ndarray, score: np.ndarray,
         m = kc + int(lab_p.max()) + 1
         h = sp.coo_matrix((np.ones(pa.size), (pa, kc + pp)), shape=(m, m)).tocsr()
         tree = minimum_spanning_tree(h).tocoo()
-        a = np.minimum(tree.row, tree.col)
-        p = np.maximum(tree.row, tree.col) - kc
+        a = np.minimum(tree.row, tree.col).astype(np.int64)
+        p = np.maximum(tree.row, tree.col).astype(np.int64) - kc
         # Map tree edges back to their representative core node; within a
         # pruned component the most important representative is the hub.
         kp = int(lab_p.max()) + 1
         key = pa * kp + pp
         srt = np.argsort(key)
-        loc = srt[np.searchsorted(key[srt], a.astype(np.int64) * kp + p)]
+        loc = srt[np.searchsorted(key[srt], a * kp + p)]
         assert bool((key[loc] == a * kp + p).all())  # every tree edge is in H
         trep, tp = rep[loc], p
         order = np.lexsort((-core_score[trep], tp))
@@ -309,9 +309,9 @@ def build_core(data: Data, budget_ratio: float | None = 0.3,
                seed: int = 0, adj: sp.csr_matrix | None = None) -> CoreGraph:
     """Select the core of ``data`` and build its training graph.
 
-    Exactly one of ``num_core``, ``budget_bytes`` or ``budget_ratio`` sets the
-    size (checked in that order); ``budget_ratio`` keeps
-    :func:`core_size` ``= floor(r * N + 0.5)`` nodes.
+    The first given of ``num_core``, ``budget_bytes`` and ``budget_ratio``
+    sets the size; ``budget_ratio`` keeps exactly :func:`core_size`
+    ``= floor(r * N + 0.5)`` nodes (round half up).
 
     Args:
         data (Data): the full graph (``x``, ``edge_index``, any node attributes).
@@ -333,6 +333,9 @@ def build_core(data: Data, budget_ratio: float | None = 0.3,
             ``None`` keeps every induced edge. (default: ``None``)
         seed (int, optional): sparsification seed. (default: ``0``)
         adj (scipy.sparse.csr_matrix, optional): precomputed symmetric adjacency.
+
+    Returns:
+        :class:`CoreGraph`.
     """
     t0 = time.perf_counter()
     n = data.num_nodes

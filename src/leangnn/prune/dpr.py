@@ -56,7 +56,10 @@ class DPRConfig:
         decoder_hidden (int): decoder MLP width.
         decoder_layers (int): decoder MLP layers.
         decoder_dropout (float): decoder dropout.
-        decoder_epochs (int): decoder epochs (best validation epoch is kept).
+        decoder_epochs (int): decoder epochs at most (best validation epoch
+            is kept).
+        decoder_patience (int): stop after this many epochs without a better
+            validation loss (``0``: never).
         decoder_lr (float): decoder learning rate.
         decoder_batch_size (int): rows per decoder step.
         decoder_rows (str): rows the decoder learns from: ``core`` (labelled
@@ -87,6 +90,7 @@ class DPRConfig:
     decoder_layers: int = 2
     decoder_dropout: float = 0.0
     decoder_epochs: int = 100
+    decoder_patience: int = 10
     decoder_lr: float = 0.01
     decoder_batch_size: int = 16384
     decoder_rows: str = "both"
@@ -359,7 +363,7 @@ class DPRStrategy(Strategy):
             return loss_fn(out, Data(y=y[a:b].to(self.device))), b - a
 
         opt = torch.optim.Adam(dec.parameters(), lr=cfg.decoder_lr)
-        best, best_state = float("inf"), None
+        best, best_state, bad = float("inf"), None, 0
         for _ in range(cfg.decoder_epochs):
             dec.train()
             for i in torch.randperm(len(train)).tolist():
@@ -372,8 +376,12 @@ class DPRStrategy(Strategy):
                     parts = [loss_on(*v) for v in val]
                 v = sum(float(loss) * n for loss, n in parts) / sum(n for _, n in parts)
                 if v < best:
-                    best = v
+                    best, bad = v, 0
                     best_state = {k: t.clone() for k, t in dec.state_dict().items()}
+                else:
+                    bad += 1
+                    if cfg.decoder_patience and bad >= cfg.decoder_patience:
+                        break
         if best_state is not None:
             dec.load_state_dict(best_state)
         dec.eval()
