@@ -634,10 +634,16 @@ def _losses(name: str, g: dict) -> list[str]:
                    f"{sv['speedup_vs_full_graph']:.2f}x DPR's serving time: DPR "
                    "serves faster than *sampled* inference, not much faster than "
                    "(or slower than) exact full-graph inference when that fits.")
-    if d["acc_core"] < d["acc_pruned"] - 0.02 or d["acc_pruned"] < f["acc"] - 0.02:
-        out.append(f"{name}: accuracy on core nodes {100 * d['acc_core']:.2f} %, on "
-                   f"pruned nodes {100 * d['acc_pruned']:.2f} % (full-batch "
-                   f"overall {100 * f['acc']:.2f} %).")
+    if d["acc_pruned"] < f["acc"] - 0.01:
+        out.append(f"{name}: reconstructed (pruned) nodes reach "
+                   f"{100 * d['acc_pruned']:.2f} % against {100 * f['acc']:.2f} % "
+                   "for full-batch over all nodes.")
+    if d["acc_core"] < d["acc_pruned"] - 0.02:
+        out.append(f"{name}: the encoder's own predictions on core nodes "
+                   f"({100 * d['acc_core']:.2f} %) trail the decoder's on pruned "
+                   f"nodes ({100 * d['acc_pruned']:.2f} %): the 2-layer GraphSAGE "
+                   "(few full-batch steps) is the weak part here, and DPR's lead over "
+                   "full-batch comes from its decoder, not from pruning.")
     if d["acc_anchor_average"] >= d["acc"]:
         out.append(f"{name}: the trained decoder does not beat parameter-free anchor "
                    f"averaging ({100 * d['acc_anchor_average']:.2f} % vs "
@@ -776,7 +782,7 @@ def markdown(results: dict) -> str:
 GRAPHS = {
     "quick": {"circuits": {"epochs": 40, "sweep": [0.1, 0.3, 0.6, 1.0]},
               "csbm": {"epochs": 40, "sweep": [0.1, 0.3, 0.6, 1.0], "nodes": 20_000}},
-    "full": {"circuits": {"epochs": 30, "sweep": [0.1, 0.3, 0.5, 1.0]},
+    "full": {"circuits": {"epochs": 100, "sweep": [0.1, 0.3, 0.5, 1.0]},
              "csbm": {"epochs": 100, "nodes": 100_000,
                       "sweep": [round(0.1 * i, 1) for i in range(1, 11)]}},
 }

@@ -444,6 +444,12 @@ def markdown(res, args) -> str:
     if res.get("speed"):
         lines += [f"### Epoch time vs peers ({args.circuit}, {cfg}; one step = one "
                   f"epoch; median of {args.rounds} alternating rounds)", "",
+                  "GSRGNN: default float64 residual stream (bit-exact "
+                  "reconstruction); fp32 stream: `exact_stream=False`; "
+                  "GroupAddRev: `torch_geometric.nn.GroupAddRev` around the same "
+                  "group functions (`GSRBlock`), so only the reversible machinery "
+                  "differs; ResGNN: the same blocks at full width, plain autograd.",
+                  "",
                   "| conv | activation | layers | model | median s/epoch | "
                   "vs GroupAddRev | vs ResGNN |", "|---|---|---:|---|---:|---:|---:|"]
         for row in res["speed"]:
@@ -568,6 +574,8 @@ def parse_args(argv=None):
     a("--b19-res-depths", type=ints, default=[4, 8])
     a("--merge", action="store_true",
       help="keep the other sections of an existing --out file")
+    a("--import-json", type=strs, default=[],
+      help="take these sections' results from other --out files (comma list)")
     a("--out", default=str(ROOT / "results" / "gsr.json"))
     a("--md", default=str(ROOT / "benchmarks" / "gsr.md"))
     a("--plot", default=str(ROOT / "results" / "gsr_memory.png"))
@@ -606,6 +614,14 @@ def main(argv=None):
         "env": {"torch": torch.__version__, "cpu": platform.processor() or
                 platform.machine(), "cores": os.cpu_count(),
                 "threads": args.threads, "device": args.device}})
+    for path in args.import_json:  # sections run separately (e.g. in parallel)
+        other = json.loads(Path(path).read_text())
+        for section in ("memory", "speed", "quality", "b19"):
+            if section in other:
+                res[section] = other[section]
+                res[f"{section}_args"] = other.get(f"{section}_args", vars(args))
+        res["commands"] += other.get("commands", [])
+        res["command"] = " && ".join(res["commands"])
     for section, fn in (("memory", bench_memory), ("speed", bench_speed),
                         ("quality", bench_quality), ("b19", bench_b19)):
         if section in args.sections:
@@ -618,6 +634,9 @@ def main(argv=None):
             res["checks"] = checks(res, args)
             Path(args.out).parent.mkdir(parents=True, exist_ok=True)
             Path(args.out).write_text(json.dumps(res, indent=1) + "\n")
+    res["checks"] = checks(res, args)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(res, indent=1) + "\n")
     Path(args.md).write_text(markdown(res, args))
     if res.get("memory"):
         plot(res, args.plot)

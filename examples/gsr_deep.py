@@ -7,15 +7,15 @@ on the 256-layer model.
 
     python examples/gsr_deep.py
 
-Output on a shared 2-core CPU (1 thread; times are CPU times):
+Output on a shared 2-core CPU (1 thread, other jobs running; CPU times):
 
-    GSRGNN L=16   reversible    saved for backward   46.3 MiB
-    GSRGNN L=256  reversible    saved for backward   46.3 MiB
-    GSRGNN L=16   plain autograd saved for backward  398.9 MiB
-    GSRGNN L=64   plain autograd saved for backward 1586.2 MiB
-    step 1 loss 0.2826 (26.7 s)
-    step 2 loss 0.1542 (27.2 s)
-    step 3 loss 0.0791 (26.6 s)
+    GSRGNN L=16   reversible    saved for backward    46.0 MiB
+    GSRGNN L=256  reversible    saved for backward    46.0 MiB
+    GSRGNN L=16   plain autograd saved for backward   567.0 MiB
+    GSRGNN L=64   plain autograd saved for backward  2193.2 MiB
+    step 1 loss 0.4603 (59.5 s)
+    step 2 loss 0.1367 (58.9 s)
+    step 3 loss 0.0356 (56.9 s)
 """
 
 import time

@@ -129,15 +129,15 @@ def test_decoder_starts_at_anchor_average_and_learns():
     mass = torch.rand(50)
     assert torch.equal(dec(x, emb, ax, mass), emb)  # residual, zero-init head
     target = emb + x[:, :3]
-    opt = torch.optim.Adam(dec.parameters(), lr=0.01)
+    opt = torch.optim.Adam(dec.parameters(), lr=0.02)
     first = None
-    for _ in range(200):
+    for _ in range(120):
         opt.zero_grad()
         loss = ((dec(x, emb, ax, mass) - target) ** 2).mean()
         first = first if first is not None else float(loss.detach())
         loss.backward()
         opt.step()
-    assert float(loss) < 0.2 * first
+    assert float(loss.detach()) < 0.2 * first
     plain = AnchorDecoder(5, 3, 2, anchor_features=False, residual=False)
     assert plain(x, emb).shape == (50, 2)
     with pytest.raises(ValueError, match="anchor_x"):
