@@ -600,7 +600,9 @@ def _checks(g: dict) -> list[tuple[str, str, bool]]:
         ("sparse decoder >= 0.97x dense reference",
          f"{ra['sparse_vs_dense_acc']:.4f}x", ra["sparse_vs_dense_acc"] >= 0.97),
         ("all-node accuracy <= 2.64 pp below full-batch",
-         f"{ra['acc_gap_pp_vs_full']:+.2f} pp below", ra["acc_gap_pp_vs_full"] <= 2.64),
+         f"{ra['acc_gap_pp_vs_full']:.2f} pp below" if ra["acc_gap_pp_vs_full"] >= 0
+         else f"{-ra['acc_gap_pp_vs_full']:.2f} pp above",
+         ra["acc_gap_pp_vs_full"] <= 2.64),
         ("above DSpar at no more peak memory",
          f"{ra['acc_gap_pp_vs_dspar']:+.2f} pp at {ra['train_mem_vs_dspar']:.2f}x "
          "its memory", ra["acc_gap_pp_vs_dspar"] > 0 and ra["train_mem_vs_dspar"] <= 1),
@@ -658,6 +660,41 @@ def _losses(name: str, g: dict) -> list[str]:
                    f"({r['sage']['train_peak_mib']:.0f} MiB vs "
                    f"{d['train_peak_mib']:.0f} MiB) at "
                    f"{100 * r['sage']['acc']:.2f} % accuracy.")
+    return out
+
+
+def _notes(results: dict) -> list[str]:
+    out = []
+    gs = results["graphs"]
+    if "csbm" in gs:
+        r = gs["csbm"]["runs"]
+        out.append(
+            f"The CSBM uses the generator's defaults and is close to saturation "
+            f"(full-batch {100 * r['full']['acc']:.2f} %), so accuracy differences "
+            "among the strong methods there are small; DSpar is the exception: "
+            "with every node kept and ~1/4 of the edges drawn, GraphSAGE's mean "
+            f"runs over a handful of neighbours ({100 * r['dspar']['acc']:.2f} %, "
+            f"{100 * r['dspar']['acc_full_graph_inference']:.2f} % when its model "
+            "is served on the whole graph), and keeping every node puts a floor "
+            "under its memory that DPR does not have.")
+    if "circuits" in gs:
+        r = gs["circuits"]["runs"]
+        out.append(
+            "On the circuits every method is weak: the slack-quartile task needs "
+            "global timing context that a 2-layer GraphSAGE does not see. Full-batch "
+            f"training ({100 * r['full']['acc']:.2f} %) makes one optimizer step "
+            "per epoch; DPR's decoder and sampled GraphSAGE make thousands of "
+            "mini-batch steps, and DPR's decoder also sees 2-hop anchor "
+            f"aggregates, hence DPR's {100 * r['dpr']['acc']:.2f} %; read it as "
+            "'reconstruction does not cost accuracy here', not as 'pruning helps'.")
+    if "csbm" in gs:
+        d = gs["csbm"]["runs"]["dpr"]
+        out.append(
+            f"The dense reference decoder keeps "
+            f"{d['dense_summary']['anchors_per_node']:.0f} anchors per pruned node "
+            f"on the CSBM (vs {d['summary']['anchors_per_node']:.1f}) and its "
+            f"phases peak at {d['dense_peak_mib']:.0f} MiB: that is what the "
+            "k-sparse decoder saves, for <1 pp of accuracy.")
     return out
 
 
@@ -765,6 +802,9 @@ def markdown(results: dict) -> str:
                                              b["phases"].values()) + " |",
                   "| seconds | " + " | ".join(f"{v['seconds']:.0f}" for v in
                                             b["phases"].values()) + " |", ""]
+    notes = _notes(results)
+    if notes:
+        lines += ["**Reading the numbers:**", ""] + [f"- {x}" for x in notes] + [""]
     losses = [x for name, g in results["graphs"].items() for x in _losses(name, g)]
     if losses:
         lines += ["**Where DPR loses** (from the numbers above):", ""]
@@ -772,7 +812,12 @@ def markdown(results: dict) -> str:
     if results["graphs"]:
         lines += ["![accuracy and peak memory against r](../results/dpr_sweep.png)",
                   ""]
-    lines += ["Reproduce: `python benchmarks/dpr.py` (full), `python "
+    lines += ["Use it: `leangnn train --strategy prune --budget-ratio 0.3 --anchors 8 "
+              "--model sage --layers 2 --dataset csbm:100000 --task critical` "
+              "(`summary.json` gains `core_size`, `anchors_per_node`, "
+              "`all_node_inference_s`, ...); in Python, `DPRStrategy(budget_ratio="
+              "0.3, num_anchors=8, sparse_adj=True)` with the Trainer's hooks.", "",
+              "Reproduce: `python benchmarks/dpr.py` (full), `python "
               "benchmarks/dpr.py --quick`, `python benchmarks/dpr.py --big-only` "
               "(the 2.45M-node run, merged into the same JSON).", ""]
     return "\n".join(lines)
@@ -807,7 +852,15 @@ def main(argv=None) -> dict:
                     help="torch threads per process (1: robust on shared cores)")
     ap.add_argument("--out", default=str(ROOT / "results" / "dpr.json"))
     ap.add_argument("--md", default=str(ROOT / "benchmarks" / "dpr.md"))
+    ap.add_argument("--render", action="store_true",
+                    help="only re-render --md and the plot from an existing --out")
     args = ap.parse_args(argv)
+    if args.render:
+        results = json.loads(Path(args.out).read_text())
+        if results["graphs"]:
+            plot(results, Path(args.out).parent / "dpr_sweep.png")
+        Path(args.md).write_text(markdown(results))
+        return results
 
     # A fixed mmap threshold keeps glibc from caching freed blocks on its
     # heap (its default raises the threshold as large blocks are freed), so

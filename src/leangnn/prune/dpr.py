@@ -44,8 +44,9 @@ class DPRConfig:
         sparsify (float, optional): DSpar keep ratio for core edges.
         edge_budget (float or str, optional): the core keeps at most this
             share of the graph's edges (uniform per-node cap, see
-            :func:`~leangnn.prune.core.cap_in_degree`); ``"ratio"`` uses
-            ``budget_ratio``, so ``r`` bounds nodes and edges alike.
+            :func:`~leangnn.prune.core.cap_in_degree`); ``"ratio"`` (the
+            default) uses ``budget_ratio``, so ``r`` bounds nodes and edges
+            alike; ``None`` keeps every induced edge.
         num_anchors (int, optional): ``k`` anchors per pruned node; ``None``
             with ``dense=True`` is the dense reference.
         num_steps (int): walk length (hops) of the anchor PageRank.
@@ -80,7 +81,7 @@ class DPRConfig:
     importance: str = "pagerank"
     bridge: str = "component"
     sparsify: float | None = None
-    edge_budget: float | str | None = None
+    edge_budget: float | str | None = "ratio"
     num_anchors: int | None = 8
     num_steps: int = 2
     alpha: float = 0.15
