@@ -43,8 +43,13 @@ def main(argv=None) -> dict:
     from circuitgraph.io import genus_flops
     from tqdm.auto import tqdm
 
-    from leangnn.circuits import levelize, read_netlist, resolve
-    from leangnn.circuits import signal_probability, static_timing
+    from leangnn.circuits import (
+        levelize,
+        read_netlist,
+        resolve,
+        signal_probability,
+        static_timing,
+    )
 
     bbs = [BlackBox("ff", ["CK", "D"], ["Q"])] + genus_flops
     names = args.circuits or (QUICK if args.quick else DEFAULT)
