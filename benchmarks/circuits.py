@@ -8,16 +8,23 @@ for leangnn alone (circuitgraph has no bit-parallel simulator to compare).
     python benchmarks/circuits.py                 # default set, incl. itc99/b19
     python benchmarks/circuits.py --quick         # small circuits only
 
-Writes ``results/circuits.json`` and prints a markdown table.
+Writes ``results/circuits.json`` and the ``circuits`` section of
+``benchmarks/README.md`` (``results/quick/`` with ``--quick``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import platform
+import shlex
 import statistics
+import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _report import README, results_path, write_json, write_section  # noqa: E402
 
 DEFAULT = ["iscas85/c7552", "iscas89/s38584", "epfl/multiplier", "itc99/b18",
            "itc99/b19"]
@@ -35,8 +42,16 @@ def main(argv=None) -> dict:
     ap.add_argument("--circuits", nargs="*", default=None)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--out", default="results/circuits.json")
+    ap.add_argument("--out", default=None, help="default: results/circuits.json")
+    ap.add_argument("--render", action="store_true",
+                    help="only re-render the README section from --out")
     args = ap.parse_args(argv)
+    args.out = args.out or str(results_path("circuits.json", args.quick))
+    md_path = results_path("circuits.md", True) if args.quick else README
+    if args.render:
+        result = json.loads(Path(args.out).read_text())
+        write_section("circuits", markdown(result), md_path)
+        return result
 
     import circuitgraph
     from circuitgraph import BlackBox
@@ -72,19 +87,40 @@ def main(argv=None) -> dict:
                "timing_s": statistics.median(sta)}
         row["speedup"] = row["circuitgraph_parse_s"] / row["parse_s"]
         rows.append(row)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    result = {"repeat": args.repeat, "patterns": 1 << 16, "rows": rows}
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    print("| circuit | nodes | edges | depth | parse (s) | circuitgraph (s) | "
-          "speed-up | signal prob 2^16 (s) | timing (s) |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for r in rows:
-        print(f"| {r['circuit']} | {r['nodes']:,} | {r['edges']:,} | {r['depth']} | "
-              f"{r['parse_s']:.3f} | {r['circuitgraph_parse_s']:.2f} | "
-              f"{r['speedup']:.1f}x | {r['signal_prob_s']:.2f} | {r['timing_s']:.3f} |")
+    cmd = "python benchmarks/circuits.py " + shlex.join(
+        sys.argv[1:] if argv is None else argv)
+    result = {"command": cmd.strip(), "repeat": args.repeat, "patterns": 1 << 16,
+              "cpu": platform.processor() or platform.machine(), "rows": rows}
+    write_json(args.out, result)
+    md = markdown(result)
+    write_section("circuits", md, md_path)
+    print(md)
     print(f"benchmarks/circuits.py: {len(rows)} circuits, medians of {args.repeat} "
           f"runs -> {args.out}")
     return result
+
+
+def markdown(result: dict) -> str:
+    lines = [
+        "## Circuit data: parse, simulate, time (`benchmarks/circuits.py`)",
+        "",
+        f"leangnn's netlist reader against circuitgraph's own parser, run "
+        f"alternately in one process (medians of {result['repeat']}); signal "
+        f"probability with {result['patterns']:,} random patterns (bit-parallel), "
+        "levelization and static timing are leangnn's alone. One CPU thread, "
+        f"`{result.get('command', 'python benchmarks/circuits.py')}`.",
+        "",
+        "| circuit | nodes | edges | depth | parse (s) | circuitgraph (s) | "
+        "speed-up | levelize (s) | signal prob (s) | timing (s) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in result["rows"]:
+        lines.append(
+            f"| {r['circuit']} | {r['nodes']:,} | {r['edges']:,} | {r['depth']} | "
+            f"{r['parse_s']:.2f} | {r['circuitgraph_parse_s']:.2f} | "
+            f"{r['speedup']:.1f}x | {r['levelize_s']:.3f} | "
+            f"{r['signal_prob_s']:.2f} | {r['timing_s']:.3f} |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

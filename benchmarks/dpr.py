@@ -33,7 +33,8 @@ stopping) that drives each method through the ``Strategy`` hooks the
     python benchmarks/dpr.py --big          # adds the 2.45M-node CSBM at r = 0.3
 
 CPU only: times are CPU ratios, not GPU times.
-Writes ``results/dpr.json``, ``results/dpr_sweep.png`` and ``benchmarks/dpr.md``.
+Writes ``results/dpr.json``, ``results/dpr_sweep.png`` and the ``dpr`` section of
+``benchmarks/README.md``.
 """
 
 from __future__ import annotations
@@ -60,7 +61,9 @@ from leangnn.profile import MemoryMeter, measure_in_subprocess, rss_bytes
 from leangnn.prune import DPRStrategy, adj_t_of, dspar_sparsify
 from leangnn.strategy import Strategy
 
-ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _report import README, results_path, write_json, write_section  # noqa: E402
+
 MIB = float(1 << 20)
 
 
@@ -850,16 +853,21 @@ def main(argv=None) -> dict:
     ap.add_argument("--graphs", default="circuits,csbm")
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads per process (1: robust on shared cores)")
-    ap.add_argument("--out", default=str(ROOT / "results" / "dpr.json"))
-    ap.add_argument("--md", default=str(ROOT / "benchmarks" / "dpr.md"))
+    ap.add_argument("--out", default=None, help="default: results/dpr.json "
+                    "(results/quick/dpr.json with --quick)")
+    ap.add_argument("--md", default=None, help="default: the dpr section of "
+                    "benchmarks/README.md (results/quick/dpr.md with --quick)")
     ap.add_argument("--render", action="store_true",
                     help="only re-render --md and the plot from an existing --out")
     args = ap.parse_args(argv)
+    # A quick run never overwrites the full results or the README.
+    args.out = args.out or str(results_path("dpr.json", args.quick))
+    args.md = args.md or str(results_path("dpr.md", True) if args.quick else README)
     if args.render:
         results = json.loads(Path(args.out).read_text())
         if results["graphs"]:
             plot(results, Path(args.out).parent / "dpr_sweep.png")
-        Path(args.md).write_text(markdown(results))
+        write_section("dpr", markdown(results), args.md)
         return results
 
     # A fixed mmap threshold keeps glibc from caching freed blocks on its
@@ -910,11 +918,10 @@ def main(argv=None) -> dict:
         prev = json.loads(out.read_text())
         prev["big"] = results["big"]
         results = prev
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=2) + "\n")
+    write_json(out, results)
     if results["graphs"]:
         plot(results, out.parent / "dpr_sweep.png")
-    Path(args.md).write_text(markdown(results))
+    write_section("dpr", markdown(results), args.md)
     log(f"done: {out}, {args.md}")
     for name, g in results["graphs"].items():
         print(name, json.dumps(g["ratios"]))

@@ -39,6 +39,7 @@ import argparse
 import json
 import os
 import platform
+import shlex
 import statistics
 import sys
 import time
@@ -52,7 +53,9 @@ from leangnn.nn import GSRGNN, GSRBlock, ResGNN
 from leangnn.nn.group_sparse import resolve_k
 from leangnn.profile import SavedTensorsMeter, measure_in_subprocess
 
-ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _report import README, ROOT, results_path, write_json, write_section  # noqa: E402
+
 MiB = float(1 << 20)
 
 
@@ -395,8 +398,8 @@ def checks(res, args):
             if m == "gsr" and ly >= 64:
                 tag = f"gsr{ly}" + (f"k{k}" if k else "") + \
                     (f"h{h}" if h != args.hidden else "")
-                res_same = [v2 for (m2, l2, k2, _), v2 in by.items()
-                            if m2 == "res" and l2 == ly and k2 == k]
+                res_same = [v2 for (m2, l2, k2, h2), v2 in by.items()
+                            if m2 == "res" and (l2, k2, h2) == (ly, k, h)]
                 if res_same:
                     out[f"quality_{tag}_minus_res{ly}"] = v - max(res_same)
                 if shallow is not None:
@@ -409,7 +412,8 @@ def markdown(res, args) -> str:
              f"CPU only ({res['env']['cpu']}, torch {res['env']['torch']}, "
              f"{args.threads} thread(s)); memory is peak RSS above the loaded "
              "model in a fresh subprocess; times are CPU times, compare ratios "
-             "only. Command: `" + res["command"] + "`.", ""]
+             "only. Commands, in order:", "", "```bash",
+             *res["commands"], "```", ""]
     def cfg_of(section):
         a = argparse.Namespace(**res.get(f"{section}_args", vars(args)))
         return a, (f"hidden {a.hidden}, {a.groups} groups, conv {a.conv}, "
@@ -614,9 +618,11 @@ def parse_args(argv=None):
       help="keep the other sections of an existing --out file")
     a("--import-json", type=strs, default=[],
       help="take these sections' results from other --out files (comma list)")
-    a("--out", default=str(ROOT / "results" / "gsr.json"))
-    a("--md", default=str(ROOT / "benchmarks" / "gsr.md"))
-    a("--plot", default=str(ROOT / "results" / "gsr_memory.png"))
+    a("--out", default=None, help="default: results/gsr.json "
+      "(results/quick/gsr.json with --quick)")
+    a("--md", default=None, help="default: the gsr section of benchmarks/README.md "
+      "(results/quick/gsr.md with --quick)")
+    a("--plot", default=None, help="default: results/gsr_memory.png")
     args = p.parse_args(argv)
     if args.quick:
         args.gsr_depths, args.res_depths, args.rev_depths = [16, 64], [16], [16]
@@ -628,9 +634,10 @@ def parse_args(argv=None):
         args.val, args.test = "epfl/int2float", "iscas85/c1908"
         args.epochs, args.patience = 10, 0
         args.sections = [s for s in args.sections if s != "b19"]
-        for name in ("out", "md", "plot"):  # never overwrite the full results
-            stem, ext = os.path.splitext(getattr(args, name))
-            setattr(args, name, stem + "_quick" + ext)
+    # A quick run never overwrites the full results or the README.
+    args.out = args.out or str(results_path("gsr.json", args.quick))
+    args.md = args.md or str(results_path("gsr.md", True) if args.quick else README)
+    args.plot = args.plot or str(results_path("gsr_memory.png", args.quick))
     return args
 
 
@@ -641,8 +648,8 @@ def main(argv=None):
     def log(msg):
         print(f"[{time.perf_counter() - t_start:7.1f}s] {msg}", flush=True)
 
-    cmd = "python benchmarks/gsr.py " + " ".join(sys.argv[1:] if argv is None
-                                                 else argv)
+    cmd = "python benchmarks/gsr.py " + shlex.join(sys.argv[1:] if argv is None
+                                                   else argv)
     res = {}
     if args.merge and Path(args.out).is_file():  # add sections to an earlier run
         res = json.loads(Path(args.out).read_text())
@@ -659,7 +666,8 @@ def main(argv=None):
             if section in other:
                 res[section] = other[section]
                 res[f"{section}_args"] = other.get(f"{section}_args", vars(args))
-        res["commands"] += other.get("commands", [])
+        # the imported runs came before this one
+        res["commands"][-1:-1] = other.get("commands", [])
         res["command"] = " && ".join(res["commands"])
     for section, fn in (("memory", bench_memory), ("speed", bench_speed),
                         ("quality", bench_quality), ("b19", bench_b19)):
@@ -671,12 +679,10 @@ def main(argv=None):
             res[section] = new
             res[f"{section}_args"] = vars(args)
             res["checks"] = checks(res, args)
-            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.out).write_text(json.dumps(res, indent=1) + "\n")
+            write_json(args.out, res)  # after every section: a crash keeps it
     res["checks"] = checks(res, args)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(res, indent=1) + "\n")
-    Path(args.md).write_text(markdown(res, args))
+    write_json(args.out, res)
+    write_section("gsr", markdown(res, args), args.md)
     if res.get("memory"):
         plot(res, args.plot)
     log(f"done: {args.out}, {args.md}" + (f", {args.plot}" if res.get("memory")

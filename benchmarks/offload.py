@@ -26,15 +26,15 @@ epoch and all timings are real runs.
     python benchmarks/offload.py --quick    # 100k nodes, a few minutes
 
 Writes ``results/offload.json``, ``results/offload_traffic_vs_budget.png``
-and the markdown section ``benchmarks/offload.md``.
+and the ``offload`` section of ``benchmarks/README.md``.
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
-import json
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -45,6 +45,9 @@ from leangnn.graphs.synthetic import power_law_graph
 from leangnn.nn.models import build_model
 from leangnn.offload import BudgetError, OffloadEngine, full_batch_vertex_bytes
 from leangnn.offload.workspace import LiveBytesMeter
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _report import README, results_path, write_json, write_section  # noqa: E402
 
 POLICIES = ("none", "lru", "degree", "st")
 GiB, MiB = float(1 << 30), float(1 << 20)
@@ -401,12 +404,18 @@ def main(argv=None) -> dict:
     ap.add_argument("--max-chunks", type=int, default=None,
                     help="smallest-budget search: stop planning lower once a sweep "
                          "has this many chunks (default 2000 quick, 2500 full)")
-    ap.add_argument("--out", default="results/offload.json")
-    ap.add_argument("--markdown", default="benchmarks/offload.md")
+    ap.add_argument("--out", default=None, help="default: results/offload.json "
+                    "(results/quick/offload.json with --quick)")
+    ap.add_argument("--markdown", default=None, help="default: the offload section "
+                    "of benchmarks/README.md (results/quick/offload.md with --quick)")
     ap.add_argument("--cache-dir", default=None, help="partition cache folder")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     quick = args.quick
+    # A quick run never overwrites the full results or the README.
+    args.out = args.out or str(results_path("offload.json", quick))
+    args.markdown = args.markdown or str(results_path("offload.md", True) if quick
+                                         else README)
     n = args.nodes or (100_000 if quick else 2_000_000)
     t0 = time.perf_counter()
     res = {"config": {"quick": quick, "nodes": n, "avg_degree": args.avg_degree,
@@ -453,8 +462,8 @@ def main(argv=None) -> dict:
         fracs = [0.05, 0.1, 0.25, 0.5, 1.0] if not quick else [0.1, 0.25, 0.5, 1.0]
         rows = budget_sweep(g, model, fracs, args.parts, args.cache_dir)
         res["sweep"] = {"nodes": ns, "rows": rows}
-        res["plot"] = plot_sweep(rows, Path("results/offload_traffic_vs_budget.png"),
-                                 f"{args.model.upper()}, {ns:,} nodes, "
+        png = results_path("offload_traffic_vs_budget.png", quick)
+        res["plot"] = plot_sweep(rows, png, f"{args.model.upper()}, {ns:,} nodes, "
                                  f"{args.parts} parts")
         del g
 
@@ -472,11 +481,9 @@ def main(argv=None) -> dict:
                 f"{k}={v:.2f}s" for k, v in t["median_s"].items()))
 
     res["wall_s"] = time.perf_counter() - t0
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(res, indent=2) + "\n")
+    out = write_json(args.out, res)
     md = markdown(res)
-    Path(args.markdown).write_text(md)
+    write_section("offload", md, args.markdown)
     print(md)
     s = res["synthetic"]
     log(f"benchmarks/offload.py: recompute ratio "

@@ -10,7 +10,7 @@ per operator occurrence, and ``assign y = x`` a ``buf``, as circuitgraph does.
 
 The reader works statement by statement with a handful of regular
 expressions; it reads the 8.7 MB ITC-99 ``b19`` in about a second on one core,
-about 11x faster than circuitgraph's parser (``benchmarks/circuits.py``), which
+about 9-12x faster than circuitgraph's parser (``benchmarks/circuits.py``), which
 the tests use as the independent oracle.
 
 Errors are :class:`NetlistError` with the file, line and offending text.
