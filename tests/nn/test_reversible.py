@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from torch_geometric.nn import GATConv, GCNConv, SAGEConv
@@ -31,7 +33,20 @@ def grads_of(model, data, disable, seed=1):
     out = model(x, data.edge_index)
     loss = (out.squeeze(-1) - data.y.to(out.dtype)).square().mean()
     loss.backward()
-    return out.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+    return out.detach(), named_grads(model)
+
+
+def named_grads(model) -> dict:
+    """Every parameter's gradient by name; a flat stack's gradient is split
+    back into its per-parameter pieces, so each one is compared on its own."""
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()
+             if not n.endswith("flat_weight")}
+    stack = getattr(model, "stack", model)
+    if stack.flat is not None:
+        prefix = "stack." if stack is not model else ""
+        grads.update((prefix + n, g) for n, g in stack.named_block_tensors(
+            stack.flat_weight.grad.clone()).items())
+    return grads
 
 
 def max_rel_err(a: dict, b: dict) -> float:
@@ -43,15 +58,19 @@ def max_rel_err(a: dict, b: dict) -> float:
     return max(errs)
 
 
+@pytest.mark.parametrize("flat", [True, False])
 @pytest.mark.parametrize("conv", list(CONVS))
 @pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-10), (torch.float32, 1e-4)])
-def test_gradients_equal_plain_autograd_64_layers(circuit, conv, dtype, tol):
+def test_gradients_equal_plain_autograd_64_layers(circuit, conv, dtype, tol, flat):
     torch.manual_seed(0)
     model = GSRGNN(circuit.num_features, 32, 1, num_layers=64, num_groups=4,
-                   conv=CONVS[conv], sparsity=5, dropout=0.1).to(dtype).train()
+                   conv=CONVS[conv], sparsity=5, dropout=0.1,
+                   flat_parameters=flat).to(dtype).train()
     out_rev, g_rev = grads_of(model, circuit, disable=False)
     out_ref, g_ref = grads_of(model, circuit, disable=True)
-    assert len(g_rev) == sum(1 for _ in model.parameters())
+    n_params = sum(1 for _ in model.parameters())
+    assert len(g_rev) == (n_params - 1 + len(model.stack.flat.slots) if flat
+                          else n_params)
     assert all(g.abs().sum() > 0 for g in g_ref.values())  # every grad is live
     torch.testing.assert_close(out_rev, out_ref, rtol=tol, atol=0)
     assert max_rel_err(g_rev, g_ref) <= tol
@@ -216,3 +235,74 @@ def test_bad_arguments():
     with pytest.raises(ValueError, match=r"shape \[N, 16\]"):
         GSRStack(16, 2)(torch.randn(5, 8), torch.zeros(2, 0, dtype=torch.long))
     assert "num_groups=2" in repr(GSRStack(16, 2))
+
+
+def test_flat_parameters_equal_per_module_parameters(circuit):
+    """The flat layout is a storage change only: same init (same RNG draws),
+    same outputs, same per-parameter gradients, same Adam trajectory."""
+    models, grads = {}, {}
+    for flat in (True, False):
+        torch.manual_seed(0)
+        models[flat] = GSRGNN(circuit.num_features, 16, 1, 6, num_groups=2,
+                              conv="gcn", sparsity=4, dropout=0.2,
+                              flat_parameters=flat).double().train()
+        opt = torch.optim.Adam(models[flat].parameters(), lr=1e-2)
+        for _ in range(3):
+            _, grads[flat] = grads_of(models[flat], circuit, disable=False)
+            opt.step()
+    assert grads[True].keys() == grads[False].keys()
+    for name in grads[False]:
+        torch.testing.assert_close(grads[True][name], grads[False][name],
+                                   rtol=1e-12, atol=1e-15)
+    after = {f: dict(models[f].stack.named_block_tensors()) for f in (True, False)}
+    for name, value in after[False].items():
+        torch.testing.assert_close(after[True][name], value, rtol=1e-12, atol=1e-15)
+
+
+def test_flat_parameters_save_optimizer_tensors_and_keep_module_api(circuit):
+    """The saving: one gradient and one pair of Adam moments for the whole
+    stack instead of one per small tensor (the bytes per value are the same;
+    what disappears is the per-tensor overhead, measured in benchmarks/gsr.py).
+    """
+    counts = {}
+    for flat in (True, False):
+        torch.manual_seed(0)
+        model = GSRGNN(circuit.num_features, 16, 1, 32, num_groups=4,
+                       flat_parameters=flat).train()
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+        model(circuit.x, circuit.edge_index).sum().backward()
+        opt.step()
+        state = [t for s in opt.state.values() for t in s.values()
+                 if torch.is_tensor(t) and t.dim() > 0]
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        counts[flat] = (len(state) + len(grads),
+                        sum(t.numel() for t in state + grads))
+    assert counts[True][1] == counts[False][1]  # the same values
+    assert counts[False][0] > 30 * counts[True][0]  # in far fewer tensors
+    # modules keep their attribute names, as views of the flat tensor
+    torch.manual_seed(0)
+    model = GSRGNN(circuit.num_features, 16, 1, 4, num_groups=2).double()
+    w = model.stack.block(1, 0).conv.lin_l.weight
+    assert w.dtype == torch.float64 and w.data_ptr() >= \
+        model.stack.flat_weight.data_ptr()
+    state = model.state_dict()
+    assert "stack.flat_weight" in state
+    torch.manual_seed(1)
+    other = GSRGNN(circuit.num_features, 16, 1, 4, num_groups=2).double()
+    other.load_state_dict(state)
+    x = circuit.x.double()
+    torch.testing.assert_close(other(x, circuit.edge_index),
+                               model(x, circuit.edge_index), rtol=0, atol=0)
+    # a deep copy's views follow the copy's own flat tensor
+    clone = copy.deepcopy(model)
+    with torch.no_grad():
+        clone.stack.flat_weight.zero_()
+    assert clone.stack.block(1, 0).conv.lin_l.weight.abs().sum() == 0
+    assert model.stack.block(1, 0).conv.lin_l.weight.abs().sum() > 0
+    # a per-module checkpoint loads into a flat stack
+    torch.manual_seed(0)
+    plain = GSRGNN(circuit.num_features, 16, 1, 4, num_groups=2,
+                   flat_parameters=False).double()
+    other.load_state_dict(plain.state_dict())
+    torch.testing.assert_close(other(x, circuit.edge_index),
+                               plain(x, circuit.edge_index), rtol=0, atol=0)

@@ -52,6 +52,9 @@ class GSRGNN(torch.nn.Module):
         exact_stream (bool, optional): float64 residual stream for a bit-exact
             reconstruction, see :class:`~leangnn.nn.reversible.GSRStack`.
             (default: ``True``)
+        flat_parameters (bool, optional): the stack's parameters in one flat
+            tensor (one gradient, one set of optimizer moments), see
+            :class:`~leangnn.nn.reversible.GSRStack`. (default: ``True``)
         **conv_kwargs: passed to every conv.
 
     Shapes:
@@ -62,7 +65,8 @@ class GSRGNN(torch.nn.Module):
     def __init__(self, in_channels: int, hidden_channels: int, out_channels: int,
                  num_layers: int, num_groups: int = 2, conv: ConvSpec = "sage",
                  sparsity: int | float | None = None, dropout: float = 0.0,
-                 disable: bool = False, exact_stream: bool = True, **conv_kwargs):
+                 disable: bool = False, exact_stream: bool = True,
+                 flat_parameters: bool = True, **conv_kwargs):
         super().__init__()
         self.in_channels, self.hidden_channels = in_channels, hidden_channels
         self.out_channels, self.num_layers = out_channels, num_layers
@@ -70,7 +74,8 @@ class GSRGNN(torch.nn.Module):
         self.encoder = torch.nn.Linear(in_channels, hidden_channels)
         self.stack = GSRStack(hidden_channels, num_layers, num_groups, conv,
                               sparsity, dropout, disable,
-                              exact_stream=exact_stream, **conv_kwargs)
+                              exact_stream=exact_stream,
+                              flat_parameters=flat_parameters, **conv_kwargs)
         self.out_norm = torch.nn.LayerNorm(hidden_channels)
         self.head = torch.nn.Linear(hidden_channels, out_channels)
 

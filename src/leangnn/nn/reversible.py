@@ -37,6 +37,7 @@ import torch
 from torch import Tensor
 from torch_geometric.nn import GATConv, GCNConv, GraphConv, SAGEConv
 
+from leangnn.nn.flat import FlatParameters
 from leangnn.nn.group_sparse import GroupSparseAct, resolve_k
 
 __all__ = ["CONVS", "build_conv", "GSRBlock", "GSRStack"]
@@ -156,6 +157,13 @@ class GSRStack(torch.nn.Module):
             backward's reconstruction is bit-exact instead of drifting by a
             few ulps per layer; costs one wide ``[N, C]`` buffer. ``False``
             keeps the stream in the input dtype. (default: ``True``)
+        flat_parameters (bool, optional): keep all group functions'
+            parameters in one flat :obj:`flat_weight` (see
+            :class:`~leangnn.nn.flat.FlatParameters`): one gradient and one
+            set of optimizer moments instead of thousands of small ones, so
+            the memory of a deep stack stays flat with depth. The modules
+            keep their attribute names (as views). ``False`` keeps ordinary
+            per-module parameters. (default: ``True``)
         **conv_kwargs: passed to every conv.
 
     Shapes:
@@ -168,7 +176,7 @@ class GSRStack(torch.nn.Module):
                  conv: ConvSpec = "sage", sparsity: int | float | None = None,
                  dropout: float = 0.0, disable: bool = False,
                  preserve_rng_state: bool = True, exact_stream: bool = True,
-                 **conv_kwargs):
+                 flat_parameters: bool = True, **conv_kwargs):
         super().__init__()
         if not isinstance(num_groups, int) or num_groups < 2:
             raise ValueError(f"num_groups must be an int >= 2, got {num_groups!r}")
@@ -190,10 +198,57 @@ class GSRStack(torch.nn.Module):
         self.blocks = torch.nn.ModuleList(
             GSRBlock(c, conv, self.k, c, **conv_kwargs)
             for _ in range(num_layers * num_groups))
+        self.flat: FlatParameters | None = None
+        if flat_parameters:
+            self.flat = FlatParameters(self.blocks)
+            self.flat_weight = torch.nn.Parameter(self.flat.gather())
+            self.flat.bind(self.flat_weight)
+            self._register_state_dict_hook(_drop_block_entries)
+            self._register_load_state_dict_pre_hook(_flatten_block_entries,
+                                                     with_module=True)
 
     def reset_parameters(self) -> None:
-        for block in self.blocks:
-            block.reset_parameters()
+        self._bind(autograd=False)
+        with torch.no_grad():
+            for block in self.blocks:
+                block.reset_parameters()
+
+    def _bind(self, autograd: bool) -> None:
+        if self.flat is not None:
+            self.flat.bind(self.flat_weight, autograd)
+
+    def __setstate__(self, state):
+        # copy.deepcopy and pickle copy flat_weight and the views apart:
+        # re-attach the views to this copy's flat tensor
+        super().__setstate__(state)
+        if self.flat is not None:
+            self.flat._key = None
+            self._bind(autograd=False)
+
+    def _apply(self, fn, recurse=True):
+        out = super()._apply(fn, recurse)
+        self._bind(autograd=False)  # views of the converted flat tensor
+        return out
+
+    def _block_params(self) -> tuple[list[list[Tensor]], list[Tensor]]:
+        """Per block, the tensors its backward differentiates; and the
+        autograd inputs that stand for them (the flat tensor when flat)."""
+        if self.flat is not None:
+            per_block = [self.flat.tensors(i) for i in range(len(self.blocks))]
+            flat = [self.flat_weight] if self.flat_weight.requires_grad else []
+            return (per_block if flat else [[] for _ in per_block]), flat
+        per_block = [[p for p in b.parameters() if p.requires_grad]
+                     for b in self.blocks]
+        return per_block, [p for bp in per_block for p in bp]
+
+    def named_block_tensors(self, flat: Tensor | None = None) -> dict[str, Tensor]:
+        """``{"blocks.<i>.<path>": tensor}`` of every group function parameter;
+        with flat parameters, views of ``flat`` (default :obj:`flat_weight`;
+        pass ``flat_weight.grad`` for per-parameter gradients)."""
+        if self.flat is None:
+            return {f"blocks.{n}": p for n, p in self.blocks.named_parameters()}
+        flat = self.flat_weight if flat is None else flat
+        return {f"blocks.{n}": v for n, v in self.flat.named(flat).items()}
 
     def block(self, layer: int, group: int) -> GSRBlock:
         """The group function ``f_{layer, group}``."""
@@ -276,10 +331,10 @@ class GSRStack(torch.nn.Module):
                              f"{tuple(x.shape)}")
         run = self._new_run(x)
         if self.disable:
+            self._bind(autograd=True)
             return self._forward_autograd(x, edge_index, args, kwargs, run)
-        block_params = [[p for p in b.parameters() if p.requires_grad]
-                        for b in self.blocks]
-        params = [p for bp in block_params for p in bp]
+        self._bind(autograd=False)
+        block_params, params = self._block_params()
         tensors = [x, *(a for a in args if isinstance(a, Tensor))]
         if not torch.is_grad_enabled() or not (
                 params or any(t.requires_grad for t in tensors)):
@@ -297,6 +352,7 @@ class GSRStack(torch.nn.Module):
     @torch.no_grad()
     def inverse(self, y: Tensor, edge_index, *args, **kwargs) -> Tensor:
         """Reconstruct the input from the output (deterministic, no dropout)."""
+        self._bind(autograd=False)
         h = self._to_groups(y)
         _invert(self, h, edge_index, args, kwargs, _Run(), y.dtype)
         return self._from_groups(h, y.dtype)
@@ -305,7 +361,27 @@ class GSRStack(torch.nn.Module):
         k = "relu" if self.k is None else self.k
         return (f"{self.__class__.__name__}({self.hidden_channels}, "
                 f"num_layers={self.num_layers}, num_groups={self.num_groups}, "
-                f"conv={self.conv_name}, k={k}, disable={self.disable})")
+                f"conv={self.conv_name}, k={k}, disable={self.disable}, "
+                f"flat={self.flat is not None})")
+
+
+def _drop_block_entries(stack, state_dict, prefix, local_metadata):
+    # Some modules (PyG's Linear) save their weights whether registered or
+    # not; in a flat stack those are views of flat_weight, saved once there.
+    for key in [k for k in state_dict if k.startswith(prefix + "blocks.")]:
+        del state_dict[key]
+
+
+def _flatten_block_entries(stack, state_dict, prefix, *args):
+    # A checkpoint of a per-module stack loads into a flat one (and the
+    # block entries some modules write anyway are dropped).
+    names = [prefix + "blocks." + slot[3] for slot in stack.flat.slots]
+    if prefix + "flat_weight" not in state_dict and all(n in state_dict
+                                                        for n in names):
+        state_dict[prefix + "flat_weight"] = torch.cat(
+            [state_dict[n].reshape(-1) for n in names])
+    for key in [k for k in state_dict if k.startswith(prefix + "blocks.")]:
+        del state_dict[key]
 
 
 def _sum_rest(h: Tensor, out: Tensor) -> Tensor:
@@ -352,6 +428,7 @@ class _GSRFunction(torch.autograd.Function):
     def forward(ctx, stack, state, num_args, x, edge_index, *rest):
         run, kwargs, ctx.block_params = state
         args = rest[:num_args]  # the parameters follow; autograd needs them as inputs
+        ctx.num_params = len(rest) - num_args
         h = stack._to_groups(x)
         stack._forward_inplace(h, edge_index, args, kwargs, run, x.dtype)
         ctx.stack, ctx.run, ctx.kwargs, ctx.num_args = stack, run, kwargs, num_args
@@ -387,7 +464,15 @@ class _GSRFunction(torch.autograd.Function):
         # holes freed by each block's temporaries; interleaved, they fragment
         # the CPU heap so that its RSS grows with depth (measured: +27 MiB per
         # layer on epfl/multiplier with glibc malloc).
-        block_grads = [[torch.empty_like(p) for p in bp] for bp in ctx.block_params]
+        if stack.flat is not None and ctx.num_params and ctx.needs_input_grad[-1]:
+            # Written slice by slice; zeros where a parameter got no gradient.
+            flat_grad = torch.zeros_like(stack.flat_weight)
+            block_grads = [stack.flat.views(flat_grad, i)
+                           for i in range(len(ctx.block_params))]
+        else:
+            flat_grad = None
+            block_grads = [[torch.empty_like(p) for p in bp]
+                           for bp in ctx.block_params]
         g = stack._to_groups(grad_out).to(h.dtype)
         u0 = torch.empty_like(h[0])
         dtype = ctx.dtype
@@ -417,11 +502,17 @@ class _GSRFunction(torch.autograd.Function):
                         g[1:].add_(du)
                 bgrads = block_grads[layer * G + i]
                 for j, gr in enumerate(grads[1:1 + len(bparams)]):
-                    bgrads[j] = None if gr is None else bgrads[j].copy_(gr)
+                    if gr is not None:
+                        bgrads[j].copy_(gr)
+                    elif flat_grad is None:
+                        bgrads[j] = None
                 for j, gj in zip(arg_req, grads[1 + len(bparams):]):
                     if gj is not None:
                         arg_grads[j] = gj if arg_grads[j] is None else arg_grads[j] + gj
                 del out, grads, u
-        flat = [gr for grads in block_grads for gr in grads]
+        if stack.flat is not None:
+            pgrads = [flat_grad] * ctx.num_params
+        else:
+            pgrads = [gr for grads in block_grads for gr in grads]
         gx = stack._from_groups(g, dtype) if ctx.needs_input_grad[3] else None
-        return (None, None, None, gx, None, *arg_grads, *flat)
+        return (None, None, None, gx, None, *arg_grads, *pgrads)
