@@ -108,6 +108,7 @@ class GroupAddRevGNN(torch.nn.Module):
 
 
 LABELS = {"gsr": "GSRGNN", "gsr_narrow": "GSRGNN (fp32 stream)",
+          "gsr_unflat": "GSRGNN (per-module parameters)",
           "res": "ResGNN", "rev": "GroupAddRev"}
 
 #: allocator settings for the memory runs: glibc's default, and a fixed mmap
@@ -117,10 +118,11 @@ MALLOC = {"default": {}, "mmap": {"MALLOC_MMAP_THRESHOLD_": "65536"}}
 
 
 def make_model(kind, in_channels, hidden, layers, groups, conv, sparsity, dropout):
-    if kind in ("gsr", "gsr_narrow"):
+    if kind in ("gsr", "gsr_narrow", "gsr_unflat"):
         return GSRGNN(in_channels, hidden, 1, layers, num_groups=groups, conv=conv,
                       sparsity=sparsity, dropout=dropout,
-                      exact_stream=kind == "gsr")
+                      exact_stream=kind != "gsr_narrow",
+                      flat_parameters=kind != "gsr_unflat")
     if kind == "res":
         return ResGNN(in_channels, hidden, 1, layers, conv=conv, dropout=dropout,
                       num_groups=groups, sparsity=sparsity)
@@ -203,7 +205,8 @@ def measure_point(kind, layers, args, circuit=None, malloc="default", warmup=Fal
 def bench_memory(args, log):
     rows = []
     for malloc in args.malloc:
-        depths = {"gsr": args.gsr_depths, "rev": args.rev_depths,
+        depths = {"gsr": args.gsr_depths, "gsr_unflat": args.unflat_depths,
+                  "rev": args.rev_depths,
                   "res": args.res_depths_default if malloc == "default"
                   else args.res_depths}
         for kind, ds in depths.items():
@@ -314,7 +317,7 @@ def bench_quality(args, log):
                "epochs_run": summary["epochs_run"],
                "epoch_seconds": summary["time"]["epoch_seconds_median"],
                "wall_seconds": time.perf_counter() - t0,
-               "num_parameters": summary["num_parameters"]}
+               "num_parameters": summary["num_parameters"], "seed": args.seed}
         rows.append(row)
         log(f"quality {spec}: pearson {row['pearson']:.4f} spearman "
             f"{row['spearman']:.4f} kendall {row['kendall']:.4f} mae {row['mae']:.4f}"
@@ -377,6 +380,9 @@ def checks(res, args):
         if ("gsr", 16) in peak and ("gsr", 256) in peak:
             out[f"memory_{malloc}_gsr256_over_gsr16"] = \
                 peak["gsr", 256] / peak["gsr", 16]
+        if ("gsr_unflat", 16) in peak and ("gsr_unflat", 256) in peak:
+            out[f"memory_{malloc}_unflat_gsr256_over_gsr16"] = \
+                peak["gsr_unflat", 256] / peak["gsr_unflat", 16]
         if ("gsr", 128) in peak and ("res", 128) in peak:
             out[f"memory_{malloc}_gsr128_over_res128"] = \
                 peak["gsr", 128] / peak["res", 128]
@@ -390,8 +396,11 @@ def checks(res, args):
                     row["ratio_vs_resgnn"][kind]
     q = res.get("quality")
     if q:
-        by = {(r["model"], r["layers"], r.get("sparsity"),
-               r.get("hidden", args.hidden)): r["pearson"] for r in q}
+        seeds: dict[tuple, list[float]] = {}
+        for r in q:  # mean over seeds
+            seeds.setdefault((r["model"], r["layers"], r.get("sparsity"),
+                              r.get("hidden", args.hidden)), []).append(r["pearson"])
+        by = {key: statistics.mean(v) for key, v in seeds.items()}
         shallow = max((v for (m, ly, k, h), v in by.items() if ly <= 4),
                       default=None)
         for (m, ly, k, h), v in by.items():
@@ -432,15 +441,18 @@ def markdown(res, args) -> str:
                "MALLOC_MMAP_THRESHOLD_=65536, RSS follows live bytes")
         lines += [f"### Peak training memory vs depth, {how} ({args.circuit}, "
                   f"{cfg}; 2 steps of forward + backward + Adam)", "",
-                  "| layers | GSRGNN MiB | ResGNN MiB | GroupAddRev MiB | "
+                  "| layers | GSRGNN MiB | GSRGNN, per-module parameters MiB | "
+                  "ResGNN MiB | GroupAddRev MiB | "
                   "GSR / ResGNN | GSR saved-for-backward MiB | "
                   "ResGNN saved-for-backward MiB |",
-                  "|---:|---:|---:|---:|---:|---:|---:|"]
+                  "|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for ly in depths:
-            g, r, v = (peak.get((k, ly)) for k in ("gsr", "res", "rev"))
+            g, u, r, v = (peak.get((k, ly)) for k in ("gsr", "gsr_unflat", "res",
+                                                      "rev"))
             cell = lambda x: _mib(x["peak_bytes"]) if x else "-"  # noqa: E731
             ratio = f"{g['peak_bytes'] / r['peak_bytes']:.3f}" if g and r else "-"
-            lines.append(f"| {ly} | {cell(g)} | {cell(r)} | {cell(v)} | {ratio} | "
+            lines.append(f"| {ly} | {cell(g)} | {cell(u)} | {cell(r)} | {cell(v)} | "
+                         f"{ratio} | "
                          f"{_mib(g['saved_bytes']) if g else '-'} | "
                          f"{_mib(r['saved_bytes']) if r else '-'} |")
         lines.append("")
@@ -481,19 +493,38 @@ def markdown(res, args) -> str:
                   f"{args.train or 'default split'}, test "
                   f"{args.test or 'default split'}; up to {args.epochs} epochs, "
                   f"patience {args.patience})", "",
-                  "| model | layers | hidden | activation | pearson | spearman | "
-                  "kendall | MAE | epochs | s/epoch |",
-                  "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
-        for r in res["quality"]:
+                  "| model | layers | hidden | activation | seed | pearson | "
+                  "spearman | kendall | MAE | epochs | s/epoch |",
+                  "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+        groups: dict[tuple, list[dict]] = {}
+        for r in sorted(res["quality"], key=lambda r: (
+                r["layers"], r["model"], r.get("hidden", args.hidden),
+                r.get("sparsity") or 0, r.get("seed", 0))):
             act = "ReLU" if not r.get("sparsity") else f"top-{r['sparsity']}"
             if r["model"] not in ("gsr", "res"):
                 act = "ReLU (PyG model)"
-            lines.append(f"| {r['model']} | {r['layers']} | "
-                         f"{r.get('hidden', args.hidden)} | {act} | "
-                         f"{r['pearson']:.4f} | "
+            hidden = r.get("hidden", args.hidden)
+            groups.setdefault((r["model"], r["layers"], hidden, act), []).append(r)
+            lines.append(f"| {r['model']} | {r['layers']} | {hidden} | {act} | "
+                         f"{r.get('seed', 0)} | {r['pearson']:.4f} | "
                          f"{r['spearman']:.4f} | {r['kendall']:.4f} | {r['mae']:.4f} "
                          f"| {r['epochs_run']} | {r['epoch_seconds']:.2f} |")
         lines.append("")
+        multi = {k: v for k, v in groups.items() if len(v) > 1}
+        if multi:
+            lines += ["Configurations run with several seeds (mean ± sample std "
+                      "over seeds; the checks below use the means):", "",
+                      "| model | layers | hidden | activation | seeds | pearson | "
+                      "spearman | kendall | MAE |", "|---|---:|---:|---|---:|---:|"
+                      "---:|---:|---:|"]
+            for (m, ly, h, act), rows in multi.items():
+                def ms(key, rows=rows):
+                    v = [r[key] for r in rows]
+                    return f"{statistics.mean(v):.4f} ± {statistics.stdev(v):.4f}"
+                lines.append(f"| {m} | {ly} | {h} | {act} | {len(rows)} | "
+                             f"{ms('pearson')} | {ms('spearman')} | "
+                             f"{ms('kendall')} | {ms('mae')} |")
+            lines.append("")
     b19 = res.get("b19")
     if b19:
         lines += ["### itc99/b19: depth within 8 GiB", "",
@@ -597,6 +628,8 @@ def parse_args(argv=None):
       help="ResGNN depths under glibc's default allocator (fragmentation triples "
       "its RSS: 128 layers would need ~13 GiB)")
     a("--rev-depths", type=ints, default=[16, 64, 256])
+    a("--unflat-depths", type=ints, default=[16, 256],
+      help="GSRGNN with flat_parameters=False (the off switch)")
     a("--speed-layers", type=int, default=64)
     a("--speed-convs", type=strs, default=["sage", "gcn", "gat"])
     a("--rounds", type=int, default=5)
@@ -626,6 +659,7 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if args.quick:
         args.gsr_depths, args.res_depths, args.rev_depths = [16, 64], [16], [16]
+        args.unflat_depths = [64]
         args.res_depths_default = [16]
         args.speed_layers, args.speed_convs, args.rounds = 16, ["sage"], 3
         args.malloc, args.warmup_depths = ["mmap"], [16]
@@ -639,6 +673,21 @@ def parse_args(argv=None):
     args.md = args.md or str(results_path("gsr.md", True) if args.quick else README)
     args.plot = args.plot or str(results_path("gsr_memory.png", args.quick))
     return args
+
+
+def _row_key(row: dict) -> tuple:
+    """What a row measures (its configuration, not its results)."""
+    return tuple(row.get(k) for k in ("model", "layers", "circuit", "malloc",
+                                      "warmup", "sparsity", "hidden", "conv")) \
+        + (row.get("seed", 0),)
+
+
+def _merge_rows(old: list, new: list) -> list:
+    """The earlier run's rows, each replaced by a new row measuring the same
+    thing; rows only the new run has are appended."""
+    fresh = {_row_key(r): r for r in new}
+    kept = [fresh.pop(_row_key(r), r) for r in old]
+    return kept + [r for r in new if _row_key(r) in fresh]
 
 
 def main(argv=None):
@@ -675,7 +724,7 @@ def main(argv=None):
             log(f"== {section}")
             new = fn(args, log)
             if args.merge and isinstance(new, list) and section in res:
-                new = res[section] + new  # add rows to the earlier run's
+                new = _merge_rows(res[section], new)
             res[section] = new
             res[f"{section}_args"] = vars(args)
             res["checks"] = checks(res, args)

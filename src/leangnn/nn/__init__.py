@@ -1,10 +1,12 @@
 """Neural network modules: GSR reversible stacks, sparse activations, models."""
 
+from leangnn.nn.flat import FlatParameters
 from leangnn.nn.group_sparse import GroupSparseAct, group_sparse_act
 from leangnn.nn.models import GSRGNN, MODELS, ResGNN, build_model
 from leangnn.nn.reversible import CONVS, GSRBlock, GSRStack, build_conv
 
 __all__ = [
+    "FlatParameters",
     "GroupSparseAct",
     "group_sparse_act",
     "GSRBlock",
