@@ -261,13 +261,13 @@ class GSRStack(torch.nn.Module):
         return torch.float32 if dtype in (torch.float16, torch.bfloat16) \
             else torch.float64
 
-    def _to_groups(self, x: Tensor) -> Tensor:
+    def _to_groups(self, x: Tensor, widen: bool = True) -> Tensor:
         n, g = x.size(0), self.num_groups
         # Transpose in the input dtype, then widen: a strided copy that also
         # converts dtypes takes a ~7x slower path on CPU (measured).
         h = x.reshape(n, g, -1).transpose(0, 1).clone(
             memory_format=torch.contiguous_format)
-        return h.to(self._stream_dtype(x.dtype))
+        return h.to(self._stream_dtype(x.dtype)) if widen else h
 
     @staticmethod
     def _from_groups(h: Tensor, dtype: torch.dtype) -> Tensor:
@@ -473,9 +473,11 @@ class _GSRFunction(torch.autograd.Function):
             flat_grad = None
             block_grads = [[torch.empty_like(p) for p in bp]
                            for bp in ctx.block_params]
-        g = stack._to_groups(grad_out).to(h.dtype)
-        u0 = torch.empty_like(h[0])
         dtype = ctx.dtype
+        # Gradients flow in the compute dtype, as under plain autograd; only
+        # the activations need the wide stream (for exact reconstruction).
+        g = stack._to_groups(grad_out.to(dtype), widen=False)
+        u0 = torch.empty_like(h[0])
         for layer in reversed(range(stack.num_layers)):
             for i in range(G - 1, -1, -1):
                 if i > 0:
@@ -491,8 +493,7 @@ class _GSRFunction(torch.autograd.Function):
                     out = stack._call(run, layer, i, u, edge_index, args, kwargs,
                                       dtype)
                 inputs = [u, *bparams, *(args[j] for j in arg_req)]
-                grads = torch.autograd.grad(out, inputs, g[i].to(out.dtype),
-                                            allow_unused=True)
+                grads = torch.autograd.grad(out, inputs, g[i], allow_unused=True)
                 h[i].sub_(out.detach())  # x_i = y_i - f(.)
                 du = grads[0]
                 if du is not None:
