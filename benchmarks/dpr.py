@@ -466,7 +466,15 @@ def serve_times(path: str, res: dict, p: dict, repeat: int) -> dict:
     full.load_state_dict(res["full"]["state"])
     full.eval()
     adj = adj_t_of(data.edge_index, data.num_nodes)
+    # The floor of any all-node serving at this hidden size: a two-layer MLP
+    # over every node's features, no graph at all. sage / floor bounds the
+    # speed-up over sampled GraphSAGE that any such model can reach here.
+    torch.manual_seed(p["seed"])
+    floor = torch.nn.Sequential(
+        torch.nn.Linear(data.num_features, p["hidden"]), torch.nn.ReLU(),
+        torch.nn.Linear(p["hidden"], int(data.y.max()) + 1))
     fns = {"dpr": lambda: strat.predict(enc, data),
+           "mlp_floor": lambda: floor(data.x),
            "sage_sampled": lambda: sage_serve(sage, data, p["fanouts"],
                                               p["serve_batch"], p["seed"]),
            "full_graph": lambda: full(data.x, adj)}
@@ -483,7 +491,8 @@ def serve_times(path: str, res: dict, p: dict, repeat: int) -> dict:
     return {"median_s": med, "all_s": times, "dpr_prep_s": prep_s,
             "speedup_vs_sage": med["sage_sampled"] / med["dpr"],
             "speedup_vs_sage_incl_prep": med["sage_sampled"] / (med["dpr"] + prep_s),
-            "speedup_vs_full_graph": med["full_graph"] / med["dpr"]}
+            "speedup_vs_full_graph": med["full_graph"] / med["dpr"],
+            "speedup_ceiling_vs_sage": med["sage_sampled"] / med["mlp_floor"]}
 
 
 def bench_graph(name: str, data: Data, p: dict, sweep: list[float], repeat: int,
@@ -624,6 +633,14 @@ def _losses(name: str, g: dict) -> list[str]:
     for label, value, ok in _checks(g):
         if not ok:
             out.append(f"{name}: misses *{label}* ({value}).")
+    ceiling = sv.get("speedup_ceiling_vs_sage")
+    if ceiling is not None and ceiling < 46:
+        out.append(f"{name}: 46x is out of reach for any model at this hidden size "
+                   f"here: sampled GraphSAGE serves all nodes in "
+                   f"{sv['median_s']['sage_sampled']:.3f} s and a graph-free MLP "
+                   f"in {sv['median_s']['mlp_floor']:.3f} s (ceiling "
+                   f"{ceiling:.1f}x; on this sparse graph the (25, 10) sampler "
+                   "drops almost nothing, so it has no redundancy to remove).")
     if d["overall_peak_mib"] > d["train_peak_mib"] * 1.05:
         out.append(f"{name}: preprocessing (importance, bridges, anchors) peaks "
                    f"above training: overall {d['overall_peak_mib']:.0f} MiB = "
@@ -772,7 +789,13 @@ def markdown(results: dict) -> str:
                   f"{sv['median_s']['dpr']:.3f} s, sampled GraphSAGE "
                   f"{sv['median_s']['sage_sampled']:.3f} s, full-graph forward "
                   f"{sv['median_s']['full_graph']:.3f} s; DPR's one-off "
-                  f"preprocessing {sv['dpr_prep_s']:.2f} s.", "",
+                  f"preprocessing {sv['dpr_prep_s']:.2f} s."
+                  + (f" Floor: a graph-free two-layer MLP at the same hidden size "
+                     f"over all nodes takes {sv['median_s']['mlp_floor']:.3f} s, "
+                     "so no model at this width can serve all nodes more than "
+                     f"{sv['speedup_ceiling_vs_sage']:.1f}x faster than sampled "
+                     "GraphSAGE here." if "mlp_floor" in sv["median_s"] else ""),
+                  "",
                   "| target (issue 4) | measured | met |", "|---|---|---|"]
         lines += [f"| {a} | {b} | {_mark(c)} |" for a, b, c in _checks(g)] + [""]
         if g["sweep"]:
@@ -912,6 +935,10 @@ def main(argv=None) -> dict:
         p.pop("tmp")
     results["wall_s"] = time.perf_counter() - t0
     out = Path(args.out)
+    if not (args.big or args.big_only) and out.exists():
+        prev = json.loads(out.read_text())
+        if "big" in prev and prev.get("mode") == results["mode"]:
+            results["big"] = prev["big"]  # not re-run: keep the earlier one
     if args.big_only:
         if not out.exists():
             raise FileNotFoundError(f"--big-only merges into {out}, which is missing")

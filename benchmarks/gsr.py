@@ -456,6 +456,13 @@ def markdown(res, args) -> str:
                          f"{_mib(g['saved_bytes']) if g else '-'} | "
                          f"{_mib(r['saved_bytes']) if r else '-'} |")
         lines.append("")
+    if any(r["model"] == "gsr_unflat" for r in res.get("memory") or []):
+        lines += ["GSRGNN keeps its stack's parameters in one flat tensor (the "
+                  "default); *per-module parameters* is the same model with "
+                  "`flat_parameters=False` (the off switch): its growth with depth "
+                  "is the per-tensor overhead of thousands of small gradients and "
+                  "Adam moments (5,120 tensors each at 256 layers), not "
+                  "activations (saved-for-backward bytes are constant).", ""]
     warm = [r for r in res.get("memory") or [] if r.get("warmup")]
     if warm:
         lines += ["Steady-state step (Adam's state allocated before the baseline; "
