@@ -45,6 +45,31 @@ def test_train_then_resume(tmp_path, capsys):
     assert [json.loads(ln)["epoch"] for ln in lines] == [1, 2, 3]
 
 
+def test_reversible_flags_reach_the_model_and_the_run_resumes(tmp_path):
+    """--strategy reversible --model gsr with its flags; the flat layout and its
+    off switch train the same numbers (same seed), and a flat run resumes."""
+    summaries = {}
+    for flat in (True, False):
+        run = tmp_path / f"gsr-{flat}"
+        flags = [] if flat else ["--no-flat-parameters"]
+        assert main(["train", *SMALL, "--strategy", "reversible", "--model", "gsr",
+                     "--layers", "6", "--groups", "2", "--sparsity", "2",
+                     "--epochs", "2", "--out", str(run), *flags]) == 0
+        summaries[flat] = json.loads((run / "summary.json").read_text())
+        cfg = json.loads((run / "config.json").read_text())
+        assert (cfg["num_groups"], cfg["sparsity"], cfg["flat_parameters"]) == \
+            (2, 2, flat)
+    a, b = summaries[True], summaries[False]
+    assert (a["strategy"], a["model"], a["num_layers"]) == ("reversible", "gsr", 6)
+    assert a["num_parameters"] == b["num_parameters"]
+    for key, value in b["metrics"]["test"].items():
+        assert abs(a["metrics"]["test"][key] - value) <= 1e-5 * max(1, abs(value))
+    run = str(tmp_path / "gsr-True")
+    assert main(["train", "--out", run, "--resume", "--epochs", "3", "--quiet"]) == 0
+    assert json.loads((tmp_path / "gsr-True" / "summary.json").read_text())[
+        "epochs_run"] == 3
+
+
 def test_errors_are_one_line_and_exit_2(tmp_path, capsys):
     assert main(["train", *SMALL, "--layers", "0", "--out", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err

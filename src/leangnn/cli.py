@@ -46,7 +46,8 @@ _TRAIN_FLAGS = {  # flag -> config field
     "epochs": "epochs", "lr": "lr", "weight_decay": "weight_decay",
     "clip_norm": "clip_norm", "patience": "patience", "seed": "seed",
     "device": "device", "out": "out", "level_feature": "level_feature",
-    "groups": "num_groups", "sparsity": "sparsity", "budget_ratio": "budget_ratio",
+    "groups": "num_groups", "sparsity": "sparsity",
+    "flat_parameters": "flat_parameters", "budget_ratio": "budget_ratio",
     "anchors": "num_anchors", "device_budget": "device_budget", "parts": "num_parts",
     "cache": "cache", "offload_mode": "offload_mode",
 }
@@ -127,6 +128,9 @@ def build_parser() -> argparse.ArgumentParser:
     a("--groups", type=int, help="reversible: channel groups (default 4)")
     a("--sparsity", type=int, help="reversible: activations kept per group "
       "(default: all, i.e. ReLU)")
+    a("--no-flat-parameters", dest="flat_parameters", action="store_false",
+      default=None, help="reversible: keep per-module parameters instead of one "
+      "flat tensor (the off switch; more memory at depth)")
     a("--budget-ratio", type=float, help="prune: share of nodes in the core "
       "(default 0.3)")
     a("--anchors", type=int, help="prune: anchors per pruned node (default 8)")

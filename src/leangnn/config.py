@@ -36,7 +36,9 @@ class TrainConfig:
         seed: seeds Python, NumPy and torch; same seed, same CPU metrics.
         device: ``cpu``, ``cuda`` or ``cuda:i``.
         out: run directory (default ``runs/<time>-<strategy>-<model>``).
-        num_groups, sparsity: reversible (GSR) options.
+        num_groups, sparsity, flat_parameters: reversible (GSR) options
+            (``flat_parameters=False`` is the off switch of the flat
+            parameter layout, see :class:`leangnn.nn.GSRStack`).
         budget_ratio, num_anchors: prune (DPR) options.
         device_budget, num_parts, cache, offload_mode: offload options
             (``offload_mode="recompute"`` runs the subgraph-recompute baseline).
@@ -63,6 +65,7 @@ class TrainConfig:
     level_feature: bool = False
     num_groups: int = 4
     sparsity: int | None = None
+    flat_parameters: bool = True
     budget_ratio: float = 0.3
     num_anchors: int = 8
     device_budget: str | None = None

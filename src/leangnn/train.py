@@ -114,7 +114,8 @@ class Trainer:
         if cfg.model in ("res", "gsr"):
             kw["conv"] = cfg.conv
         if cfg.model == "gsr":
-            kw.update(num_groups=cfg.num_groups, sparsity=cfg.sparsity)
+            kw.update(num_groups=cfg.num_groups, sparsity=cfg.sparsity,
+                      flat_parameters=cfg.flat_parameters)
         return kw
 
     def _default_out(self) -> str:
