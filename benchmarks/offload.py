@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import statistics
 import sys
 import time
@@ -409,6 +410,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--markdown", default=None, help="default: the offload section "
                     "of benchmarks/README.md (results/quick/offload.md with --quick)")
     ap.add_argument("--cache-dir", default=None, help="partition cache folder")
+    ap.add_argument("--min-budget-only", action="store_true",
+                    help="only re-run the smallest-budget search (use a larger "
+                         "--max-chunks to go lower) and merge it into --out")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     quick = args.quick
@@ -432,6 +436,20 @@ def main(argv=None) -> dict:
     log(f"power-law graph: {n:,} nodes, avg degree {args.avg_degree}")
     data = power_law_graph(n, avg_degree=args.avg_degree, in_channels=64)
     model = new_model(64, 8)
+    if args.min_budget_only:
+        res = json.loads(Path(args.out).read_text())
+        if (res["config"]["nodes"], res["config"]["parts"]) != (n, args.parts):
+            raise ValueError(f"--min-budget-only: {args.out} holds another graph")
+        log("smallest budget that trains")
+        res["min_budget"] = smallest_budget(
+            data, model, [args.fraction / 2 ** i for i in range(0, 8)], args.parts,
+            args.max_chunks or (2000 if quick else 2500), args.cache_dir, None)
+        write_json(args.out, res)
+        write_section("offload", markdown(res), args.markdown)
+        log(f"benchmarks/offload.py: trained down to "
+            f"{res['min_budget'].get('trained_fraction', float('nan')):.2%} of the "
+            f"need; wrote {args.out}")
+        return res
     res["synthetic"], ref = policy_figures(data, model, args.fraction, args.parts,
                                            args.cache_dir, "baseline" not in args.skip)
     res["synthetic"]["name"] = f"power-law {n // 1000}k"
