@@ -44,6 +44,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from unittest import mock
 
 import torch
 import torch.nn.functional as F
@@ -185,17 +186,9 @@ def measure_point(kind, layers, args, circuit=None, malloc="default", warmup=Fal
               layers=layers, groups=args.groups, conv=args.conv,
               sparsity=args.sparsity, dropout=args.dropout, threads=args.threads,
               warmup=warmup)
-    old = {k: os.environ.get(k) for k in MALLOC[malloc]}
-    os.environ.update(MALLOC[malloc])  # read by glibc when the child starts
-    try:
+    with mock.patch.dict(os.environ, MALLOC[malloc]):  # read by the child's glibc
         result, mem = measure_in_subprocess(_mem_setup, _mem_run, kw,
                                             device=args.device, timeout=args.timeout)
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
     return {"model": kind, "layers": layers, "circuit": kw["circuit"],
             "malloc": malloc, "warmup": warmup, "peak_bytes": mem["peak_bytes"],
             "method": mem["method"], "baseline_bytes": mem["baseline_bytes"],
@@ -277,9 +270,7 @@ def bench_speed(args, log):
 # --------------------------------------------------------------------------- #
 def bench_quality(args, log):
     from leangnn.config import TrainConfig
-    from leangnn.nn import build_model
     from leangnn.train import Trainer
-    from leangnn.utils import seed_everything
 
     torch.set_num_threads(args.threads)
     rows = []
@@ -297,16 +288,6 @@ def bench_quality(args, log):
             device=args.device, num_groups=args.groups, sparsity=sparsity,
             out=str(ROOT / "runs" / "bench-gsr" / spec.replace(":", "-")))
         trainer = Trainer(cfg, progress=False)
-        if name == "res":
-            # ResGNN with the same activation as GSRGNN (the Trainer passes
-            # num_groups/sparsity to gsr only); rebuilt with the same seed.
-            seed_everything(cfg.seed)
-            trainer.model = build_model(
-                "res", trainer.splits.in_channels, cfg.hidden_channels, 1, layers,
-                conv=cfg.conv, dropout=cfg.dropout, num_groups=cfg.num_groups,
-                sparsity=cfg.sparsity).to(trainer.device)
-            trainer.optimizer = torch.optim.Adam(trainer.model.parameters(),
-                                                 lr=cfg.lr)
         t0 = time.perf_counter()
         summary = trainer.fit()
         test = summary["metrics"]["test"]

@@ -142,3 +142,17 @@ def test_bad_config_values_are_named():
         TrainConfig(device_budget="lots")
     with pytest.raises(ValueError, match="test_dataset: circuits"):
         Trainer(TrainConfig(**{**TINY, "test_dataset": "iscas85/c17"}), progress=False)
+
+
+def test_sparsity_reaches_res_and_gsr_models(tmp_path):
+    """--sparsity/--groups configure the top-k activation of ResGNN too (the
+    same blocks as GSRGNN); without sparsity ResGNN keeps plain ReLU."""
+    def model(**kw):
+        cfg = TrainConfig(**{**TINY, "out": str(tmp_path / "r"), **kw})
+        return Trainer(cfg, progress=False).model
+
+    res = model(num_groups=2, sparsity=3)
+    assert res.k == 3 and res.blocks[0].act.group_size == 4
+    assert model().k is None
+    gsr = model(strategy="reversible", model="gsr", num_groups=2, sparsity=3)
+    assert gsr.stack.k == 3

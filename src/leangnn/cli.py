@@ -126,7 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--level-feature", action="store_true", default=None,
       help="add logic level / depth as a node feature")
     a("--groups", type=int, help="reversible: channel groups (default 4)")
-    a("--sparsity", type=int, help="reversible: activations kept per group "
+    a("--sparsity", type=int, help="gsr / res models: activations kept per group "
       "(default: all, i.e. ReLU)")
     a("--no-flat-parameters", dest="flat_parameters", action="store_false",
       default=None, help="reversible: keep per-module parameters instead of one "

@@ -9,7 +9,7 @@ from typing import Any
 
 from .utils import parse_bytes
 
-__all__ = ["TrainConfig", "STRATEGIES", "DEFAULT_MODEL", "parse_bytes"]
+__all__ = ["TrainConfig", "STRATEGIES", "DEFAULT_MODEL"]
 
 STRATEGIES = ("full", "reversible", "prune", "offload")
 #: The model a strategy uses when ``--model`` is not given.

@@ -116,6 +116,9 @@ class Trainer:
         if cfg.model == "gsr":
             kw.update(num_groups=cfg.num_groups, sparsity=cfg.sparsity,
                       flat_parameters=cfg.flat_parameters)
+        elif cfg.model == "res" and cfg.sparsity is not None:
+            # ResGNN runs the same blocks; groups only matter for the top-k
+            kw.update(num_groups=cfg.num_groups, sparsity=cfg.sparsity)
         return kw
 
     def _default_out(self) -> str:

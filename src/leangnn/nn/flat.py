@@ -90,14 +90,13 @@ class FlatParameters:
             raise ValueError(f"flat tensor has {flat.numel()} elements, the layout "
                              f"{self.numel}")
         if autograd:
-            pieces = flat.split([shape.numel() for *_, shape in self.slots])
+            views = [piece.view(slot[5]) for piece, slot in zip(
+                flat.split([shape.numel() for *_, shape in self.slots]), self.slots)]
         else:
             base = flat.detach()
-            pieces = [base[o:o + shape.numel()] for *_, o, shape in self.slots]
-        for (_, sub, name, _, _, shape), piece in zip(self.slots, pieces):
-            view = piece.view(shape)
-            if not autograd:
-                view.requires_grad_(flat.requires_grad)
+            views = [self._view(base, slot).requires_grad_(flat.requires_grad)
+                     for slot in self.slots]
+        for (_, sub, name, *_), view in zip(self.slots, views):
             sub._parameters.pop(name, None)  # a plain attribute from now on
             setattr(sub, name, view)
         self._key = key
@@ -109,13 +108,16 @@ class FlatParameters:
 
     def views(self, flat: Tensor, module: int) -> list[Tensor]:
         """Views of a flat-shaped ``flat`` (e.g. a gradient) for one module."""
-        return [flat[self.slots[s][4]:self.slots[s][4] + self.slots[s][5].numel()]
-                .view(self.slots[s][5]) for s in self._by_module[module]]
+        return [self._view(flat, self.slots[s]) for s in self._by_module[module]]
 
     def named(self, flat: Tensor) -> OrderedDict[str, Tensor]:
         """``{"<module>.<path>": view}`` over a flat-shaped tensor."""
-        return OrderedDict((qual, flat[o:o + shape.numel()].view(shape))
-                           for _, _, _, qual, o, shape in self.slots)
+        return OrderedDict((slot[3], self._view(flat, slot)) for slot in self.slots)
+
+    @staticmethod
+    def _view(flat: Tensor, slot: tuple) -> Tensor:
+        offset, shape = slot[4], slot[5]
+        return flat[offset:offset + shape.numel()].view(shape)
 
     def __repr__(self) -> str:
         return (f"{self.__class__.__name__}({len(self.slots)} tensors in "

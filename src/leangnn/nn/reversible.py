@@ -365,7 +365,7 @@ class GSRStack(torch.nn.Module):
                 f"flat={self.flat is not None})")
 
 
-def _drop_block_entries(stack, state_dict, prefix, local_metadata):
+def _drop_block_entries(stack, state_dict, prefix, *args):
     # Some modules (PyG's Linear) save their weights whether registered or
     # not; in a flat stack those are views of flat_weight, saved once there.
     for key in [k for k in state_dict if k.startswith(prefix + "blocks.")]:
@@ -380,8 +380,7 @@ def _flatten_block_entries(stack, state_dict, prefix, *args):
                                                         for n in names):
         state_dict[prefix + "flat_weight"] = torch.cat(
             [state_dict[n].reshape(-1) for n in names])
-    for key in [k for k in state_dict if k.startswith(prefix + "blocks.")]:
-        del state_dict[key]
+    _drop_block_entries(stack, state_dict, prefix)
 
 
 def _sum_rest(h: Tensor, out: Tensor) -> Tensor:

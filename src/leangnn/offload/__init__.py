@@ -11,7 +11,6 @@ from leangnn.offload.engine import (
     OffloadCounters,
     OffloadEngine,
     full_batch_vertex_bytes,
-    parse_bytes,
 )
 from leangnn.offload.layerwise import SUPPORTED_CONVS, LayerwiseModel
 from leangnn.offload.schedule import (
@@ -42,5 +41,4 @@ __all__ = [
     "LiveBytesMeter",
     "WorkspaceModel",
     "full_batch_vertex_bytes",
-    "parse_bytes",
 ]

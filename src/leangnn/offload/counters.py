@@ -7,9 +7,8 @@ from dataclasses import asdict, dataclass
 import torch
 
 from leangnn.offload.layerwise import LayerwiseModel
-from leangnn.utils import parse_bytes
 
-__all__ = ["OffloadCounters", "parse_bytes", "full_batch_vertex_bytes"]
+__all__ = ["OffloadCounters", "full_batch_vertex_bytes"]
 
 @dataclass
 class OffloadCounters:

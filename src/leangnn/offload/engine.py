@@ -33,19 +33,15 @@ from torch_geometric.data import Data
 
 from leangnn.graphs.partition import DstCSR, partition_graph
 from leangnn.offload.cache import DeviceCache
-from leangnn.offload.counters import (
-    OffloadCounters,
-    full_batch_vertex_bytes,
-    parse_bytes,
-)
+from leangnn.offload.counters import OffloadCounters, full_batch_vertex_bytes
 from leangnn.offload.jobs import JobRunner
 from leangnn.offload.layerwise import LayerwiseModel
 from leangnn.offload.schedule import ExactSchedule, RecomputeSchedule
 from leangnn.offload.store import HostStore
 from leangnn.offload.workspace import LiveBytesMeter, WorkspaceModel
+from leangnn.utils import parse_bytes
 
-__all__ = ["OffloadEngine", "OffloadCounters", "MODES", "parse_bytes",
-           "full_batch_vertex_bytes"]
+__all__ = ["OffloadEngine", "OffloadCounters", "MODES", "full_batch_vertex_bytes"]
 
 MODES = ("exact", "recompute")
 

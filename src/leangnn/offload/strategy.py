@@ -17,8 +17,9 @@ from torch import Tensor
 from torch_geometric.data import Data
 
 from leangnn.offload.cache import POLICIES
-from leangnn.offload.engine import MODES, OffloadEngine, parse_bytes
+from leangnn.offload.engine import MODES, OffloadEngine
 from leangnn.strategy import LossFn, Strategy
+from leangnn.utils import parse_bytes
 
 __all__ = ["OffloadStrategy"]
 
