@@ -13,7 +13,8 @@ import numpy as np
 import torch
 
 __all__ = ["atomic_write_text", "atomic_torch_save", "append_jsonl", "seed_everything",
-           "format_bytes", "parse_bytes"]
+           "format_bytes", "parse_bytes", "cache_root", "remove_stale_tmp",
+           "json_safe"]
 
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1000, "kib": 1 << 10, "m": 1 << 20,
           "mb": 1000**2, "mib": 1 << 20, "g": 1 << 30, "gb": 1000**3, "gib": 1 << 30,
@@ -39,30 +40,112 @@ def parse_bytes(value: str | int | float, name: str = "size") -> int:
     return out
 
 
+def cache_root(sub: str | None = None) -> Path:
+    """The one on-disk cache of leangnn (parsed circuits, labels, partitions).
+
+    ``$LEANGNN_CACHE``, else ``$XDG_CACHE_HOME/leangnn``, else
+    ``~/.cache/leangnn``; ``sub`` names a folder inside it.
+    """
+    env = os.environ.get("LEANGNN_CACHE")
+    if env:
+        root = Path(env)
+    else:
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache")
+        root = Path(base) / "leangnn"
+    return root / sub if sub else root
+
+
+_TMP_SUFFIX = ".tmp"
+
+
 def _tmp(path: Path) -> Path:
-    return path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    return path.with_name(f".{path.name}.{os.getpid()}{_TMP_SUFFIX}")
+
+
+def _fsync_dir(folder: Path) -> None:
+    # The rename itself must reach the disk, or a power cut can undo it.
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _atomic(path: str | Path, write) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _tmp(path)
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:
-    """Write ``text`` to ``path`` via a temporary file and ``os.replace``, so a
-    crash never leaves a half-written file behind."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _tmp(path)
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    """Write ``text`` to ``path`` via a temporary file, ``fsync`` and
+    ``os.replace``, so a crash never leaves a half-written file behind."""
+    _atomic(path, lambda f: f.write(text.encode()))
 
 
 def atomic_torch_save(obj: Any, path: str | Path) -> None:
-    """:func:`torch.save` through a temporary file and ``os.replace``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _tmp(path)
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+    """:func:`torch.save` through a temporary file, ``fsync`` and ``os.replace``."""
+    _atomic(path, lambda f: torch.save(obj, f))
+
+
+def remove_stale_tmp(folder: str | Path) -> list[Path]:
+    """Remove temporary files that killed writers left in ``folder``.
+
+    Only files of processes that are no longer alive are removed, so a
+    concurrent writer's temporary file survives. Returns the removed paths.
+    """
+    removed = []
+    folder = Path(folder)
+    if not folder.is_dir():
+        return removed
+    for p in folder.glob(f".*{_TMP_SUFFIX}"):
+        pid = p.name[: -len(_TMP_SUFFIX)].rsplit(".", 1)[-1]
+        if pid.isdigit() and _alive(int(pid)):
+            continue
+        p.unlink(missing_ok=True)
+        removed.append(p)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def json_safe(obj: Any) -> Any:
+    """``obj`` with every non-finite float replaced by ``None``, so that
+    ``json.dumps`` writes standard JSON (no ``NaN`` / ``Infinity`` tokens)."""
+    if isinstance(obj, float):
+        return obj if np.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [json_safe(v) for v in obj]
+    if isinstance(obj, np.floating):
+        return json_safe(float(obj))
+    return obj
 
 
 def append_jsonl(path: str | Path, record: dict) -> None:

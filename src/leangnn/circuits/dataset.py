@@ -29,6 +29,7 @@ import numpy as np
 import torch
 from torch_geometric.data import Data
 
+from ..utils import atomic_torch_save, cache_root
 from .netlist import GATE_TYPES, Netlist, NetlistError, read_netlist
 from .simulate import DelayModel, levelize, signal_probability, static_timing
 
@@ -151,18 +152,7 @@ def resolve(names: str | Iterable[str]) -> list[CircuitInfo]:
 
 def cache_dir() -> Path:
     """``$LEANGNN_CACHE``, else ``$XDG_CACHE_HOME/leangnn`` or ``~/.cache/leangnn``."""
-    env = os.environ.get("LEANGNN_CACHE")
-    if env:
-        return Path(env)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache")
-    return Path(base) / "leangnn"
-
-
-def _atomic_save(obj, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+    return cache_root()
 
 
 def _compute(net: Netlist, num_patterns: int, seed: int) -> dict:
@@ -198,7 +188,7 @@ def _record(info: CircuitInfo, num_patterns: int, seed: int, use_cache: bool) ->
             pass
     rec = _compute(read_netlist(info.path), num_patterns, seed)
     if use_cache:
-        _atomic_save(rec, path)
+        atomic_torch_save(rec, path)
     return rec
 
 

@@ -25,6 +25,8 @@ import scipy.sparse as sp
 import torch
 from torch import Tensor
 
+from ..utils import atomic_torch_save, cache_root
+
 __all__ = [
     "Partition",
     "DstCSR",
@@ -213,8 +215,7 @@ def _fill_empty(part: Tensor, num_parts: int) -> Tensor:
 def _cache_dir(cache_dir: str | os.PathLike | None) -> Path:
     if cache_dir is not None:
         return Path(cache_dir)
-    root = os.environ.get("LEANGNN_CACHE", Path.home() / ".cache" / "leangnn")
-    return Path(root) / "partitions"
+    return cache_root("partitions")
 
 
 def partition_graph(edge_index: Tensor, num_nodes: int, num_parts: int,
@@ -261,8 +262,15 @@ def partition_graph(edge_index: Tensor, num_nodes: int, num_parts: int,
     if cache and key in _MEMORY:
         return Partition(_MEMORY[key].clone(), num_parts, method)
     if cache and path.exists():
-        part = torch.load(path)
-        if part.numel() == num_nodes:
+        try:
+            part = torch.load(path, weights_only=True)
+        except Exception as e:  # a damaged cache entry only costs a recomputation
+            warnings.warn(f"ignoring unreadable partition cache {path}: {e}",
+                          stacklevel=2)
+            part = None
+        if (isinstance(part, Tensor) and part.dtype == torch.long
+                and part.numel() == num_nodes and num_nodes > 0
+                and int(part.min()) >= 0 and int(part.max()) < num_parts):
             _MEMORY[key] = part
             return Partition(part.clone(), num_parts, method)
     if method == "metis":
@@ -272,10 +280,7 @@ def partition_graph(edge_index: Tensor, num_nodes: int, num_parts: int,
     if cache:
         _MEMORY[key] = part
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".tmp{os.getpid()}")
-            torch.save(part, tmp)
-            os.replace(tmp, path)
+            atomic_torch_save(part, path)
         except OSError as e:  # a read-only cache only costs a recomputation
             warnings.warn(f"could not write partition cache {path}: {e}",
                           stacklevel=2)
