@@ -14,7 +14,9 @@ contextual SBM with power-law degrees, this script trains in ONE run:
   as DPR's core graph;
 * ``sage``: GraphSAGE with uniform neighbour sampling (fanouts 25, 10) for
   training and for all-node serving (PyG ``NeighborLoader`` when a sampler
-  backend is installed, else the vectorized pure-torch sampler below);
+  backend is installed, else the vectorized pure-torch sampler of
+  :mod:`leangnn.prune.baselines`, where the DSpar / full-batch strategy
+  lives too);
 
 every one in a fresh subprocess whose peak RSS is measured per phase
 (:mod:`leangnn.profile`), then times all-node serving of DPR, sampled
@@ -40,14 +42,12 @@ Writes ``results/dpr.json``, ``results/dpr_sweep.png`` and the ``dpr`` section o
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import os
 import statistics
 import sys
 import tempfile
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -55,218 +55,41 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch_geometric.data import Data
 
+from leangnn.graphs.sparse import adj_t_of
 from leangnn.metrics import accuracy
 from leangnn.nn.models import build_model
-from leangnn.profile import MemoryMeter, measure_in_subprocess, rss_bytes
-from leangnn.prune import DPRStrategy, adj_t_of, dspar_sparsify
+from leangnn.profile import PhaseMeter, measure_in_subprocess
+from leangnn.prune import DPRStrategy
+from leangnn.prune.baselines import (
+    SparseFullBatch,
+    has_pyg_sampler,
+    neighbor_batches,
+    sampled_inference,
+)
 from leangnn.strategy import Strategy
+from leangnn.train import make_loss_fn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _report import README, results_path, write_json, write_section  # noqa: E402
 
 MIB = float(1 << 20)
+_loss = make_loss_fn("classification")  # cross-entropy on node_mask
 
 
-# --------------------------------------------------------------------- sampler
-def has_pyg_sampler() -> bool:
-    """Whether PyG's NeighborLoader has a sampler backend (pyg-lib/torch-sparse)."""
-    import torch_geometric.typing as t
-
-    return bool(t.WITH_PYG_LIB or t.WITH_TORCH_SPARSE)
-
-
-class UniformNeighborSampler:
-    """Vectorized uniform neighbour sampling without replacement (pure torch).
-
-    For every target, ``min(deg, fanout)`` distinct in-neighbours per hop;
-    targets with ``deg > fanout`` draw their offsets with Floyd's algorithm,
-    run for all of them at once (``fanout`` vectorized steps, no per-node
-    loop). Like NeighborLoader, the sampled subgraph lists the seeds first and
-    carries ``batch_size``; later hops expand only newly reached nodes.
-
-    Args:
-        edge_index (Tensor): ``[2, E]``, messages flow ``src -> dst``.
-        num_nodes (int): ``N``.
-        fanouts (list[int]): neighbours per target and hop.
-        seed (int, optional): sampling seed. (default: ``0``)
-    """
-
-    def __init__(self, edge_index: Tensor, num_nodes: int, fanouts: list[int],
-                 seed: int = 0):
-        src, dst = edge_index
-        order = torch.argsort(dst, stable=True)
-        self.col = src[order].contiguous()
-        self.rowptr = torch.zeros(num_nodes + 1, dtype=torch.long)
-        self.rowptr[1:] = torch.cumsum(torch.bincount(dst, minlength=num_nodes), 0)
-        self.fanouts = list(fanouts)
-        self.gen = torch.Generator().manual_seed(seed)
-        self._assoc = torch.full((num_nodes,), -1, dtype=torch.long)
-
-    def _offsets(self, deg: Tensor, k: int) -> tuple[Tensor, Tensor]:
-        small = deg <= k
-        ts = small.nonzero().view(-1)
-        ds = deg[ts]
-        rep = torch.repeat_interleave(ts, ds)
-        off = torch.arange(rep.numel()) - torch.repeat_interleave(
-            torch.cumsum(ds, 0) - ds, ds)
-        tb = (~small).nonzero().view(-1)
-        if tb.numel():
-            d = deg[tb]
-            s = torch.empty(tb.numel(), k, dtype=torch.long)
-            for i in range(k):  # Floyd: j = d-k+i, t ~ U[0, j], t taken -> j
-                j = d - k + i
-                t = torch.minimum((torch.rand(tb.numel(), generator=self.gen)
-                                   * (j + 1)).long(), j)
-                if i:
-                    t = torch.where((s[:, :i] == t.unsqueeze(1)).any(1), j, t)
-                s[:, i] = t
-            rep = torch.cat([rep, tb.repeat_interleave(k)])
-            off = torch.cat([off, s.view(-1)])
-        return rep, off
-
-    def sample(self, seeds: Tensor) -> Data:
-        assoc = self._assoc
-        assoc[seeds] = torch.arange(seeds.numel())
-        n_id, frontier, rows, cols, count = [seeds], seeds, [], [], seeds.numel()
-        for k in self.fanouts:
-            deg = self.rowptr[frontier + 1] - self.rowptr[frontier]
-            tpos, off = self._offsets(deg, k)
-            nbr = self.col[self.rowptr[frontier[tpos]] + off]
-            new = nbr[assoc[nbr] < 0].unique()
-            assoc[new] = torch.arange(count, count + new.numel())
-            count += new.numel()
-            rows.append(assoc[nbr])
-            cols.append(assoc[frontier[tpos]])
-            n_id.append(new)
-            frontier = new
-        n_id = torch.cat(n_id)
-        assoc[n_id] = -1
-        return Data(n_id=n_id, edge_index=torch.stack([torch.cat(rows),
-                                                       torch.cat(cols)]),
-                    num_nodes=n_id.numel(), batch_size=seeds.numel())
-
-    def loader(self, nodes: Tensor, batch_size: int, shuffle: bool = False):
-        if shuffle:
-            nodes = nodes[torch.randperm(nodes.numel(), generator=self.gen)]
-        for a in range(0, nodes.numel(), batch_size):
-            yield self.sample(nodes[a:a + batch_size])
-
-
-def _batches(data: Data, nodes: Tensor, fanouts, batch_size, shuffle, seed):
-    if has_pyg_sampler():
-        from torch_geometric.loader import NeighborLoader
-
-        yield from NeighborLoader(Data(edge_index=data.edge_index,
-                                       num_nodes=data.num_nodes),
-                                  num_neighbors=list(fanouts), input_nodes=nodes,
-                                  batch_size=batch_size, shuffle=shuffle)
-        return
-    sampler = data.get("_sampler", None)
-    if sampler is None:
-        sampler = UniformNeighborSampler(data.edge_index, data.num_nodes, fanouts, seed)
-        data._sampler = sampler
-    yield from sampler.loader(nodes, batch_size, shuffle)
-
-
-@torch.no_grad()
-def sage_serve(model, data: Data, fanouts, batch_size: int = 4096, seed: int = 0
-               ) -> Tensor:
-    """All-node serving of a sampled GraphSAGE: every node is a seed once."""
-    model.eval()
-    out = None
-    for b in _batches(data, torch.arange(data.num_nodes), fanouts, batch_size,
-                      False, seed):
-        o = model(data.x[b.n_id], b.edge_index)[:b.batch_size]
-        if out is None:
-            out = o.new_empty(data.num_nodes, o.size(1))
-        out[b.n_id[:b.batch_size]] = o
-    return out
-
-
-# ------------------------------------------------------------------ strategies
-class AdjFullBatch(Strategy):
-    """Full-batch training on a ``torch.sparse_csr`` adjacency (``adj_t``)."""
-
-    name = "full"
-
-    def __init__(self, keep_ratio: float | None = None, seed: int = 0):
-        super().__init__("cpu")
-        self.keep_ratio, self.seed, self.adj = keep_ratio, seed, None
-
-    def setup(self, model, graphs):
-        g = graphs[0]
-        if self.keep_ratio is None:
-            self.adj = adj_t_of(g.edge_index, g.num_nodes)
-            self.num_edges = g.num_edges
-            return
-        ei, w = dspar_sparsify(g.edge_index, g.num_nodes, self.keep_ratio, self.seed)
-        # SAGE's mean divides by the kept count k_i; scaling by k_i / d_i makes
-        # it the unbiased estimate (1/d_i) sum_j w_ij x_j of the full mean.
-        d = torch.bincount(g.edge_index[1], minlength=g.num_nodes).clamp_min(1)
-        k = torch.bincount(ei[1], minlength=g.num_nodes).clamp_min(1)
-        w = w * (k[ei[1]] / d[ei[1]]).float()
-        self.adj = adj_t_of(ei, g.num_nodes, w)
-        self.num_edges = int(ei.size(1))
-
-    def forward(self, model, data):
-        return model(data.x, self.adj)
-
-
-def _loss(out: Tensor, data: Data) -> Tensor:
-    m = data.get("node_mask", None)
-    y = data.y
-    if m is not None:
-        out, y = out[m], y[m]
-    return F.cross_entropy(out, y)
-
-
-def _trim() -> None:
-    # Give freed heap pages back to the OS so every phase's RSS peak starts
-    # from what is really still in use (glibc otherwise keeps them).
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except OSError:
-        pass
-
-
-class Phases:
-    """Peak RSS per phase, relative to the RSS when the run started."""
-
-    def __init__(self):
-        _trim()
-        self.start = rss_bytes()
-        self.rec: dict[str, dict] = {}
-        self.abs_peak = self.start / MIB  # absolute RSS, loaded data included
-
-    @contextmanager
-    def __call__(self, name: str):
-        _trim()
-        meter = MemoryMeter("cpu").start()
-        t = time.perf_counter()
-        yield
-        r = meter.stop()
-        self.abs_peak = max(self.abs_peak, (r.peak_bytes + r.baseline_bytes) / MIB)
-        self.rec[name] = {"peak_mib": (r.peak_bytes + r.baseline_bytes - self.start)
-                          / MIB, "start_mib": (r.baseline_bytes - self.start) / MIB,
-                          "seconds": time.perf_counter() - t}
-
-    def peak(self, *names) -> float:
-        return max(self.rec[n]["peak_mib"] for n in names if n in self.rec)
-
-
-def _fit(strategy: Strategy, model, data: Data, epochs: int, lr: float, ph: Phases,
-         decoder: bool = True) -> None:
+# ------------------------------------------------------------------- training
+def _fit(strategy: Strategy, model, data: Data, epochs: int, lr: float,
+         ph: PhaseMeter, decoder: bool = True) -> None:
     opt = torch.optim.Adam(model.parameters(), lr=lr)
-    with ph("prep"):
+    with ph.phase("prep"):
         strategy.setup(model, [data])
-    with ph("train"):
+    with ph.phase("train"):
         model.train()
         for _ in range(epochs):
             opt.zero_grad(set_to_none=True)
             strategy.train_step(model, data, _loss)
             opt.step()
     if decoder:
-        with ph("decoder"):
+        with ph.phase("decoder"):
             strategy.fit_end(model, [data], _loss)
     model.eval()
 
@@ -314,14 +137,14 @@ def _run(state: dict) -> dict:
 
 
 def _run_full(data: Data, p: dict) -> dict:
-    ph, model = Phases(), _model(data, p)
-    strat = AdjFullBatch(p.get("keep_ratio"), p["seed"])
+    ph, model = PhaseMeter(), _model(data, p)
+    strat = SparseFullBatch(p.get("keep_ratio"), p["seed"])
     _fit(strat, model, data, p["epochs"], p["lr"], ph, decoder=False)
-    with ph("infer"), torch.no_grad():
+    with ph.phase("infer"), torch.no_grad():
         out = strat.predict(model, data)
-    res = {"acc": _acc(out, data), "phases": ph.rec, "train_peak_mib":
-           ph.peak("train"), "overall_peak_mib": ph.peak(*ph.rec),
-           "abs_peak_mib": ph.abs_peak, "num_train_edges": strat.num_edges,
+    res = {"acc": _acc(out, data), "phases": ph.records, "train_peak_mib":
+           ph.peak("train"), "overall_peak_mib": ph.peak(*ph.records),
+           "abs_peak_mib": ph.abs_peak_mib, "num_train_edges": strat.num_edges,
            "state": model.state_dict()}
     if strat.keep_ratio is not None:  # DSpar model served on the whole graph
         with torch.no_grad():
@@ -339,18 +162,18 @@ def _dpr_kwargs(p: dict) -> dict:
 
 
 def _run_dpr(data: Data, p: dict) -> dict:
-    ph, model = Phases(), _model(data, p)
+    ph, model = PhaseMeter(), _model(data, p)
     strat = DPRStrategy(**_dpr_kwargs(p))
     _fit(strat, model, data, p["epochs"], p["lr"], ph)
-    with ph("infer"):
+    with ph.phase("infer"):
         out = strat.predict(model, data)
     st = strat.prepare(data)
     core = st.core.mask
     res = {"acc": _acc(out, data), "acc_core": _acc(out, data, core),
-           "acc_pruned": _acc(out, data, ~core), "phases": dict(ph.rec),
+           "acc_pruned": _acc(out, data, ~core), "phases": dict(ph.records),
            "train_peak_mib": ph.peak("train", "decoder"),
-           "overall_peak_mib": ph.peak(*ph.rec), "summary": strat.summary(),
-           "abs_peak_mib": ph.abs_peak,
+           "overall_peak_mib": ph.peak(*ph.records), "summary": strat.summary(),
+           "abs_peak_mib": ph.abs_peak_mib,
            "num_train_edges": st.num_edges,
            "state": model.state_dict(), "dpr_state": strat.state_dict()}
     if not p.get("extras") or not st.pruned.numel():
@@ -369,39 +192,42 @@ def _run_dpr(data: Data, p: dict) -> dict:
         res["acc_anchor_average"] = _acc(strat.predict(model, data), data)
         strat.decoder = dec
     dense = DPRStrategy(**{**_dpr_kwargs(p), "num_anchors": None, "dense": True})
-    with ph("dense_prep"):
+    with ph.phase("dense_prep"):
         dense.setup(model, [data])
-    with ph("dense_decoder"):
+    with ph.phase("dense_decoder"):
         dense.fit_end(model, [data], _loss)
-    with ph("dense_infer"):
+    with ph.phase("dense_infer"):
         out_d = dense.predict(model, data)
     res["acc_dense"] = _acc(out_d, data)
     res["dense_summary"] = dense.summary()
-    res["phases"] = ph.rec
+    res["phases"] = ph.records
     res["dense_peak_mib"] = ph.peak("dense_prep", "dense_decoder", "dense_infer")
     return res
 
 
 def _run_sage(data: Data, p: dict) -> dict:
-    ph, model = Phases(), _model(data, p)
+    ph, model = PhaseMeter(), _model(data, p)
     opt = torch.optim.Adam(model.parameters(), lr=p["lr"])
     train = data.train_mask.nonzero().view(-1)
-    with ph("prep"):
-        next(iter(_batches(data, train[:1], p["fanouts"], 1, False, p["seed"])))
-    with ph("train"):
+    with ph.phase("prep"):
+        next(iter(neighbor_batches(data, train[:1], p["fanouts"], 1, False,
+                                   p["seed"])))
+    with ph.phase("train"):
         model.train()
         for _ in range(p["sage_epochs"]):
-            for b in _batches(data, train, p["fanouts"], p["batch_size"], True,
+            for b in neighbor_batches(data, train, p["fanouts"], p["batch_size"], True,
                               p["seed"]):
                 opt.zero_grad(set_to_none=True)
                 out = model(data.x[b.n_id], b.edge_index)[:b.batch_size]
                 F.cross_entropy(out, data.y[b.n_id[:b.batch_size]]).backward()
                 opt.step()
-    with ph("infer"):
-        out = sage_serve(model, data, p["fanouts"], p["serve_batch"], p["seed"])
-    return {"acc": _acc(out, data), "phases": ph.rec,
-            "train_peak_mib": ph.peak("train"), "overall_peak_mib": ph.peak(*ph.rec),
-            "abs_peak_mib": ph.abs_peak, "state": model.state_dict()}
+    with ph.phase("infer"):
+        out = sampled_inference(model, data, p["fanouts"], p["serve_batch"],
+                                p["seed"])
+    return {"acc": _acc(out, data), "phases": ph.records,
+            "train_peak_mib": ph.peak("train"),
+            "overall_peak_mib": ph.peak(*ph.records),
+            "abs_peak_mib": ph.abs_peak_mib, "state": model.state_dict()}
 
 
 def measure(path: str, method: str, params: dict) -> dict:
@@ -475,7 +301,7 @@ def serve_times(path: str, res: dict, p: dict, repeat: int) -> dict:
         torch.nn.Linear(p["hidden"], int(data.y.max()) + 1))
     fns = {"dpr": lambda: strat.predict(enc, data),
            "mlp_floor": lambda: floor(data.x),
-           "sage_sampled": lambda: sage_serve(sage, data, p["fanouts"],
+           "sage_sampled": lambda: sampled_inference(sage, data, p["fanouts"],
                                               p["serve_batch"], p["seed"]),
            "full_graph": lambda: full(data.x, adj)}
     times = {k: [] for k in fns}

@@ -44,8 +44,9 @@ import torch.nn.functional as F
 
 from leangnn.graphs.synthetic import power_law_graph
 from leangnn.nn.models import build_model
-from leangnn.offload import BudgetError, OffloadEngine, full_batch_vertex_bytes
-from leangnn.offload.workspace import LiveBytesMeter
+from leangnn.offload import BudgetError, OffloadEngine
+from leangnn.plan.vertex import full_batch_vertex_bytes
+from leangnn.profile import LiveBytesMeter
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _report import README, results_path, write_json, write_section  # noqa: E402
@@ -89,7 +90,7 @@ def policy_figures(data, model, frac, parts, cache_dir, baseline=True):
         c = eng.simulate()
         out["policies"][pol] = dict(counters(c), num_chunks=eng.num_chunks,
                                     cache_bytes=eng.cache.nbytes,
-                                    workspace_bytes=eng.ws_limit)
+                                    workspace_bytes=eng.split.workspace)
         log(f"  {pol:6s} chunks={eng.num_chunks} traffic="
             f"{c.traffic_bytes / GiB:.2f} GiB hits={c.cache_hits} "
             f"(setup {setup:.0f}s, replay {time.perf_counter() - t - setup:.0f}s)")

@@ -15,7 +15,8 @@ import torch
 from scipy.sparse.csgraph import connected_components
 
 from leangnn.circuits import load_circuit
-from leangnn.prune import build_core, ppr_anchors, undirected_csr
+from leangnn.graphs import undirected_csr
+from leangnn.prune import build_core, ppr_anchors
 
 
 def main(name: str = "itc99/b19"):

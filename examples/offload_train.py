@@ -28,7 +28,8 @@ import torch.nn.functional as F
 
 from leangnn.graphs.synthetic import power_law_graph
 from leangnn.nn.models import build_model
-from leangnn.offload import OffloadEngine, full_batch_vertex_bytes
+from leangnn.offload import OffloadEngine
+from leangnn.plan.vertex import full_batch_vertex_bytes
 
 torch.set_num_threads(1)
 torch.manual_seed(0)

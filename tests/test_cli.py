@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from leangnn.circuits import catalog
 from leangnn.cli import main
 
@@ -103,3 +105,320 @@ def test_python_dash_m_entry_point():
                  "--layers", "--hidden", "--epochs", "--lr", "--seed", "--device",
                  "--out", "--resume"):
         assert flag in r.stdout
+
+
+# ------------------------------------------------------- bad invocations
+# Every one exits 2 with exactly one ``leangnn: error:`` line naming the
+# problem, and fails before training (most before any data is loaded).
+# {tmp}: a folder of prepared files; {run}: a run folder whose config.json
+# holds the case's ``config`` text.
+_T = ["train", "--quiet"]
+BAD = [
+    # (argv, what the error line must contain, loads data first)
+    ([], "the following arguments are required: command", False),
+    (["bogus"], "invalid choice: 'bogus'", False),
+    (["datasets", "--bogus"], "unrecognized arguments: --bogus", False),
+    ([*_T, "--no-such-flag"], "unrecognized arguments: --no-such-flag", False),
+    ([*_T, "--layers"], "argument --layers: expected one argument", False),
+    ([*_T, "--layers", "abc"], "argument --layers: invalid int value: 'abc'", False),
+    ([*_T, "--hidden", "1e9"], "argument --hidden: invalid int value: '1e9'", False),
+    ([*_T, "--epochs", "2.5"], "argument --epochs: invalid int value: '2.5'", False),
+    ([*_T, "--lr", "fast"], "argument --lr: invalid float value: 'fast'", False),
+    ([*_T, "--model", "mlp"], "argument --model: invalid choice: 'mlp'", False),
+    ([*_T, "--strategy", "magic"], "argument --strategy: invalid choice", False),
+    ([*_T, "--conv", "gin"], "argument --conv: invalid choice: 'gin'", False),
+    ([*_T, "--task", "power"], "argument --task: invalid choice: 'power'", False),
+    ([*_T, "--cache", "fifo"], "argument --cache: invalid choice: 'fifo'", False),
+    ([*_T, "--offload-mode", "fast"], "argument --offload-mode: invalid choice",
+     False),
+    # numbers out of range, infinite, not a number
+    ([*_T, "--layers", "0"], "num_layers: expected a positive integer, got 0", False),
+    ([*_T, "--layers", "-3"], "num_layers: expected a positive integer, got -3",
+     False),
+    ([*_T, "--layers", "1000000000"], "model 'res' would have ~8.39e+12 parameters",
+     False),
+    ([*_T, "--hidden", "0"], "hidden_channels: expected a positive integer", False),
+    ([*_T, "--hidden", "1000000000"], "hidden_channels=1000000000: model 'res' "
+     "would have", False),
+    ([*_T, "--epochs", "0"], "epochs: expected a positive integer, got 0", False),
+    ([*_T, "--dropout", "1"], "dropout: expected a value in [0, 1), got 1.0", False),
+    ([*_T, "--dropout", "-0.5"], "dropout: expected a value in [0, 1), got -0.5",
+     False),
+    ([*_T, "--dropout", "nan"], "dropout: expected a finite number, got nan", False),
+    ([*_T, "--lr", "0"], "lr: expected a positive learning rate, got 0.0", False),
+    ([*_T, "--lr", "-1"], "lr: expected a positive learning rate, got -1.0", False),
+    ([*_T, "--lr", "inf"], "lr: expected a finite number, got inf", False),
+    ([*_T, "--lr", "nan"], "lr: expected a finite number, got nan", False),
+    ([*_T, "--weight-decay", "inf"], "weight_decay: expected a finite number", False),
+    ([*_T, "--weight-decay", "-1"], "weight_decay: expected a value >= 0", False),
+    ([*_T, "--clip-norm", "-1"], "clip_norm: expected a norm >= 0", False),
+    ([*_T, "--clip-norm", "nan"], "clip_norm: expected a finite number, got nan",
+     False),
+    ([*_T, "--clip-norm", "inf"], "clip_norm: expected a finite number, got inf",
+     False),
+    ([*_T, "--patience", "-1"], "patience: expected an integer >= 0, got -1", False),
+    ([*_T, "--seed", "-1"], "seed: expected an integer in [0, 2**32), got -1", False),
+    ([*_T, "--seed", str(2**40)], "seed: expected an integer in [0, 2**32)", False),
+    ([*_T, "--groups", "0"], "num_groups: expected a positive integer, got 0", False),
+    ([*_T, "--groups", "3"], "model 'res': num_groups must be a positive divisor of "
+     "hidden_channels=64, got 3", False),
+    ([*_T, "--strategy", "reversible", "--groups", "1"], "model 'gsr': num_groups "
+     "must be an int >= 2, got 1", False),
+    ([*_T, "--sparsity", "0"], "sparsity: expected an integer >= 1", False),
+    ([*_T, "--sparsity", "17"], "model 'res': sparsity (winners per group) must be "
+     "in [1, 16]", False),
+    ([*_T, "--budget-ratio", "0"], "budget_ratio: expected a ratio in (0, 1]", False),
+    ([*_T, "--budget-ratio", "1.5"], "budget_ratio: expected a ratio in (0, 1]",
+     False),
+    ([*_T, "--budget-ratio", "nan"], "budget_ratio: expected a finite number", False),
+    ([*_T, "--anchors", "0"], "num_anchors: expected a positive integer", False),
+    ([*_T, "--parts", "0"], "num_parts: expected a positive integer, got 0", False),
+    ([*_T, "--device-budget", "0GiB"], "device_budget: cannot read '0GiB'", False),
+    ([*_T, "--device-budget", "abc"], "device_budget: cannot read 'abc'", False),
+    ([*_T, "--device-budget", "-1GB"], "device_budget: cannot read '-1GB'", False),
+    ([*_T, "--device-budget", "1e3GB"], "device_budget: cannot read '1e3GB'", False),
+    ([*_T, "--device-budget", "2 parsecs"], "device_budget: cannot read", False),
+    ([*_T, "--device-budget", "99999999TiB"], "device_budget: expected a size below "
+     "1 EiB", False),
+    # devices
+    ([*_T, "--device", "tpu"], "device: expected cpu, cuda or cuda:i, got 'tpu'",
+     False),
+    ([*_T, "--device", "cuda:abc"], "got 'cuda:abc'", False),
+    ([*_T, "--device", ""], "device: expected cpu, cuda or cuda:i, got ''", False),
+    ([*_T, "--device", "meta"], "device: expected cpu, cuda or cuda:i, got 'meta'",
+     False),
+    ([*_T, "--device", "CPU"], "device: expected cpu, cuda or cuda:i, got 'CPU'",
+     False),
+    ([*_T, "--device", "cuda:99"], "device: 'cuda:99' requested but", False),
+    # datasets
+    ([*_T, "--dataset", "csbm:inf"], "expected csbm:NUM_NODES, got 'csbm:inf'", False),
+    ([*_T, "--dataset", "csbm:1e12"], "expected csbm:NUM_NODES, got 'csbm:1e12'",
+     False),
+    ([*_T, "--dataset", "csbm:-5"], "expected csbm:NUM_NODES, got 'csbm:-5'", False),
+    ([*_T, "--dataset", "csbm:"], "expected csbm:NUM_NODES, got 'csbm:'", False),
+    ([*_T, "--dataset", "csbm:many"], "expected csbm:NUM_NODES", False),
+    ([*_T, "--dataset", "csbm:10"], "expected csbm:NUM_NODES, got 'csbm:10'", False),
+    ([*_T, "--dataset", "csbm:500", "--test-dataset", "c17"],
+     "test_dataset: expected no value with dataset='csbm:500'", False),
+    ([*_T, "--test-dataset", "csbm:500"], "test_dataset: expected circuits", False),
+    ([*_T, "--dataset", ""], "dataset: expected a non-empty value", False),
+    ([*_T, "--dataset", ","], "dataset: ',' names no circuit", False),
+    ([*_T, "--dataset", "nope"], "dataset: unknown circuit or suite 'nope'", False),
+    ([*_T, "--dataset", "c17", "--val-dataset", "nope"],
+     "val_dataset: unknown circuit or suite 'nope'", False),
+    ([*_T, "--dataset", "c17", "--test-dataset", "c17"],
+     "test_dataset: circuits ['iscas85/c17'] are also in the training set", False),
+    ([*_T, "--dataset", "{tmp}/missing.v"], "{tmp}/missing.v: no such netlist file",
+     False),
+    ([*_T, "--dataset", "{tmp}/folder.v"], "{tmp}/folder.v: no such netlist file",
+     False),
+    ([*_T, "--dataset", "{tmp}"], "unknown circuit or suite '{tmp}'", False),
+    ([*_T, "--dataset", "{tmp}/empty.v"], "{tmp}/empty.v:1: no 'module' found", True),
+    ([*_T, "--dataset", "{tmp}/empty.bench"], "{tmp}/empty.bench: no gates/nets",
+     True),
+    ([*_T, "--dataset", "{tmp}/bad.bench"], "{tmp}/bad.bench:1: cannot parse line",
+     True),
+    ([*_T, "--dataset", "{tmp}/foo.bench"], "{tmp}/foo.bench:3: unknown gate type "
+     "'FOO'", True),
+    # strategy / model conflicts
+    ([*_T, "--strategy", "reversible", "--model", "res"],
+     "strategy 'reversible' needs a reversible model (one of ['gsr']), got 'res'",
+     False),
+    ([*_T, "--strategy", "reversible", "--model", "sage"],
+     "needs a reversible model", False),
+    ([*_T, "--strategy", "offload", "--model", "gsr"],
+     "strategy 'offload' needs a layerwise model", False),
+    ([*_T, "--strategy", "offload", "--model", "res"], "needs a layerwise model",
+     False),
+    # too large for memory (8 GiB available in these tests)
+    ([*_T, "--layers", "100000", "--hidden", "256"], "GiB of cpu memory (estimate: "
+     "parameters and optimizer state", False),
+    ([*_T, "--layers", "1000000000", "--hidden", "1", "--groups", "1"],
+     "TiB of cpu memory (estimate", False),
+    ([*_T, "--dataset", "csbm:1e8"], "dataset: csbm:100000000 needs ~190.7 GiB of "
+     "host memory to generate", False),
+    ([*_T, "--dataset", "csbm:3e6"], "activations 11.4 GiB", False),
+    ([*_T, "--strategy", "offload", "--dataset", "csbm:2e6", "--layers", "64"],
+     "model objects and host store 30.5 GiB", False),
+    # output folders and runs
+    ([*_T, "--out", ""], "out: expected a non-empty value", False),
+    ([*_T, "--out", "{tmp}/afile"], "--out: '{tmp}/afile' exists and is not a "
+     "directory", False),
+    ([*_T, "--out", "{tmp}/afile/run"], "--out: cannot create '{tmp}/afile/run'",
+     False),
+    ([*_T, "--out", "{tmp}/oldrun"], "--out: '{tmp}/oldrun' already holds a run "
+     "(config.json)", False),
+    ([*_T, "--resume"], "--resume needs --out DIR", False),
+    ([*_T, "--resume", "--out", "{tmp}/nowhere"], "--resume: no run at", False),
+    ([*_T, "--resume", "--out", "{tmp}"], "--resume: no run at", False),
+    ([*_T, "--resume", "--force", "--out", "{tmp}/oldrun"], "pass one of them",
+     False),
+    ([*_T, "--resume", "--out", "{run}", "--layers", "5"],
+     "--resume: options ['num_layers'] differ from the saved run", False),
+    ([*_T, "--resume", "--out", "{run}", "--lr", "inf"],
+     "--resume: options ['lr'] differ", False),
+    ([*_T, "--resume", "--out", "{run}", "--epochs", "0"],
+     "epochs: expected a positive integer, got 0", False),
+    ([*_T, "--resume", "--out", "{run}"], "resume: no checkpoint", True),
+]
+# hand-edited config.json files a resume must refuse: (config text, error)
+BAD_CONFIGS = [
+    ("{", "config.json: not a JSON config"),
+    ("", "config.json: not a JSON config"),
+    ("\x00\xff\xfe", "config.json: not a JSON config"),
+    ("[1, 2]", "config.json: expected a JSON object of config fields, got list"),
+    ('"full"', "config.json: expected a JSON object of config fields, got str"),
+    ({"num_layers": "8"}, "num_layers: expected an integer, got '8'"),
+    ({"num_layers": 2.0}, "num_layers: expected an integer, got 2.0"),
+    ({"hidden_channels": None}, "hidden_channels: expected an integer, got None"),
+    ({"lr": "fast"}, "lr: expected a number, got 'fast'"),
+    ({"lr": float("inf")}, "lr: expected a finite number, got inf"),
+    ({"dropout": [0.1]}, "dropout: expected a number, got [0.1]"),
+    ({"flat_parameters": "yes"}, "flat_parameters: expected true or false"),
+    ({"layerz": 3}, "unknown config keys ['layerz']"),
+    ({"strategy": "reversible", "model": "res"}, "needs a reversible model"),
+    ({"model": "transformer"}, "model: expected gsr, res, gcn, sage or gat"),
+    ({"device": "cuda:99"}, "device: 'cuda:99' requested but"),
+    ({"device_budget": -5}, "device_budget: expected a string"),
+    ({"dataset": "csbm:inf"}, "expected csbm:NUM_NODES"),
+]
+SMALL_CFG = {"dataset": "iscas85/c17", "val_dataset": "misc/mux_2",
+             "test_dataset": "misc/switch", "num_layers": 2, "hidden_channels": 8,
+             "epochs": 1}
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("bad-cli")
+    (tmp / "empty.v").write_text("")
+    (tmp / "empty.bench").write_text("")
+    (tmp / "bad.bench").write_text("garbage here\n")
+    (tmp / "foo.bench").write_text("INPUT(a)\nOUTPUT(y)\ny = FOO(a)\n")
+    (tmp / "folder.v").mkdir()
+    (tmp / "afile").write_text("not a folder\n")
+    (tmp / "oldrun").mkdir()
+    (tmp / "oldrun" / "config.json").write_text("{}\n")
+    return tmp
+
+
+@pytest.fixture
+def no_training(monkeypatch):
+    """Fail the test if data loading (``load=False``) or a training step
+    (``load=True``) starts, and give the memory check a fixed 8 GiB."""
+    import leangnn.data
+    import leangnn.plan.fits
+    import leangnn.strategy
+    import leangnn.train
+
+    monkeypatch.setattr(leangnn.plan.fits, "_host_available", lambda: 8 << 30)
+
+    def guard(load: bool):
+        def no_load(*a, **k):
+            raise AssertionError("data loading started")
+
+        def no_step(*a, **k):
+            raise AssertionError("training started")
+
+        if not load:
+            monkeypatch.setattr(leangnn.train, "load_graphs", no_load)
+            monkeypatch.setattr(leangnn.data, "load_graphs", no_load)
+        monkeypatch.setattr(leangnn.strategy.Strategy, "train_step", no_step)
+    return guard
+
+
+def _assert_one_error_line(err: str, expect: str) -> None:
+    assert "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("leangnn: error: "), err
+    assert expect in lines[0], err
+
+
+def _fill(s: str, tmp, run) -> str:
+    return s.replace("{tmp}", str(tmp)).replace("{run}", str(run))
+
+
+@pytest.mark.parametrize("argv, expect, load", BAD,
+                         ids=[" ".join(a[2:] if a[:1] == ["train"] else a) or
+                              "<none>" for a, _, _ in BAD])
+def test_bad_invocation_is_one_error_line(argv, expect, load, files, tmp_path,
+                                          no_training, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps(SMALL_CFG))
+    no_training(load)
+    assert main([_fill(a, files, run) for a in argv]) == 2
+    _assert_one_error_line(capsys.readouterr().err, _fill(expect, files, run))
+
+
+@pytest.mark.parametrize("config, expect", BAD_CONFIGS,
+                         ids=[str(c)[:40] for c, _ in BAD_CONFIGS])
+def test_resume_refuses_a_hand_edited_config(config, expect, tmp_path, no_training,
+                                             capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    text = config if isinstance(config, str) else json.dumps({**SMALL_CFG,
+                                                             **config})
+    (run / "config.json").write_text(text, encoding="latin-1")
+    no_training(False)
+    assert main(["train", "--quiet", "--resume", "--out", str(run)]) == 2
+    err = capsys.readouterr().err
+    _assert_one_error_line(err, expect)
+    assert str(run / "config.json") in err
+
+
+def test_at_least_sixty_bad_invocations():
+    assert len(BAD) + len(BAD_CONFIGS) >= 60
+
+
+def test_sane_values_pass_validation(tmp_path, no_training):
+    """The checks refuse nonsense only: boundary values and a device budget
+    larger than this machine's memory get through to data loading."""
+    no_training(False)
+    for extra in (["--dropout", "0", "--clip-norm", "0", "--budget-ratio", "1",
+                   "--patience", "0", "--seed", str(2**32 - 1)],
+                  ["--strategy", "offload", "--device-budget", "1TB"],
+                  ["--strategy", "prune", "--dataset", "csbm:100"],
+                  ["--strategy", "reversible", "--layers", "1000"]):
+        with pytest.raises(AssertionError, match="data loading started"):
+            main([*_T, "--out", str(tmp_path / "fresh"), *extra])
+
+
+def test_force_starts_a_run_over(tmp_path, capsys):
+    run = str(tmp_path / "run")
+    small = [*SMALL, "--epochs", "1", "--out", run]
+    assert main(["train", *small]) == 0
+    capsys.readouterr()
+    assert main(["train", *small]) == 2
+    assert "already holds a run" in capsys.readouterr().err
+    assert main(["train", *small, "--force"]) == 0
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())[
+        "epochs_run"] == 1
+
+
+def test_registered_model_is_a_cli_choice(capsys):
+    from leangnn.nn.models import MODELS, ResGNN, register_model
+
+    register_model("myres", ResGNN, description="a plugin model")
+    try:
+        assert main(["train", "--model", "myres", "--layers", "0"]) == 2
+        # the choice is accepted; validation then names the bad layer count
+        assert "num_layers: expected a positive integer" in capsys.readouterr().err
+        assert main(["train", "--strategy", "reversible", "--model", "myres"]) == 2
+        assert "needs a reversible model (one of ['gsr'])" in capsys.readouterr().err
+    finally:
+        MODELS.pop("myres")
+    assert main(["train", "--model", "myres"]) == 2
+    assert "invalid choice: 'myres'" in capsys.readouterr().err
+
+
+def test_internal_errors_keep_their_traceback(monkeypatch):
+    """Only user errors become one line; a bug still raises."""
+    import leangnn.plan.fits
+
+    def bug(*a, **k):
+        raise KeyError("a bug")
+
+    monkeypatch.setattr(leangnn.plan.fits, "check_fits", bug)
+    with pytest.raises(KeyError, match="a bug"):
+        main(["train", "--quiet"])

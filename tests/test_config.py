@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
-import pytest
+import json
+import math
 
-from leangnn.config import TrainConfig
+import pytest
+import torch
+
+from leangnn.circuits import TASKS
+from leangnn.config import MAX_PARAMETERS, MODEL_OPTIONS, ConfigError, TrainConfig
+from leangnn.nn.models import MODELS, build_model
+from leangnn.strategy import STRATEGIES
 
 
 def test_default_model_follows_strategy():
@@ -12,6 +19,8 @@ def test_default_model_follows_strategy():
     assert TrainConfig(strategy="reversible").model == "gsr"
     assert TrainConfig(strategy="prune").model == "sage"
     assert TrainConfig(strategy="offload", model="gcn").model == "gcn"
+    for name, entry in STRATEGIES.items():
+        assert TrainConfig(strategy=name).model == entry.default_model
 
 
 def test_round_trip(tmp_path):
@@ -22,16 +31,148 @@ def test_round_trip(tmp_path):
         TrainConfig.from_dict({"layerz": 3})
 
 
+def test_model_options_build_every_model():
+    """model_options() carries every model option; build_model gives each model
+    what its constructor takes, so the result equals a hand-written call."""
+    cfg = TrainConfig(num_layers=3, hidden_channels=16, dropout=0.25, conv="gcn",
+                      num_groups=2, sparsity=2, flat_parameters=False)
+    assert set(cfg.model_options()) == set(MODEL_OPTIONS)
+    torch.manual_seed(0)
+    gsr = build_model("gsr", 5, 16, 1, 3, **cfg.model_options())
+    torch.manual_seed(0)
+    ref = MODELS["gsr"].resolve()(5, 16, 1, 3, conv="gcn", dropout=0.25,
+                                   num_groups=2, sparsity=2, flat_parameters=False)
+    assert repr(gsr) == repr(ref) and gsr.stack.k == 2
+    for a, b in zip(gsr.state_dict().values(), ref.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    sage = build_model("sage", 5, 16, 1, 3, **cfg.model_options())
+    assert sage.dropout.p == 0.25 and sage.num_layers == 3
+
+
 @pytest.mark.parametrize("kw, msg", [
     ({"dropout": 1.0}, "dropout: expected a value in"),
+    ({"dropout": -0.1}, "dropout: expected a value in"),
     ({"lr": 0}, "lr: expected a positive learning rate"),
+    ({"lr": math.inf}, "lr: expected a finite number, got inf"),
+    ({"weight_decay": math.inf}, "weight_decay: expected a finite number"),
+    ({"weight_decay": -1.0}, "weight_decay: expected a value >= 0"),
+    ({"clip_norm": -1.0}, "clip_norm: expected a norm >= 0"),
+    ({"clip_norm": math.nan}, "clip_norm: expected a finite number, got nan"),
     ({"budget_ratio": 0.0}, "budget_ratio: expected a ratio in"),
-    ({"task": "power"}, "task: expected arrival, signal_prob or critical"),
+    ({"task": "power"}, "task: expected signal_prob, arrival or critical"),
     ({"sparsity": 0}, "sparsity: expected an integer >= 1"),
     ({"hidden_channels": -4}, "hidden_channels: expected a positive integer"),
+    ({"num_layers": True}, "num_layers: expected an integer, got True"),
+    ({"num_layers": 8.0}, "num_layers: expected an integer, got 8.0"),
+    ({"epochs": "10"}, "epochs: expected an integer, got '10'"),
+    ({"lr": "0.1"}, "lr: expected a number, got '0.1'"),
+    ({"level_feature": 1}, "level_feature: expected true or false, got 1"),
+    ({"seed": -1}, r"seed: expected an integer in \[0, 2\*\*32\)"),
+    ({"patience": -1}, "patience: expected an integer >= 0"),
     ({"offload_mode": "fast"}, "offload_mode: expected exact or recompute"),
+    ({"cache": "fifo"}, "cache: expected none, lru, degree or st, got 'fifo'"),
     ({"device_budget": "0GiB"}, "device_budget: cannot read '0GiB'"),
+    ({"device_budget": 2**30}, "device_budget: expected a string"),
+    ({"device_budget": "99999999TiB"}, "device_budget: expected a size below"),
+    ({"strategy": "magic"}, "strategy: expected full, reversible, prune or offload"),
+    ({"model": "mlp"}, "model: expected gsr, res, gcn, sage or gat, got 'mlp'"),
+    ({"conv": "gin"}, "conv: expected gcn, sage, gat or graph, got 'gin'"),
+    ({"device": "tpu"}, "device: expected cpu, cuda or cuda:i, got 'tpu'"),
+    ({"device": "meta"}, "device: expected cpu, cuda or cuda:i, got 'meta'"),
+    ({"device": ""}, "device: expected cpu, cuda or cuda:i, got ''"),
+    ({"device": "cuda:abc"}, "device: expected cpu, cuda or cuda:i, got 'cuda:abc'"),
+    ({"device": "cuda:999"}, "device: 'cuda:999' requested but"),
+    ({"dataset": ""}, "dataset: expected a non-empty value"),
+    ({"out": " "}, "out: expected a non-empty value"),
+    ({"dataset": "csbm:inf"}, "expected csbm:NUM_NODES, got 'csbm:inf'"),
+    ({"dataset": "csbm:1e12"}, "expected csbm:NUM_NODES, got 'csbm:1e12'"),
+    ({"dataset": "csbm:2.5"}, "expected csbm:NUM_NODES, got 'csbm:2.5'"),
+    ({"dataset": "csbm:500", "test_dataset": "c17"}, "test_dataset: expected no "
+     "value with dataset='csbm:500'"),
+    ({"test_dataset": "csbm:500"}, "test_dataset: expected circuits"),
+    ({"strategy": "reversible", "model": "res"},
+     r"strategy 'reversible' needs a reversible model \(one of \['gsr'\]\)"),
+    ({"strategy": "offload", "model": "gsr"},
+     r"strategy 'offload' needs a layerwise model \(one of \['gat', 'gcn', "
+     r"'sage'\]\), got 'gsr'"),
+    ({"strategy": "reversible", "num_groups": 1}, "model 'gsr': num_groups must "
+     "be an int >= 2, got 1"),
+    ({"hidden_channels": 10}, "model 'res': num_groups must be a positive divisor"),
+    ({"model": "gsr", "hidden_channels": 16, "sparsity": 5}, r"model 'gsr': "
+     r"sparsity \(winners per group\) must be in \[1, 4\]"),
+    ({"num_layers": 10**9}, r"model 'res' would have ~8.\d+e\+12 parameters"),
+    ({"hidden_channels": 10**9}, "hidden_channels=1000000000: model 'res' would "
+     "have"),
 ])
 def test_errors_name_argument_and_value(kw, msg):
-    with pytest.raises(ValueError, match=msg):
+    with pytest.raises(ConfigError, match=msg):
         TrainConfig(**kw)
+
+
+def test_choices_come_from_the_registries():
+    from leangnn.nn.models import CONVS
+    from leangnn.offload.cache import POLICIES
+    from leangnn.offload.engine import MODES
+
+    assert list(TASKS) == ["signal_prob", "arrival", "critical"]
+    for task in TASKS:
+        assert TrainConfig(task=task).task == task
+    for conv in CONVS:
+        assert TrainConfig(conv=conv).conv == conv
+    for cache in POLICIES:
+        assert TrainConfig(cache=cache).cache == cache
+    for mode in MODES:
+        assert TrainConfig(offload_mode=mode).offload_mode == mode
+
+
+def test_numbers_are_normalised_and_bounds_are_inclusive():
+    cfg = TrainConfig(lr=1, dropout=0, clip_norm=0, budget_ratio=1, seed=2**32 - 1)
+    assert isinstance(cfg.lr, float) and cfg.lr == 1.0
+    assert cfg.clip_norm == 0.0 and cfg.budget_ratio == 1.0
+    assert TrainConfig(clip_norm=None).clip_norm is None
+    assert TrainConfig(dataset="csbm:100").dataset == "csbm:100"
+    assert TrainConfig(dataset="csbm:1e5").dataset == "csbm:1e5"
+
+
+def test_parameter_limit_is_exact_at_the_boundary():
+    """The meta-device count that the limit uses equals a real model's count."""
+    from leangnn.plan.fits import parameter_count
+
+    cfg = TrainConfig(num_layers=7, hidden_channels=16, model="gsr",
+                      num_groups=2)
+    real = build_model("gsr", 1, 16, 1, 7, **cfg.model_options())
+    assert parameter_count(cfg) == sum(p.numel() for p in real.parameters())
+    assert MAX_PARAMETERS >= 10**12
+
+
+def test_validation_does_not_touch_the_rng():
+    torch.manual_seed(123)
+    expect = torch.rand(3)
+    torch.manual_seed(123)
+    TrainConfig(model="gsr", num_layers=64)
+    torch.testing.assert_close(torch.rand(3), expect, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("text, msg", [
+    ("{", "not a JSON config"),
+    ("[1, 2]", "expected a JSON object of config fields, got list"),
+    ('{"num_layers": "8"}', "num_layers: expected an integer, got '8'"),
+    ('{"lr": null}', "lr: expected a number, got None"),
+    ('{"layers": 8}', r"unknown config keys \['layers'\]"),
+    ('{"dropout": 7}', "dropout: expected a value in"),
+    ('{"lr": NaN}', "lr: expected a finite number, got nan"),
+    ("\xff\xfe", "not a JSON config"),
+])
+def test_load_errors_name_the_file(tmp_path, text, msg):
+    path = tmp_path / "config.json"
+    path.write_text(text, encoding="latin-1")
+    with pytest.raises(ConfigError, match=msg) as e:
+        TrainConfig.load(path)
+    assert str(e.value).startswith(f"{path}: ")
+
+
+def test_load_round_trips_a_saved_run_with_nulls(tmp_path):
+    cfg = TrainConfig(strategy="offload", clip_norm=None)
+    cfg.save(tmp_path / "c.json")
+    assert json.loads((tmp_path / "c.json").read_text())["clip_norm"] is None
+    assert TrainConfig.load(tmp_path / "c.json") == cfg

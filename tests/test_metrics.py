@@ -51,3 +51,17 @@ def test_classification():
     assert m["accuracy"] == pytest.approx(2 / 3) and "pearson" in m
     with pytest.raises(ValueError, match="task_type"):
         compute_metrics(logits, y, "ranking")
+
+
+def test_no_nodes_give_none():
+    empty = torch.empty(0)
+    for fn in (pearson, spearman, kendall, mae, r2, accuracy):
+        assert fn(empty, empty) is None
+    reg = compute_metrics(empty, empty, "regression")
+    assert set(reg) == {"pearson", "spearman", "kendall", "mae", "r2"}
+    assert all(v is None for v in reg.values())
+    cls = compute_metrics(torch.empty(0, 3), torch.empty(0, dtype=torch.long),
+                          "classification")
+    assert set(cls) == set(reg) | {"accuracy"} and all(v is None for v in cls.values())
+    # one node is degenerate but not empty: numbers, as before
+    assert pearson(torch.ones(1), torch.ones(1)) == 0.0 and mae([1.0], [3.0]) == 2.0

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from leangnn.profile import (
+    LiveBytesMeter,
     MemoryMeter,
+    PhaseMeter,
     SavedTensorsMeter,
-    TransferCounter,
     measure_in_subprocess,
     peak_rss_bytes,
     reset_peak_rss,
@@ -55,6 +57,30 @@ def test_rss_helpers():
         assert peak_rss_bytes() <= rss_bytes() + 8 * MiB
 
 
+def test_phase_meter_puts_phases_on_one_scale():
+    meter = PhaseMeter("cpu")
+    with meter.phase("load"):
+        held = torch.ones(64 * MiB // 4)  # 64 MiB, touched and kept
+    with meter.phase("use"):
+        _ = float(held.sum())              # allocates next to nothing
+    del held
+    with meter.phase("after"):
+        pass
+    rec = meter.records
+    assert list(rec) == ["load", "use", "after"]
+    # "use" starts and peaks on top of what "load" left behind
+    assert rec["load"]["peak_mib"] >= 48 and rec["use"]["start_mib"] >= 48
+    assert rec["use"]["peak_mib"] >= rec["use"]["start_mib"]
+    assert rec["use"]["peak_mib"] - rec["use"]["start_mib"] < 16
+    assert rec["after"]["start_mib"] < 16  # the 64 MiB went back to the OS
+    assert meter.peak("load", "use", "nope") == max(rec["load"]["peak_mib"],
+                                                     rec["use"]["peak_mib"])
+    assert meter.abs_peak_mib >= meter.start_bytes / MiB + 48
+    assert all(r["seconds"] >= 0 for r in rec.values())
+    with pytest.raises(ValueError, match="no recorded phase"):
+        meter.peak("nope")
+
+
 def _setup(n):
     return torch.zeros(n)  # loaded state, not counted
 
@@ -72,10 +98,19 @@ def test_measure_in_subprocess_excludes_setup():
     assert mem["method"].startswith("cpu")
 
 
-def test_transfer_counter():
-    c = TransferCounter()
-    t = torch.ones(10)
-    c.to_device(t, torch.device("cpu"))
-    c.to_host(t)
-    assert c.to_dict() == {"h2d_bytes": 40, "d2h_bytes": 40, "h2d_calls": 1,
-                           "d2h_calls": 1}
+def test_live_bytes_meter_counts_storages_once_and_releases_them():
+    keep = torch.zeros(100)
+    with LiveBytesMeter(exclude=[keep]) as m:
+        a = torch.empty(1000)           # 4000 bytes
+        v = a.view(10, 100).t()         # a view: no new storage
+        keep.add_(1)                    # in place on an outside tensor: nothing
+        b = torch.empty(500)            # +2000
+        peak_two = m.live
+        del a, v                        # storage freed
+        after = m.live
+        c = b * 2                       # +2000
+        with m.paused():
+            d = torch.empty(10_000)     # bookkeeping: not counted
+    assert peak_two == 6000 and after == 2000
+    assert m.peak == 6000 and m.live == 4000
+    del b, c, d

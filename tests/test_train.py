@@ -8,6 +8,8 @@ import pytest
 import torch
 
 from leangnn.config import TrainConfig
+from leangnn.data import GraphSplits, load_graphs, with_mask
+from leangnn.rundir import RunDirError
 from leangnn.strategy import FullBatch
 from leangnn.train import Trainer, make_loss_fn
 
@@ -55,7 +57,8 @@ def test_run_directory_contents(tmp_path):
     s = _run(tmp_path, "r", epochs=2)
     run = tmp_path / "r"
     assert {p.name for p in run.iterdir()} == {"config.json", "metrics.jsonl",
-                                              "checkpoint.pt", "summary.json"}
+                                              "checkpoint.pt", "checkpoint.prev.pt",
+                                              "summary.json"}
     cfg = json.loads((run / "config.json").read_text())
     assert cfg["num_layers"] == 2 and cfg["model"] == "res"
     on_disk = json.loads((run / "summary.json").read_text())
@@ -66,8 +69,9 @@ def test_run_directory_contents(tmp_path):
     assert s["memory"]["peak_bytes"] >= 0 and s["memory"]["method"].startswith("cpu")
     assert s["memory"]["saved_for_backward_bytes"] > 0
     assert s["time"]["epoch_seconds_median"] > 0
-    ckpt = torch.load(run / "checkpoint.pt", weights_only=False)
+    ckpt = torch.load(run / "checkpoint.pt", weights_only=True)
     assert ckpt["epoch"] == 2
+    assert torch.load(run / "checkpoint.prev.pt", weights_only=True)["epoch"] == 1
 
 
 class _Frozen(FullBatch):
@@ -136,7 +140,8 @@ def test_bad_config_values_are_named():
     with pytest.raises(ValueError, match=r"num_layers: expected a positive integer, "
                                          r"got 0"):
         TrainConfig(num_layers=0)
-    with pytest.raises(ValueError, match="strategy: expected one of"):
+    with pytest.raises(ValueError, match="strategy: expected full, reversible, "
+                                         "prune or offload, got 'magic'"):
         TrainConfig(strategy="magic")
     with pytest.raises(ValueError, match="device_budget: cannot read 'lots'"):
         TrainConfig(device_budget="lots")
@@ -156,3 +161,64 @@ def test_sparsity_reaches_res_and_gsr_models(tmp_path):
     assert model().k is None
     gsr = model(strategy="reversible", model="gsr", num_groups=2, sparsity=3)
     assert gsr.stack.k == 3
+
+
+def test_in_memory_training_writes_nothing(tmp_path, monkeypatch):
+    """record=False runs the same loop (same metrics) without any file."""
+    recorded = _run(tmp_path, "rec", dropout=0.1, epochs=2)
+    memory = tmp_path / "memory"
+    memory.mkdir()
+    monkeypatch.chdir(memory)
+    cfg = TrainConfig(**{**TINY, "dropout": 0.1, "epochs": 2})
+    s = Trainer(cfg, progress=False, record=False).fit()
+    assert list(memory.iterdir()) == []
+    assert s["run_dir"] is None and s["metrics"] == recorded["metrics"]
+    assert Trainer.summary_line(s).endswith("over 2 epochs")
+    with pytest.raises(ValueError, match="keeps no run directory"):
+        Trainer(cfg, progress=False, record=False).fit(resume=True)
+
+
+def test_fresh_run_into_old_directory_needs_force(tmp_path):
+    first = _run(tmp_path, "r", epochs=2)
+    with pytest.raises(RunDirError, match=r"already holds a run .*--force"):
+        _run(tmp_path, "r", epochs=1)
+    assert len(_lines(tmp_path / "r" / "metrics.jsonl")) == 2
+    cfg = TrainConfig(**{**TINY, "epochs": 2, "out": str(tmp_path / "r")})
+    again = Trainer(cfg, progress=False).fit(force=True)
+    assert again["metrics"] == first["metrics"]
+    assert len(_lines(tmp_path / "r" / "metrics.jsonl")) == 2
+
+
+def test_empty_evaluation_sets_give_none(tmp_path):
+    """A validation / test split without a node to score: metrics are None
+    (null on disk), no early stop on a missing loss, the last model is kept."""
+    cfg = TrainConfig(dataset="csbm:300", model="sage", num_layers=2,
+                      hidden_channels=8, epochs=3, patience=1,
+                      out=str(tmp_path / "e"))
+    splits = load_graphs(cfg, progress=False)
+    nobody = [with_mask(g, torch.zeros_like(g.node_mask)) for g in splits.val]
+    splits = GraphSplits(splits.train, nobody, nobody, splits.task_type,
+                         splits.out_channels)
+    t = Trainer(cfg, splits=splits, progress=False)
+    s = t.fit()
+    assert s["epochs_run"] == 3 and not s["early_stopped"]
+    assert set(s["metrics"]["test"]) == {"accuracy", "pearson", "spearman",
+                                         "kendall", "mae", "r2", "loss"}
+    assert all(v is None for v in s["metrics"]["test"].values())
+    text = (tmp_path / "e" / "summary.json").read_text()
+    assert "NaN" not in text and json.loads(text)["metrics"]["val"]["loss"] is None
+    assert [r["val"]["loss"] for r in _lines(tmp_path / "e" / "metrics.jsonl")] == \
+        [None] * 3
+    assert "accuracy=n/a" in Trainer.summary_line(s)
+    ckpt = torch.load(tmp_path / "e" / "checkpoint.pt", weights_only=True)
+    assert ckpt["best_state"] is None  # no validation: the last model stands
+    for name, v in t.model.state_dict().items():
+        assert torch.equal(v, ckpt["model"][name])
+
+
+def test_summary_records_the_environment(tmp_path):
+    s = _run(tmp_path, "env", epochs=1)
+    env = json.loads((tmp_path / "env" / "summary.json").read_text())["env"]
+    assert env == s["env"]
+    assert env["num_threads"] == torch.get_num_threads()
+    assert env["torch"] == torch.__version__

@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
 from leangnn import utils
 from leangnn.utils import (
+    append_jsonl,
     atomic_torch_save,
     atomic_write_text,
     format_bytes,
+    get_rng_state,
     parse_bytes,
+    seed_everything,
+    set_rng_state,
+    temp_path,
 )
 
 
@@ -48,3 +55,66 @@ def test_parse_bytes():
     for bad in ("", "12 parsecs", "GiB", 0, -1, True, None):
         with pytest.raises(ValueError, match="device_budget: cannot read"):
             parse_bytes(bad, "device_budget")
+
+
+def _draws():
+    import random
+
+    import numpy as np
+
+    return (torch.rand(3).tolist(), np.random.rand(3).tolist(),
+            np.random.normal(size=3).tolist(), random.random(), random.gauss(0, 1))
+
+
+def test_rng_state_round_trips_through_a_weights_only_file(tmp_path):
+    import numpy as np
+
+    seed_everything(3)
+    np.random.normal()  # leaves a cached Gaussian in NumPy's state
+    state = get_rng_state()
+    torch.save(state, tmp_path / "rng.pt")
+    expected = _draws()
+    seed_everything(99)
+    set_rng_state(torch.load(tmp_path / "rng.pt", weights_only=True))
+    assert _draws() == expected
+
+
+def test_bad_rng_state_is_refused_and_changes_nothing():
+    seed_everything(5)
+    state = get_rng_state()
+    expected = _draws()
+    set_rng_state(state)
+    bad = {**state, "python": [3, [1, 2, 3], None]}  # 3 ints, not 625
+    with pytest.raises(ValueError, match="random state: unreadable"):
+        set_rng_state(bad)
+    with pytest.raises(ValueError, match="random state: unreadable"):
+        set_rng_state({"torch": "x"})
+    assert _draws() == expected
+
+
+def test_append_jsonl_writes_standard_json(tmp_path):
+    p = tmp_path / "m.jsonl"
+    append_jsonl(p, {"a": float("nan"), "b": [float("-inf"), 1.5]})
+    append_jsonl(p, {"c": 2})
+    assert p.read_text() == '{"a": null, "b": [null, 1.5]}\n{"c": 2}\n'
+
+
+def test_before_replace_sees_the_complete_temporary_file(tmp_path):
+    seen = []
+
+    def check(tmp):
+        seen.append(torch.load(tmp, weights_only=True)["x"].tolist())
+        assert tmp.name == f".c.pt.{os.getpid()}.tmp" and tmp == temp_path(
+            tmp_path / "c.pt")
+        assert not (tmp_path / "c.pt").exists()  # not yet replaced
+
+    atomic_torch_save({"x": torch.arange(3)}, tmp_path / "c.pt", before_replace=check)
+    assert seen == [[0, 1, 2]] and (tmp_path / "c.pt").exists()
+
+    def fail(tmp):
+        raise OSError("no space left")
+
+    with pytest.raises(OSError, match="no space"):
+        atomic_torch_save({"x": torch.ones(1)}, tmp_path / "c.pt", before_replace=fail)
+    assert torch.load(tmp_path / "c.pt", weights_only=True)["x"].tolist() == [0, 1, 2]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.pt"]

@@ -1,21 +1,26 @@
 """The ``leangnn`` command line: ``datasets`` and ``train``.
 
-Every error a user can cause (a bad option value, a malformed netlist, a
-missing checkpoint) is printed as one ``leangnn: error: ...`` line with exit
-status 2, never a traceback.
+Every error a user can cause (an unreadable option, a bad value, a malformed
+netlist, a missing run, a run too large for memory) is printed as one
+``leangnn: error: ...`` line with exit status 2, never a traceback, and
+``train`` finds them before loading any data where it can. Choices
+(``--strategy``, ``--model``, ``--conv``, ``--task``, ``--cache``,
+``--offload-mode``) come from the registries; defaults live in
+:class:`~leangnn.config.TrainConfig` only.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from dataclasses import fields
 from pathlib import Path
 
-from .config import STRATEGIES, TrainConfig
+from .config import TrainConfig
 
-__all__ = ["main", "build_parser"]
+__all__ = ["main", "build_parser", "UsageError"]
 
 
 def _datasets(args) -> int:
@@ -51,39 +56,103 @@ _TRAIN_FLAGS = {  # flag -> config field
     "anchors": "num_anchors", "device_budget": "device_budget", "parts": "num_parts",
     "cache": "cache", "offload_mode": "offload_mode",
 }
+class UsageError(Exception):
+    """A command line argparse cannot read (printed as one error line)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    # argparse prints the usage and ``prog: error:`` itself; leangnn prints
+    # every user error as the same one line, so the parser raises instead.
+    def error(self, message: str):
+        raise UsageError(f"{message} (see `{self.prog} --help`)")
+
+
+def _resumed_config(args, given: dict) -> TrainConfig:
+    from .rundir import RunDir
+    from .train import RESUMABLE
+
+    if not args.out:
+        raise ValueError("--resume needs --out DIR (the run to continue)")
+    saved = Path(args.out) / RunDir.CONFIG
+    if not saved.is_file():
+        raise FileNotFoundError(f"--resume: no run at {args.out} "
+                                f"({saved} is missing)")
+    base = TrainConfig.load(saved).to_dict()
+    changed = {k: v for k, v in given.items()
+               if base.get(k) != v and k not in RESUMABLE}
+    if changed:
+        may = ", ".join(f"--{k}" for k in RESUMABLE if k != "out")
+        raise ValueError(f"--resume: options {sorted(changed)} differ from the "
+                         f"saved run; only {may} may change when resuming")
+    base.update(given)
+    try:
+        return TrainConfig.from_dict(base)
+    except ValueError as e:
+        raise ValueError(f"--resume {saved}: {e}") from None
+
+
+def _check_out(out: str | None, force: bool) -> None:
+    """Fail now, not after loading data, when ``--out`` cannot be a fresh run
+    (:meth:`leangnn.rundir.RunDir.open` checks the same again, under its lock)."""
+    from .rundir import RunDir
+
+    if out is None:
+        return
+    path = Path(out)
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"--out: {out!r} exists and is not a directory")
+    found = [n for n in RunDir.FILES if (path / n).exists()]
+    if found and not force:
+        raise ValueError(f"--out: {out!r} already holds a run ({', '.join(found)}); "
+                         "resume it (--resume), overwrite it (--force) or choose "
+                         "another --out")
+    parent = path
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise ValueError(f"--out: cannot create {out!r}: {str(parent)!r} is not a "
+                         "writable directory")
 
 
 def _train(args) -> int:
-    from .train import Trainer
+    from .data import check_datasets
+    from .plan.fits import check_fits
 
     given = {field: getattr(args, flag) for flag, field in _TRAIN_FLAGS.items()
              if getattr(args, flag) is not None}
+    if args.resume and args.force:
+        raise ValueError("--resume continues the run in --out and --force starts "
+                         "it over; pass one of them")
     if args.resume:
-        if not args.out:
-            raise ValueError("--resume needs --out DIR (the run to continue)")
-        saved = Path(args.out) / "config.json"
-        if not saved.is_file():
-            raise FileNotFoundError(f"--resume: no run at {args.out} "
-                                    f"({saved} is missing)")
-        base = TrainConfig.load(saved).to_dict()
-        changed = {k: v for k, v in given.items() if base.get(k) != v and k not in
-                   ("epochs", "patience", "device", "out")}
-        if changed:
-            raise ValueError(f"--resume: options {sorted(changed)} differ from the "
-                             "saved run; only --epochs, --patience and --device may "
-                             "change when resuming")
-        base.update(given)
-        cfg = TrainConfig.from_dict(base)
+        cfg = _resumed_config(args, given)
     else:
         cfg = TrainConfig(**given)
+        _check_out(cfg.out, args.force)
+    # Everything that can fail without loading data fails here, in seconds.
+    check_datasets(cfg)
+    check_fits(cfg)
+
+    from .train import Trainer
+
     trainer = Trainer(cfg, progress=not args.quiet)
-    summary = trainer.fit(resume=args.resume)
+    summary = trainer.fit(resume=args.resume, force=args.force)
     print(f"leangnn train: {Trainer.summary_line(summary)}")
     return 0
 
 
+def _default(field: str) -> str:
+    value = {f.name: f.default for f in fields(TrainConfig)}[field]
+    return f"(default: {value})"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    """The ``leangnn`` parser; choices come from the registries at call time,
+    so strategies and models registered before it are offered."""
+    from .circuits import TASKS
+    from .nn.models import CONVS, MODELS
+    from .strategy import STRATEGIES, option_choices
+
+    p = _Parser(
         prog="leangnn",
         description="Train GNNs that are too deep or too large for the memory at "
                     "hand, on real circuit graphs or your own netlists.")
@@ -93,69 +162,96 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--json", action="store_true", help="print JSON instead of a table")
     d.set_defaults(func=_datasets)
 
-    defaults = {f.name: f.default for f in fields(TrainConfig)}
-    t = sub.add_parser("train", help="train a model and write a run directory",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    t = sub.add_parser("train", help="train a model and write a run directory")
     a = t.add_argument
     a("--dataset", help="training circuits: suite/name, suite, path or csbm:N, "
       "comma-separated (default: the bundled default split)")
     a("--val-dataset", help="validation circuits (default: held out from training)")
     a("--test-dataset", help="test circuits, never seen in training")
-    a("--task", choices=["arrival", "signal_prob", "critical"],
-      help=f"label to learn (default {defaults['task']})")
-    a("--strategy", choices=STRATEGIES, help="memory strategy (default full)")
-    a("--model", choices=["res", "gsr", "sage", "gcn", "gat"],
-      help="model (default: res for full, gsr for reversible, sage otherwise)")
-    a("--conv", choices=["sage", "gcn", "gat", "graph"],
-      help=f"conv inside deep models (default {defaults['conv']})")
-    a("--layers", type=int, help=f"number of layers (default {defaults['num_layers']})")
-    a("--hidden", type=int, help=f"hidden channels (default "
-      f"{defaults['hidden_channels']})")
-    a("--dropout", type=float, help="dropout (default 0)")
-    a("--epochs", type=int, help=f"epochs (default {defaults['epochs']})")
-    a("--lr", type=float, help=f"learning rate (default {defaults['lr']})")
-    a("--weight-decay", type=float, help="Adam weight decay (default 0)")
-    a("--clip-norm", type=float, help="gradient clipping norm, 0 disables (default 1)")
+    a("--task", choices=list(TASKS), help=f"label to learn {_default('task')}")
+    a("--strategy", choices=list(STRATEGIES),
+      help=f"memory strategy {_default('strategy')}")
+    defaults = ", ".join(f"{n}: {e.default_model}" for n, e in STRATEGIES.items())
+    a("--model", choices=list(MODELS), help=f"model (default per strategy: "
+      f"{defaults})")
+    a("--conv", choices=list(CONVS),
+      help=f"conv inside deep models {_default('conv')}")
+    a("--layers", type=int, help=f"number of layers {_default('num_layers')}")
+    a("--hidden", type=int, help=f"hidden channels {_default('hidden_channels')}")
+    a("--dropout", type=float, help=f"dropout {_default('dropout')}")
+    a("--epochs", type=int, help=f"epochs {_default('epochs')}")
+    a("--lr", type=float, help=f"learning rate {_default('lr')}")
+    a("--weight-decay", type=float,
+      help=f"Adam weight decay {_default('weight_decay')}")
+    a("--clip-norm", type=float, help="gradient clipping norm, 0 disables "
+      f"{_default('clip_norm')}")
     a("--patience", type=int, help="early-stopping patience in epochs, 0 disables "
-      f"(default {defaults['patience']})")
-    a("--seed", type=int, help="random seed (default 0)")
-    a("--device", help="cpu, cuda or cuda:i (default cpu)")
-    a("--out", help="run directory (default runs/<time>-<strategy>-<model>-L<L>)")
+      f"{_default('patience')}")
+    a("--seed", type=int, help=f"random seed {_default('seed')}")
+    a("--device", help=f"cpu, cuda or cuda:i {_default('device')}")
+    a("--out", help="run directory (default: runs/<time>-<strategy>-<model>-L<L>)")
     a("--resume", action="store_true", help="continue the run in --out from its "
       "checkpoint")
+    a("--force", action="store_true", help="start a fresh run in an --out that "
+      "holds an old run (which is overwritten)")
     a("--level-feature", action="store_true", default=None,
       help="add logic level / depth as a node feature")
-    a("--groups", type=int, help="reversible: channel groups (default 4)")
+    a("--groups", type=int, help="gsr / res models: channel groups "
+      f"{_default('num_groups')}")
     a("--sparsity", type=int, help="gsr / res models: activations kept per group "
       "(default: all, i.e. ReLU)")
     a("--no-flat-parameters", dest="flat_parameters", action="store_false",
       default=None, help="reversible: keep per-module parameters instead of one "
       "flat tensor (the off switch; more memory at depth)")
     a("--budget-ratio", type=float, help="prune: share of nodes in the core "
-      "(default 0.3)")
-    a("--anchors", type=int, help="prune: anchors per pruned node (default 8)")
-    a("--device-budget", help="offload: device memory budget, e.g. 2GiB")
-    a("--parts", type=int, help="offload: number of partitions (default 8)")
-    a("--cache", choices=["none", "lru", "degree", "st"],
-      help="offload: device cache policy (default st)")
-    a("--offload-mode", choices=["exact", "recompute"],
-      help="offload: exact engine or the subgraph-recompute baseline (default exact)")
+      f"{_default('budget_ratio')}")
+    a("--anchors", type=int,
+      help=f"prune: anchors per pruned node {_default('num_anchors')}")
+    a("--device-budget", help="offload: device memory budget, e.g. 2GiB "
+      "(default: the offload strategy's)")
+    a("--parts", type=int, help=f"offload: number of partitions "
+      f"{_default('num_parts')}")
+    a("--cache", choices=option_choices("cache"),
+      help=f"offload: device cache policy {_default('cache')}")
+    a("--offload-mode", choices=option_choices("offload_mode"),
+      help="offload: exact engine or the subgraph-recompute baseline "
+      f"{_default('offload_mode')}")
     a("--quiet", action="store_true", help="no progress bars")
     t.set_defaults(func=_train)
     return p
 
 
+def _user_errors() -> tuple[type[BaseException], ...]:
+    """What a user can cause: bad values (``ValueError``, which
+    ``NetlistError``, ``ConfigError`` and JSON errors are), files
+    (``OSError``) and runs too large for memory. Anything else is a bug and
+    keeps its traceback."""
+    import torch
+
+    return (ValueError, OSError, MemoryError, torch.OutOfMemoryError)
+
+
+def _one_line(e: BaseException) -> str:
+    text = " ".join(str(e).split())
+    if isinstance(e, MemoryError | OSError) and not text:
+        text = type(e).__name__
+    if isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError":
+        text = f"out of memory: {text}"
+    return text
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    """Run the ``leangnn`` command line; returns the exit status (2: an
+    error the user can fix, printed as one ``leangnn: error: ...`` line)."""
+    errors = _user_errors()
     try:
+        args = build_parser().parse_args(argv)
         return args.func(args)
     except KeyboardInterrupt:
         print("leangnn: interrupted", file=sys.stderr)
         return 130
-    except (ValueError, FileNotFoundError, OSError) as e:
-        # NetlistError is a ValueError and already names file and line.
-        print(f"leangnn: error: {e}", file=sys.stderr)
+    except (UsageError, *errors) as e:
+        print(f"leangnn: error: {_one_line(e)}", file=sys.stderr)
         return 2
 
 

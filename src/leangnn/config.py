@@ -1,20 +1,40 @@
-"""``TrainConfig``: every knob of a training run, resolved and saved with it."""
+"""``TrainConfig``: every knob of a training run, validated and saved with it.
+
+Validation checks every field's type and range and reads names from the
+registries (strategies: :data:`leangnn.strategy.STRATEGIES`, models:
+:data:`leangnn.nn.models.MODELS`, convs, tasks, offload's cache policies and
+modes), so a bad value fails at once with one line naming the field and the
+value, before any data is loaded. It is machine-independent except for the
+device (which must exist here); whether a run fits in this machine's memory
+is :func:`leangnn.plan.fits.check_fits`.
+"""
 
 from __future__ import annotations
 
+import functools
 import json
+import math
+import typing
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from .utils import parse_bytes
 
-__all__ = ["TrainConfig", "STRATEGIES", "DEFAULT_MODEL"]
+__all__ = ["TrainConfig", "ConfigError", "MODEL_OPTIONS", "MAX_PARAMETERS"]
 
-STRATEGIES = ("full", "reversible", "prune", "offload")
-#: The model a strategy uses when ``--model`` is not given.
-DEFAULT_MODEL = {"full": "res", "reversible": "gsr", "prune": "sage",
-                 "offload": "sage"}
+#: the fields every model gets through :func:`leangnn.nn.models.build_model`
+#: (each model takes the ones its constructor names)
+MODEL_OPTIONS = ("dropout", "conv", "num_groups", "sparsity", "flat_parameters")
+#: more parameters than this is a typo on any machine (16 TB of state)
+MAX_PARAMETERS = 10**12
+_MAX_SEED = 2**32
+_MAX_BUDGET = 1 << 60
+
+
+class ConfigError(ValueError):
+    """A configuration value that is wrong: names the field and the value."""
+
 
 @dataclass
 class TrainConfig:
@@ -26,19 +46,25 @@ class TrainConfig:
             (default: the bundled default split)
         val_dataset / test_dataset: validation and test circuits (default:
             the default split's; for ``csbm:N`` the node masks).
-        task: ``arrival``, ``signal_prob`` or ``critical``. (default: ``arrival``)
-        strategy: ``full``, ``reversible``, ``prune`` or ``offload``.
-        model: ``res``, ``gsr``, ``sage``, ``gcn``, ``gat`` (default per strategy).
+        task: a task of :data:`leangnn.circuits.TASKS` (``arrival``,
+            ``signal_prob``, ``critical``). (default: ``arrival``)
+        strategy: a registered strategy (``full``, ``reversible``, ``prune``,
+            ``offload``; see :func:`leangnn.strategy.register_strategy`).
+        model: a registered model (``res``, ``gsr``, ``sage``, ``gcn``,
+            ``gat``; default per strategy; see
+            :func:`leangnn.nn.models.register_model`).
         conv: conv inside deep models (``sage``, ``gcn``, ``gat``, ``graph``).
         num_layers, hidden_channels, dropout: model shape.
-        epochs, lr, weight_decay, clip_norm, patience: optimisation; ``patience``
-            epochs without validation improvement stop the run (0 disables).
+        epochs, lr, weight_decay, clip_norm, patience: optimisation; ``clip_norm``
+            ``0`` or ``None`` disables clipping; ``patience`` epochs without
+            validation improvement stop the run (0 disables).
         seed: seeds Python, NumPy and torch; same seed, same CPU metrics.
-        device: ``cpu``, ``cuda`` or ``cuda:i``.
+        device: ``cpu``, ``cuda`` or ``cuda:i`` (must exist on this machine).
         out: run directory (default ``runs/<time>-<strategy>-<model>``).
         num_groups, sparsity, flat_parameters: reversible (GSR) options
             (``flat_parameters=False`` is the off switch of the flat
-            parameter layout, see :class:`leangnn.nn.GSRStack`).
+            parameter layout, see :class:`leangnn.nn.GSRStack`); ``res``
+            takes ``num_groups`` and ``sparsity`` too.
         budget_ratio, num_anchors: prune (DPR) options.
         device_budget, num_parts, cache, offload_mode: offload options
             (``offload_mode="recompute"`` runs the subgraph-recompute baseline).
@@ -76,45 +102,119 @@ class TrainConfig:
     def __post_init__(self):
         self.validate()
 
-    def validate(self) -> None:
-        def bad(name, value, want):
-            raise ValueError(f"{name}: expected {want}, got {value!r}")
+    def model_options(self) -> dict[str, Any]:
+        """The model options of this run (see :data:`MODEL_OPTIONS`), for
+        ``build_model(cfg.model, in, hidden, out, cfg.num_layers,
+        **cfg.model_options())``."""
+        return {name: getattr(self, name) for name in MODEL_OPTIONS}
 
-        if self.strategy not in STRATEGIES:
-            bad("strategy", self.strategy, f"one of {STRATEGIES}")
-        if self.task not in ("arrival", "signal_prob", "critical"):
-            bad("task", self.task, "arrival, signal_prob or critical")
+    # ------------------------------------------------------------ validation
+    def validate(self) -> None:
+        """Check every field; resolve ``model`` from the strategy when unset.
+
+        Raises:
+            ConfigError: naming the first bad field and its value.
+        """
+        for f in fields(self):
+            _check_type(self, f.name, _hints()[f.name])
+        self._check_ranges()
+        self._check_names()
+        self._check_model()
+
+    def _check_ranges(self) -> None:
         for name in ("num_layers", "hidden_channels", "epochs", "num_groups",
                      "num_parts", "num_anchors"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or v < 1:
-                bad(name, v, "a positive integer")
-        if not 0.0 <= self.dropout < 1.0:
-            bad("dropout", self.dropout, "a value in [0, 1)")
-        if not self.lr > 0:
-            bad("lr", self.lr, "a positive learning rate")
-        if not 0.0 < self.budget_ratio <= 1.0:
-            bad("budget_ratio", self.budget_ratio, "a ratio in (0, 1]")
+            if getattr(self, name) < 1:
+                _bad(name, getattr(self, name), "a positive integer")
         if self.patience < 0:
-            bad("patience", self.patience, "an integer >= 0")
+            _bad("patience", self.patience, "an integer >= 0")
+        if not 0 <= self.seed < _MAX_SEED:
+            _bad("seed", self.seed, "an integer in [0, 2**32)")
         if self.sparsity is not None and self.sparsity < 1:
-            bad("sparsity", self.sparsity, "an integer >= 1 (or omitted)")
-        if self.device_budget is not None:
-            parse_bytes(self.device_budget, "device_budget")
-        if self.offload_mode not in ("exact", "recompute"):
-            bad("offload_mode", self.offload_mode, "exact or recompute")
-        if self.model is None:
-            self.model = DEFAULT_MODEL[self.strategy]
+            _bad("sparsity", self.sparsity, "an integer >= 1 (or omitted)")
+        if not 0.0 <= self.dropout < 1.0:
+            _bad("dropout", self.dropout, "a value in [0, 1)")
+        if not self.lr > 0:
+            _bad("lr", self.lr, "a positive learning rate")
+        if self.weight_decay < 0:
+            _bad("weight_decay", self.weight_decay, "a value >= 0")
+        if self.clip_norm is not None and self.clip_norm < 0:
+            _bad("clip_norm", self.clip_norm, "a norm >= 0 (0 disables clipping)")
+        if not 0.0 < self.budget_ratio <= 1.0:
+            _bad("budget_ratio", self.budget_ratio, "a ratio in (0, 1]")
+        if self.device_budget is not None and \
+                _checked(parse_bytes, self.device_budget, "device_budget") >= \
+                _MAX_BUDGET:
+            _bad("device_budget", self.device_budget, "a size below 1 EiB")
+        for name in ("dataset", "val_dataset", "test_dataset", "out"):
+            value = getattr(self, name)
+            if value is not None and not value.strip():
+                _bad(name, value, "a non-empty value (or omitted)")
+        if self.dataset is not None and self.dataset.startswith("csbm:"):
+            from .data import csbm_nodes
 
+            _checked(csbm_nodes, self.dataset)
+            for name in ("val_dataset", "test_dataset"):
+                if getattr(self, name) is not None:
+                    _bad(name, getattr(self, name), f"no value with dataset="
+                         f"{self.dataset!r} (its splits are node masks)")
+        for name in ("val_dataset", "test_dataset"):
+            value = getattr(self, name)
+            if value is not None and value.startswith("csbm:"):
+                _bad(name, value, "circuits (csbm:N is a dataset of its own, "
+                     "pass it as dataset)")
+        _check_device(self.device)
+
+    def _check_names(self) -> None:
+        from .circuits import TASKS
+        from .nn.models import CONVS, MODELS
+        from .strategy import STRATEGIES, option_choices
+
+        _choose("strategy", self.strategy, STRATEGIES)
+        if self.model is None:
+            self.model = STRATEGIES[self.strategy].default_model
+        _choose("model", self.model, MODELS)
+        _choose("task", self.task, TASKS)
+        _choose("conv", self.conv, CONVS)
+        for name in ("cache", "offload_mode"):
+            _choose(name, getattr(self, name), option_choices(name) or ())
+        needs = STRATEGIES[self.strategy].requires
+        missing = sorted(needs - MODELS[self.model].capabilities)
+        if missing:
+            able = sorted(n for n, m in MODELS.items() if needs <= m.capabilities)
+            raise ConfigError(
+                f"model: strategy {self.strategy!r} needs a {' and '.join(missing)} "
+                f"model (one of {able}), got {self.model!r}")
+
+    def _check_model(self) -> None:
+        """Build the model on the meta device (no memory), so what only the
+        model knows (e.g. groups dividing the width) fails now, not after
+        loading data; and refuse parameter counts no machine holds."""
+        from .plan.fits import parameter_count
+
+        try:
+            params = parameter_count(self)
+        except ValueError as e:
+            raise ConfigError(f"model {self.model!r}: {e}") from None
+        if params > MAX_PARAMETERS:
+            raise ConfigError(
+                f"num_layers={self.num_layers}, hidden_channels="
+                f"{self.hidden_channels}: model {self.model!r} would have "
+                f"~{params:.2e} parameters (at most {MAX_PARAMETERS:.0e})")
+
+    # ------------------------------------------------------------- storage
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
+        if not isinstance(d, dict):
+            raise ConfigError(f"expected a JSON object of config fields, got "
+                              f"{type(d).__name__}")
         known = {f.name for f in fields(cls)}
         unknown = set(d) - known
         if unknown:
-            raise ValueError(f"unknown config keys {sorted(unknown)}")
+            raise ConfigError(f"unknown config keys {sorted(unknown)}")
         return cls(**d)
 
     def save(self, path: str | Path) -> None:
@@ -124,4 +224,92 @@ class TrainConfig:
 
     @classmethod
     def load(cls, path: str | Path) -> TrainConfig:
-        return cls.from_dict(json.loads(Path(path).read_text()))
+        """Read a saved configuration; every error names ``path``."""
+        text = Path(path).read_text(errors="replace")
+        try:
+            d = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{path}: not a JSON config: {e}") from None
+        try:
+            return cls.from_dict(d)
+        except ValueError as e:
+            raise ConfigError(f"{path}: {e}") from None
+
+
+@functools.cache
+def _hints() -> dict[str, Any]:
+    return typing.get_type_hints(TrainConfig)
+
+
+def _checked(fn, *args):
+    """``fn(*args)``, its ``ValueError`` as a :class:`ConfigError`."""
+    try:
+        return fn(*args)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
+def _bad(name: str, value: Any, want: str) -> None:
+    raise ConfigError(f"{name}: expected {want}, got {value!r}")
+
+
+_WANT = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
+
+
+def _check_type(cfg: TrainConfig, name: str, hint: Any) -> None:
+    """``value`` must be one of the annotated types (``bool`` is no ``int``,
+    an ``int`` is a ``float``, floats are finite)."""
+    value = getattr(cfg, name)
+    types = typing.get_args(hint) or (hint,)
+    if value is None:
+        if type(None) not in types:
+            _bad(name, value, _WANT[types[0]])
+        return
+    if isinstance(value, bool):
+        ok = bool in types
+    elif isinstance(value, int):
+        ok = int in types or float in types
+        if ok and int not in types:
+            value = float(value)
+            setattr(cfg, name, value)
+    elif isinstance(value, float):
+        ok = float in types
+    else:
+        ok = isinstance(value, str) and str in types
+    if not ok:
+        want = " or ".join(_WANT[t] for t in types if t in _WANT)
+        _bad(name, value, want + (" (or omitted)" if type(None) in types else ""))
+    if isinstance(value, float) and not math.isfinite(value):
+        _bad(name, value, "a finite number")
+
+
+def _one_of(choices) -> str:
+    names = [str(c) for c in choices]
+    if len(names) <= 1:
+        return "".join(names) or "(nothing registered)"
+    return ", ".join(names[:-1]) + " or " + names[-1]
+
+
+def _choose(name: str, value: str, choices) -> None:
+    if value not in choices:
+        _bad(name, value, _one_of(choices))
+
+
+def _check_device(device: str) -> None:
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError, TypeError):
+        dev = None
+    if dev is None or dev.type not in ("cpu", "cuda") or \
+            (dev.type == "cpu" and dev.index not in (None, 0)):
+        _bad("device", device, "cpu, cuda or cuda:i")
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(f"device: {device!r} requested but CUDA is not "
+                              "available on this machine (use --device cpu)")
+        count = torch.cuda.device_count()
+        if dev.index is not None and dev.index >= count:
+            raise ConfigError(f"device: {device!r} requested but this machine has "
+                              f"{count} CUDA device(s) (cuda:0..cuda:{count - 1})")

@@ -3,20 +3,35 @@
 Circuits are split by circuit (a test circuit is never seen in training).
 ``csbm:N`` builds one synthetic contextual SBM (see
 :mod:`leangnn.graphs.synthetic`) and splits its nodes with masks; each split is
-then the same graph carrying a ``node_mask``.
+then the same graph carrying a ``node_mask``. :func:`check_datasets` resolves
+every name (and checks the split) before anything is loaded, so a typo fails
+at once.
 """
 
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass
 
 import torch
 from torch_geometric.data import Data
 
-from .circuits import DEFAULT_SPLIT, TASKS, load_suite
+from .circuits import (
+    DEFAULT_SPLIT,
+    TASKS,
+    CircuitInfo,
+    NetlistError,
+    load_suite,
+    resolve,
+)
 
-__all__ = ["GraphSplits", "load_graphs", "with_mask"]
+__all__ = ["GraphSplits", "load_graphs", "with_mask", "csbm_nodes",
+           "check_datasets", "CSBM_MIN_NODES", "CSBM_MAX_NODES"]
+
+#: node counts a ``csbm:N`` spec accepts (below 100 a split has too few
+#: nodes per class; above 10**9 the graph is terabytes)
+CSBM_MIN_NODES, CSBM_MAX_NODES = 100, 10**9
 
 
 @dataclass
@@ -41,31 +56,88 @@ def with_mask(data: Data, mask: torch.Tensor) -> Data:
     return out
 
 
+def csbm_nodes(spec: str) -> int:
+    """The node count of a ``csbm:N`` spec (``N`` may read ``1e5``).
+
+    Raises:
+        ValueError: naming the spec unless ``N`` is an integer in
+            [``CSBM_MIN_NODES``, ``CSBM_MAX_NODES``].
+    """
+    head, _, num = spec.partition(":")
+    try:
+        value = float(num.strip())
+    except ValueError:
+        value = math.nan
+    if head != "csbm" or not math.isfinite(value) or value != int(value) or \
+            not CSBM_MIN_NODES <= value <= CSBM_MAX_NODES:
+        raise ValueError(f"dataset: expected csbm:NUM_NODES, got {spec!r} "
+                         f"(NUM_NODES an integer in [{CSBM_MIN_NODES}, "
+                         f"{CSBM_MAX_NODES:.0e}])")
+    return int(value)
+
+
 def _synthetic(spec: str, seed: int) -> GraphSplits:
     from .graphs.synthetic import contextual_sbm
+    from .plan.fits import check_graph_fits
 
-    try:
-        n = int(float(spec.split(":", 1)[1]))
-    except (IndexError, ValueError) as e:
-        raise ValueError(f"dataset: expected csbm:NUM_NODES, got {spec!r}") from e
+    n = csbm_nodes(spec)
+    check_graph_fits(n)
     g = contextual_sbm(n, seed=seed)
     c = int(g.y.max()) + 1
     return GraphSplits([with_mask(g, g.train_mask)], [with_mask(g, g.val_mask)],
                        [with_mask(g, g.test_mask)], "classification", c)
 
 
+def _names(infos: list[CircuitInfo]) -> set[str]:
+    return {i.name for i in infos}
+
+
+def check_datasets(cfg) -> dict[str, list[CircuitInfo]] | None:
+    """Resolve the circuits ``cfg`` names, without loading them.
+
+    Returns ``{"train", "val", "test"}`` -> circuits (``val`` is empty when it
+    is held out of ``train`` at load time), or ``None`` for ``csbm:N``.
+
+    Raises:
+        ValueError: (``NetlistError`` for files) naming the option and the
+            unknown name, missing file, empty selection or a test circuit
+            that is also a training circuit.
+    """
+    if cfg.dataset and cfg.dataset.startswith("csbm:"):
+        csbm_nodes(cfg.dataset)
+        return None
+    out = {}
+    for key, option, default in (
+            ("train", "dataset", DEFAULT_SPLIT["train"]),
+            ("val", "val_dataset",
+             DEFAULT_SPLIT["val"] if cfg.dataset is None else None),
+            ("test", "test_dataset", DEFAULT_SPLIT["test"])):
+        names = getattr(cfg, option) or default
+        try:
+            infos = resolve(names) if names else []
+        except NetlistError:
+            raise  # names its file already
+        except ValueError as e:
+            raise ValueError(f"{option}: {e}") from None
+        if names and not infos:
+            raise ValueError(f"{option}: {names!r} names no circuit")
+        out[key] = infos
+    overlap = _names(out["train"]) & _names(out["test"])
+    if overlap:
+        raise ValueError(f"test_dataset: circuits {sorted(overlap)} are also in the "
+                         "training set; a split by circuit needs them disjoint")
+    return out
+
+
 def load_graphs(cfg, progress: bool = True) -> GraphSplits:
     """Load the graphs ``cfg`` names (see :class:`~leangnn.config.TrainConfig`)."""
-    if cfg.dataset and cfg.dataset.startswith("csbm:"):
+    infos = check_datasets(cfg)
+    if infos is None:
         return _synthetic(cfg.dataset, cfg.seed)
-    train_names = cfg.dataset or DEFAULT_SPLIT["train"]
-    test_names = cfg.test_dataset or DEFAULT_SPLIT["test"]
     kw = {"level_feature": cfg.level_feature, "progress": progress}
-    train = load_suite(train_names, cfg.task, **kw)
-    if cfg.val_dataset:
-        val = load_suite(cfg.val_dataset, cfg.task, **kw)
-    elif cfg.dataset is None:
-        val = load_suite(DEFAULT_SPLIT["val"], cfg.task, **kw)
+    train = load_suite(infos["train"], cfg.task, **kw)
+    if infos["val"]:
+        val = load_suite(infos["val"], cfg.task, **kw)
     elif len(train) >= 3:
         # Hold out every fifth training circuit (at least one) for validation,
         # chosen by a seeded permutation so a run is reproducible.
@@ -76,11 +148,7 @@ def load_graphs(cfg, progress: bool = True) -> GraphSplits:
         train = [train[i] for i in sorted(perm[k:])]
     else:
         val = list(train)
-    test = load_suite(test_names, cfg.task, **kw)
-    overlap = {g.name for g in train} & {g.name for g in test}
-    if overlap:
-        raise ValueError(f"test_dataset: circuits {sorted(overlap)} are also in the "
-                         "training set; a split by circuit needs them disjoint")
+    test = load_suite(infos["test"], cfg.task, **kw)
     task_type = TASKS[cfg.task]
     return GraphSplits(train, val, test, task_type,
                        4 if task_type == "classification" else 1)

@@ -10,32 +10,47 @@ Memory in leangnn is measured, never assumed (see ``DESIGN.md``):
   other work out of the figure, :func:`measure_in_subprocess` runs the region
   in a fresh spawned interpreter;
 * the bytes autograd keeps for backward are counted with
-  :func:`torch.autograd.graph.saved_tensors_hooks` (:class:`SavedTensorsMeter`).
+  :func:`torch.autograd.graph.saved_tensors_hooks` (:class:`SavedTensorsMeter`);
+* the bytes of tensor storages alive inside a block (what a caching-free
+  allocator would need, on CPU where no allocator statistics exist) are
+  counted by a ``TorchDispatchMode`` (:class:`LiveBytesMeter`);
+* the phases of one run (preprocessing, training, inference) get their peaks
+  on one scale from :class:`PhaseMeter`.
 """
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing as mp
 import resource
 import sys
+import time
 import traceback
-from collections.abc import Callable
+import weakref
+from collections.abc import Callable, Iterable
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
 from torch import Tensor
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 __all__ = [
     "MemoryReport",
     "MemoryMeter",
+    "PhaseMeter",
     "SavedTensorsMeter",
-    "TransferCounter",
+    "LiveBytesMeter",
     "rss_bytes",
     "peak_rss_bytes",
     "reset_peak_rss",
     "measure_in_subprocess",
 ]
+
+
+_MIB = float(1 << 20)
 
 
 def _proc_status(key: str) -> int | None:
@@ -145,6 +160,84 @@ class MemoryMeter:
         return MemoryReport(self.peak(), self.method, self.baseline)
 
 
+def _trim_heap() -> None:
+    # glibc keeps freed heap pages mapped; handing them back makes the next
+    # RSS peak start from what is really still in use.
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+class PhaseMeter:
+    """Peak memory and wall time of the named phases of one run.
+
+    Every :meth:`phase` is bracketed by a :class:`MemoryMeter`; its peak is
+    reported relative to the memory when the meter was created (e.g. after
+    the data is loaded), so phases of one run (preprocessing, training,
+    inference) compare on one scale. On CPU, freed heap pages are handed back
+    to the OS (glibc ``malloc_trim``) at creation and before every phase, so
+    a phase is not charged for what an earlier one freed. Figures are in MiB.
+
+    Args:
+        device (torch.device or str, optional): see :class:`MemoryMeter`.
+            (default: ``"cpu"``)
+
+    Attributes:
+        start_bytes (int): memory at creation (RSS, or CUDA bytes allocated).
+        records (dict): phase name -> ``{"peak_mib", "start_mib",
+            "seconds"}``: peak and phase-start memory above ``start_bytes``,
+            and wall time; a repeated name overwrites its record.
+        abs_peak_mib (float): highest absolute memory seen, ``start_bytes``
+            included.
+
+    Example:
+        >>> meter = PhaseMeter("cpu")
+        >>> with meter.phase("train"):
+        ...     _ = torch.ones(1 << 20)
+        >>> meter.peak("train")  # MiB above the start
+    """
+
+    def __init__(self, device: torch.device | str = "cpu"):
+        self.device = torch.device(device)
+        self._trim()
+        self.start_bytes = (torch.cuda.memory_allocated(self.device)
+                            if self.device.type == "cuda" else rss_bytes())
+        self.records: dict[str, dict[str, float]] = {}
+        self.abs_peak_mib = self.start_bytes / _MIB
+
+    def _trim(self) -> None:
+        if self.device.type != "cuda":
+            _trim_heap()
+
+    @contextmanager
+    def phase(self, name: str):
+        """Measure the ``with`` block as phase ``name``."""
+        self._trim()
+        meter = MemoryMeter(self.device).start()
+        t = time.perf_counter()
+        yield self
+        r = meter.stop()
+        top = r.peak_bytes + r.baseline_bytes
+        self.abs_peak_mib = max(self.abs_peak_mib, top / _MIB)
+        self.records[name] = {"peak_mib": (top - self.start_bytes) / _MIB,
+                              "start_mib": (r.baseline_bytes - self.start_bytes)
+                              / _MIB,
+                              "seconds": time.perf_counter() - t}
+
+    def peak(self, *names: str) -> float:
+        """Largest ``peak_mib`` among the recorded phases ``names``."""
+        found = [self.records[n]["peak_mib"] for n in names if n in self.records]
+        if not found:
+            raise ValueError(f"no recorded phase among {names}; recorded: "
+                             f"{sorted(self.records)}")
+        return max(found)
+
+    def __repr__(self) -> str:
+        return (f"{self.__class__.__name__}(device={self.device}, "
+                f"phases={list(self.records)})")
+
+
 class SavedTensorsMeter:
     """Counts the bytes autograd saves for backward inside a ``with`` block.
 
@@ -191,33 +284,87 @@ class SavedTensorsMeter:
         self._ctx = None
 
 
-@dataclass
-class TransferCounter:
-    """Bytes moved between host and device, counted by the code that moves them."""
+class LiveBytesMeter(TorchDispatchMode):
+    """Peak bytes of tensor storages created inside a ``with`` block.
 
-    h2d_bytes: int = 0
-    d2h_bytes: int = 0
-    h2d_calls: int = 0
-    d2h_calls: int = 0
+    Storages are counted once however many views share them and released
+    when the last tensor using them dies (autograd keeps saved tensors alive,
+    so they stay counted until backward frees them). Used by the offload
+    engine on CPU, where no allocator statistics exist, to measure a job's
+    device bytes; on CUDA use :class:`MemoryMeter`.
 
-    def to_device(self, t: Tensor, device: torch.device, non_blocking=True) -> Tensor:
-        self.h2d_bytes += t.numel() * t.element_size()
-        self.h2d_calls += 1
-        return t.to(device, non_blocking=non_blocking)
+    Args:
+        exclude (iterable of Tensor, optional): tensors whose storages are not
+            counted (inputs allocated outside, parameters). (default: ``()``)
 
-    def to_host(self, t: Tensor, out: Tensor | None = None) -> Tensor:
-        self.d2h_bytes += t.numel() * t.element_size()
-        self.d2h_calls += 1
-        if out is not None:
-            out.copy_(t)
-            return out
-        return t.cpu()
+    Attributes:
+        live (int): bytes alive now. peak (int): highest ``live`` seen.
+    """
 
-    def reset(self) -> None:
-        self.h2d_bytes = self.d2h_bytes = self.h2d_calls = self.d2h_calls = 0
+    def __init__(self, exclude: Iterable[Tensor] = ()):
+        super().__init__()
+        self.live = 0
+        self.peak = 0
+        self._refs: dict[int, list[int]] = {}
+        self._excl = {t.untyped_storage().data_ptr() for t in exclude
+                      if t is not None}
+        self._paused = 0
 
-    def to_dict(self) -> dict[str, int]:
-        return asdict(self)
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if not self._paused:
+            # Outputs aliasing an input that predates the meter (in-place ops,
+            # views of host arrays or of the cache pool) allocate nothing.
+            inputs = {t.untyped_storage().data_ptr()
+                      for t in tree_flatten((args, kwargs))[0]
+                      if isinstance(t, Tensor)}
+            for t in tree_flatten(out)[0]:
+                if isinstance(t, Tensor):
+                    key = t.untyped_storage().data_ptr()
+                    if key in inputs and key not in self._refs:
+                        continue
+                    self._track(t)
+        return out
+
+    @contextmanager
+    def paused(self):
+        """Do not count tensors created inside (host-side bookkeeping)."""
+        self._paused += 1
+        try:
+            yield
+        finally:
+            self._paused -= 1
+
+    def exclude(self, *tensors: Tensor) -> None:
+        for t in tensors:
+            if t is not None:
+                self._excl.add(t.untyped_storage().data_ptr())
+
+    def _track(self, t: Tensor) -> None:
+        st = t.untyped_storage()
+        key = st.data_ptr()
+        if key == 0 or key in self._excl:
+            return
+        ent = self._refs.get(key)
+        if ent is None:
+            self._refs[key] = [1, st.nbytes()]
+            self.live += st.nbytes()
+            self.peak = max(self.peak, self.live)
+        else:
+            ent[0] += 1
+        weakref.finalize(t, self._release, key)
+
+    def _release(self, key: int) -> None:
+        ent = self._refs.get(key)
+        if ent is None:
+            return
+        ent[0] -= 1
+        if ent[0] == 0:
+            del self._refs[key]
+            self.live -= ent[1]
+
+    def __repr__(self) -> str:
+        return f"{self.__class__.__name__}(live={self.live}, peak={self.peak})"
 
 
 def _child(conn, setup, run, kwargs, device):

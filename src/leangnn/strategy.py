@@ -5,18 +5,27 @@ gradient clipping, early stopping, checkpoints, metrics); a strategy owns what
 happens to one graph inside it. ``full`` is plain full-batch autograd; the
 memory strategies (``reversible`` through its model, ``prune``, ``offload``)
 subclass :class:`Strategy` and override the hooks they need.
+
+Strategies are registered by name in :data:`STRATEGIES` (see
+:func:`register_strategy`) with lazy ``"module:Class"`` targets, so reading
+the registry (the CLI's ``--strategy`` choices, configuration checks) never
+imports the prune or offload packages; :func:`build_strategy` does, for the
+one strategy a run uses.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import Tensor
 from torch_geometric.data import Data
 
-__all__ = ["Strategy", "FullBatch", "LossFn", "node_mask"]
+__all__ = ["Strategy", "FullBatch", "LossFn", "node_mask", "StrategyEntry",
+           "STRATEGIES", "register_strategy", "get_strategy", "option_choices",
+           "build_strategy"]
 
 #: ``loss_fn(out, data) -> scalar``: the trainer's task loss on ``data``'s nodes.
 LossFn = Callable[[Tensor, Data], Tensor]
@@ -92,3 +101,123 @@ class FullBatch(Strategy):
     """Full-batch training with plain autograd (the ``full`` strategy)."""
 
     name = "full"
+
+
+# --------------------------------------------------------------- registry
+@dataclass
+class StrategyEntry:
+    """A registered strategy.
+
+    Args:
+        name (str): the strategy's name (``--strategy``).
+        target (type or callable or str): a :class:`Strategy` subclass (built
+            with ``from_config(cfg)`` when it has one, else ``cls(cfg.device)``),
+            a factory ``target(cfg)``, or a lazy ``"module:attr"`` naming one.
+        default_model (str): the model a run uses when none is given.
+        requires (frozenset of str): model capabilities it needs (see
+            :func:`leangnn.nn.models.register_model`).
+        choices (dict): configuration field -> its allowed values, or a lazy
+            ``"module:attr"`` naming them (e.g. offload's cache policies).
+        description (str): one line for help texts.
+    """
+
+    name: str
+    target: type | Callable | str
+    default_model: str
+    requires: frozenset[str] = frozenset()
+    choices: dict[str, tuple | str] = field(default_factory=dict)
+    description: str = ""
+
+    def resolve(self) -> Callable:
+        """The class or factory (imports a lazy target once)."""
+        if isinstance(self.target, str):
+            from leangnn.nn.models import resolve_target
+
+            self.target = resolve_target(self.target, f"strategy {self.name!r}")
+        return self.target
+
+    def choices_of(self, option: str) -> tuple | None:
+        """Allowed values of configuration field ``option`` (``None``: not
+        constrained by this strategy)."""
+        spec = self.choices.get(option)
+        if isinstance(spec, str):
+            from leangnn.nn.models import resolve_target
+
+            spec = self.choices[option] = tuple(resolve_target(
+                spec, f"strategy {self.name!r} option {option!r}"))
+        return spec
+
+
+#: strategy name -> :class:`StrategyEntry`; add entries with
+#: :func:`register_strategy`.
+STRATEGIES: dict[str, StrategyEntry] = {}
+
+
+def register_strategy(name: str, target: type | Callable | str, *,
+                      default_model: str, requires: tuple[str, ...] = (),
+                      choices: dict[str, tuple | str] | None = None,
+                      description: str = "", replace: bool = False
+                      ) -> StrategyEntry:
+    """Register a strategy under ``name`` for :func:`build_strategy` and
+    ``--strategy`` (see :class:`StrategyEntry` for the arguments).
+
+    ``replace=True`` allows replacing an existing entry.
+    """
+    if not isinstance(name, str) or not name.isidentifier():
+        raise ValueError(f"strategy name must be an identifier, got {name!r}")
+    if name in STRATEGIES and not replace:
+        raise ValueError(f"strategy {name!r} is already registered; pass "
+                         "replace=True")
+    entry = StrategyEntry(name, target, default_model, frozenset(requires),
+                          dict(choices or {}), description)
+    STRATEGIES[name] = entry
+    return entry
+
+
+def get_strategy(name: str) -> StrategyEntry:
+    """The registry entry of ``name``; ``ValueError`` naming the choices."""
+    entry = STRATEGIES.get(name) if isinstance(name, str) else None
+    if entry is None:
+        raise ValueError(f"strategy: expected one of {sorted(STRATEGIES)}, "
+                         f"got {name!r}")
+    return entry
+
+
+def option_choices(option: str) -> tuple | None:
+    """Allowed values of configuration field ``option`` over all registered
+    strategies (``None`` when no strategy constrains it)."""
+    out: list = []
+    for entry in STRATEGIES.values():
+        for value in entry.choices_of(option) or ():
+            if value not in out:
+                out.append(value)
+    return tuple(out) or None
+
+
+def build_strategy(cfg) -> Strategy:
+    """The :class:`Strategy` that ``cfg.strategy`` names, built from ``cfg``
+    (a :class:`~leangnn.config.TrainConfig`)."""
+    target = get_strategy(cfg.strategy).resolve()
+    if hasattr(target, "from_config"):
+        return target.from_config(cfg)
+    if isinstance(target, type) and issubclass(target, Strategy):
+        return target(cfg.device)
+    return target(cfg)
+
+
+# Reversibility lives in the model (GSRGNN's fused autograd Function); the
+# loop itself is plain full-batch training.
+register_strategy("full", FullBatch, default_model="res",
+                  description="full-batch training with plain autograd")
+register_strategy("reversible", FullBatch, default_model="gsr",
+                  requires=("reversible",),
+                  description="full-batch training of a reversible model (GSR)")
+register_strategy("prune", "leangnn.prune.dpr:DPRStrategy", default_model="sage",
+                  description="train on a pruned core, reconstruct the rest (DPR)")
+# The offload engine runs PyG BasicGNNs layer by layer (see
+# leangnn.offload.layerwise.LayerwiseModel).
+register_strategy("offload", "leangnn.offload:OffloadStrategy", default_model="sage",
+                  requires=("layerwise",),
+                  choices={"cache": "leangnn.offload.cache:POLICIES",
+                           "offload_mode": "leangnn.offload.engine:MODES"},
+                  description="exact partitioned training beyond device memory")

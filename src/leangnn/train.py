@@ -2,22 +2,16 @@
 
 Full-batch training over a list of graphs (one optimizer step per graph and
 epoch), validation-based early stopping, gradient clipping, seeding (same seed,
-same CPU metrics), tqdm progress and a run directory holding
-
-* ``config.json``: the resolved :class:`~leangnn.config.TrainConfig`;
-* ``metrics.jsonl``: one line per epoch;
-* ``checkpoint.pt``: model, optimizer, RNG and early-stopping state, written
-  atomically after every epoch, from which ``resume=True`` continues exactly;
-* ``summary.json``: final metrics, measured peak memory and epoch times.
+same CPU metrics at the same thread count), evaluation and measurement (peak
+memory, bytes saved for backward, epoch times). Every file of a run (config,
+metrics, checkpoints, summary, lock) belongs to :class:`~leangnn.rundir.RunDir`;
+``Trainer(..., record=False)`` runs the same loop in memory, with no files.
 """
 
 from __future__ import annotations
 
-import json
-import random
 import statistics
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -30,34 +24,22 @@ from .config import TrainConfig
 from .data import GraphSplits, load_graphs
 from .metrics import compute_metrics
 from .nn.models import build_model
+from .plan.fits import check_fits
 from .profile import MemoryMeter, SavedTensorsMeter
-from .strategy import FullBatch, Strategy, node_mask
+from .rundir import RunDir, environment
+from .strategy import build_strategy, node_mask
 from .utils import (
-    append_jsonl,
-    atomic_torch_save,
-    atomic_write_text,
     format_bytes,
+    get_rng_state,
+    json_safe,
     seed_everything,
+    set_rng_state,
 )
 
-__all__ = ["Trainer", "build_strategy", "make_loss_fn"]
+__all__ = ["Trainer", "build_strategy", "make_loss_fn", "RESUMABLE"]
 
-
-def build_strategy(cfg: TrainConfig) -> Strategy:
-    """The :class:`~leangnn.strategy.Strategy` named by ``cfg.strategy``."""
-    if cfg.strategy in ("full", "reversible"):
-        # Reversibility lives in the model (GSRGNN's fused autograd Function);
-        # the loop itself is plain full-batch training.
-        return FullBatch(cfg.device)
-    if cfg.strategy == "prune":
-        from .prune.dpr import DPRStrategy
-
-        return DPRStrategy.from_config(cfg)
-    if cfg.strategy == "offload":
-        from .offload import OffloadStrategy
-
-        return OffloadStrategy.from_config(cfg)
-    raise ValueError(f"strategy: unknown {cfg.strategy!r}")
+#: Config fields a resumed run may change; the others must match its checkpoint.
+RESUMABLE = ("epochs", "patience", "device", "out")
 
 
 def make_loss_fn(task_type: str):
@@ -76,6 +58,20 @@ def make_loss_fn(task_type: str):
     return loss_fn
 
 
+def _check_fits(cfg: TrainConfig, splits: GraphSplits) -> None:
+    # The estimate must not shift the seeded streams the model is drawn from.
+    rng = get_rng_state()
+    try:
+        check_fits(cfg, splits)
+    finally:
+        set_rng_state(rng)
+
+
+def _scored(g: Data) -> bool:
+    mask = node_mask(g)
+    return g.num_nodes > 0 and (mask is None or bool(mask.any()))
+
+
 class Trainer:
     """Train, validate, test and record one run.
 
@@ -84,10 +80,13 @@ class Trainer:
         splits (GraphSplits, optional): graphs to use instead of loading the
             ones ``config`` names.
         progress (bool, optional): show tqdm bars. (default: ``True``)
+        record (bool, optional): keep a run directory at ``config.out`` (or
+            ``runs/<time>-...``); ``False`` trains in memory through the same
+            loop and writes nothing. (default: ``True``)
     """
 
     def __init__(self, config: TrainConfig, splits: GraphSplits | None = None,
-                 progress: bool = True):
+                 progress: bool = True, record: bool = True):
         self.cfg = config
         self.progress = progress
         self.device = torch.device(config.device)
@@ -99,27 +98,16 @@ class Trainer:
         if not self.splits.train:
             raise ValueError("dataset: no training graphs")
         self.loss_fn = make_loss_fn(self.splits.task_type)
+        _check_fits(config, self.splits)
         self.model = build_model(
             config.model, self.splits.in_channels, config.hidden_channels,
-            self.splits.out_channels, config.num_layers,
-            **self._model_kwargs(config)).to(self.device)
+            self.splits.out_channels, config.num_layers, **config.model_options(),
+        ).to(self.device)
         self.strategy = build_strategy(config)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=config.lr,
                                           weight_decay=config.weight_decay)
-        self.out = Path(config.out or self._default_out())
-
-    @staticmethod
-    def _model_kwargs(cfg: TrainConfig) -> dict[str, Any]:
-        kw: dict[str, Any] = {"dropout": cfg.dropout}
-        if cfg.model in ("res", "gsr"):
-            kw["conv"] = cfg.conv
-        if cfg.model == "gsr":
-            kw.update(num_groups=cfg.num_groups, sparsity=cfg.sparsity,
-                      flat_parameters=cfg.flat_parameters)
-        elif cfg.model == "res" and cfg.sparsity is not None:
-            # ResGNN runs the same blocks; groups only matter for the top-k
-            kw.update(num_groups=cfg.num_groups, sparsity=cfg.sparsity)
-        return kw
+        self.run = RunDir((config.out or self._default_out()) if record else None)
+        self.out = self.run.path
 
     def _default_out(self) -> str:
         stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -127,66 +115,91 @@ class Trainer:
         return f"runs/{stamp}-{cfg.strategy}-{cfg.model}-L{cfg.num_layers}"
 
     # ------------------------------------------------------------------ #
-    def evaluate(self, graphs: list[Data]) -> dict[str, float]:
-        """Metrics over all (masked) nodes of ``graphs``, pooled."""
+    def evaluate(self, graphs: list[Data]) -> dict[str, float | None]:
+        """Metrics over all (masked) nodes of ``graphs``, pooled; every value
+        is ``None`` when ``graphs`` hold no node to score."""
         self.model.eval()
         preds, ys, losses = [], [], []
         with torch.no_grad():
-            for g in graphs:
+            for g in filter(_scored, graphs):
                 out = self.strategy.predict(self.model, g).float().cpu()
                 losses.append(float(self.loss_fn(out, g)))
                 mask = node_mask(g)
                 y = g.y if mask is None else g.y[mask]
                 preds.append(out if mask is None else out[mask])
                 ys.append(y)
+        if not ys:
+            empty = torch.empty(0)
+            m = compute_metrics(empty, empty, self.splits.task_type)
+            m["loss"] = None
+            return m
         m = compute_metrics(torch.cat(preds), torch.cat(ys), self.splits.task_type)
         m["loss"] = float(np.mean(losses))
         return m
 
     def _state(self, epoch, best, best_state, bad, times) -> dict[str, Any]:
+        # Tensors, numbers, strings and lists only: loadable with weights_only.
         return {
             "epoch": epoch, "best": best, "best_state": best_state, "bad_epochs": bad,
-            "epoch_times": times, "model": self.model.state_dict(),
+            "epoch_times": list(times), "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
-            "strategy": self.strategy.state_dict(),
-            "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(),
-                    "python": random.getstate(),
-                    "cuda": torch.cuda.get_rng_state_all()
-                    if torch.cuda.is_available() else None},
+            "strategy": self.strategy.state_dict(), "rng": get_rng_state(),
+            "config": json_safe(self.cfg.to_dict()),
         }
 
     def _restore(self, ckpt: dict[str, Any]) -> None:
+        """Load a checkpoint's state; raises (so RunDir falls back) when it
+        does not fit this run."""
+        saved, now = ckpt.get("config"), self.cfg.to_dict()
+        if isinstance(saved, dict):
+            diff = [k for k in now if k in saved and k not in RESUMABLE
+                    and saved[k] != json_safe(now[k])]
+            if diff:
+                raise ValueError("written for another configuration (" + ", ".join(
+                    f"{k}={saved[k]!r}, now {now[k]!r}" for k in diff[:3]) + ")")
         self.model.load_state_dict(ckpt["model"])
         self.optimizer.load_state_dict(ckpt["optimizer"])
         self.strategy.load_state_dict(ckpt["strategy"])
-        rng = ckpt["rng"]
-        torch.set_rng_state(rng["torch"])
-        np.random.set_state(rng["numpy"])
-        random.setstate(rng["python"])
-        if rng.get("cuda") is not None and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(rng["cuda"])
+        # Applying it checks it; fit() applies it again after strategy.setup.
+        set_rng_state(ckpt["rng"])
 
-    def fit(self, resume: bool = False) -> dict[str, Any]:
-        """Run training to the end (or resume it) and return the summary."""
+    def fit(self, resume: bool = False, force: bool = False) -> dict[str, Any]:
+        """Run training to the end (or resume it) and return the summary.
+
+        Args:
+            resume (bool, optional): continue from the run directory's
+                checkpoint (the previous one when the last is damaged).
+                (default: ``False``)
+            force (bool, optional): a fresh run may overwrite a run directory
+                that already holds a run. (default: ``False``)
+
+        Raises:
+            leangnn.rundir.RunDirError: the directory is held by another run,
+                or holds an old run and neither ``resume`` nor ``force``.
+            leangnn.rundir.CheckpointError: ``resume`` finds no usable
+                checkpoint (one line naming the files).
+        """
+        with self.run.open(resume=resume, force=force) as run:
+            return self._fit(run, resume)
+
+    def _fit(self, run: RunDir, resume: bool) -> dict[str, Any]:
         from tqdm.auto import tqdm
 
-        cfg, out = self.cfg, self.out
-        out.mkdir(parents=True, exist_ok=True)
-        ckpt_path, metrics_path = out / "checkpoint.pt", out / "metrics.jsonl"
-        start, best, best_state, bad, times = 0, float("inf"), None, 0, []
+        cfg = self.cfg
+        start, best, best_state, bad, times, rng = 0, float("inf"), None, 0, [], None
         if resume:
-            if not ckpt_path.is_file():
-                raise FileNotFoundError(f"--resume: no checkpoint at {ckpt_path}")
-            ckpt = torch.load(ckpt_path, weights_only=False, map_location=self.device)
-            self._restore(ckpt)
+            # On the CPU: RNG states must stay there; load_state_dict moves the rest.
+            ckpt = run.load_checkpoint(self._restore, map_location="cpu")
             start, best, best_state = ckpt["epoch"], ckpt["best"], ckpt["best_state"]
-            bad, times = ckpt["bad_epochs"], ckpt["epoch_times"]
-            self._truncate_metrics(metrics_path, start)
-        else:
-            metrics_path.write_text("")
-        cfg.save(out / "config.json")
+            bad, times, rng = ckpt["bad_epochs"], list(ckpt["epoch_times"]), ckpt["rng"]
+            run.truncate_metrics(start)
+        run.write_config(cfg)
 
         self.strategy.setup(self.model, self.splits.train)
+        if rng is not None:
+            # After setup, as in an uninterrupted run, where setup came before
+            # the epochs whose random streams the checkpoint continues.
+            set_rng_state(rng)
         meter = MemoryMeter(self.device).start()
         bar = tqdm(range(start, cfg.epochs), desc=f"train {cfg.strategy}/{cfg.model}",
                    unit="ep", initial=start, total=cfg.epochs,
@@ -199,18 +212,21 @@ class Trainer:
             train_loss = self._train_epoch(epoch)
             times.append(time.perf_counter() - t0)
             val = self.evaluate(self.splits.val)
-            improved = val["loss"] < best - 1e-12
-            if improved:
-                best, bad = val["loss"], 0
-                best_state = {k: v.detach().clone() for k, v in
-                              self.model.state_dict().items()}
-            else:
-                bad += 1
-            append_jsonl(metrics_path, {"epoch": epoch + 1, "train_loss": train_loss,
-                                        "val": val, "epoch_seconds": times[-1]})
-            atomic_torch_save(self._state(epoch + 1, best, best_state, bad, times),
-                              ckpt_path)
-            bar.set_postfix(loss=f"{train_loss:.4f}", val=f"{val['loss']:.4f}")
+            # Without validation nodes there is nothing to stop on: the last
+            # model is kept.
+            if val["loss"] is not None:
+                if val["loss"] < best - 1e-12:
+                    best, bad = val["loss"], 0
+                    best_state = {k: v.detach().clone() for k, v in
+                                  self.model.state_dict().items()}
+                else:
+                    bad += 1
+            run.append_metrics({"epoch": epoch + 1, "train_loss": train_loss,
+                                "val": val, "epoch_seconds": times[-1]})
+            if run.enabled:
+                run.save_checkpoint(self._state(epoch + 1, best, best_state, bad,
+                                                times))
+            bar.set_postfix(loss=f"{train_loss:.4f}", val=f"{val['loss'] or 0:.4f}")
             if cfg.patience and bad >= cfg.patience:
                 stopped = True
                 break
@@ -220,8 +236,8 @@ class Trainer:
         if best_state is not None:
             self.model.load_state_dict(best_state)
         self.strategy.fit_end(self.model, self.splits.train, self.loss_fn)
-        summary = self._summary(peak, saved, times, stopped)
-        atomic_write_text(out / "summary.json", json.dumps(summary, indent=2) + "\n")
+        summary = json_safe(self._summary(peak, saved, times, stopped))
+        run.write_summary(summary)
         return summary
 
     def _train_epoch(self, epoch: int) -> float:
@@ -253,14 +269,6 @@ class Trainer:
         torch.set_rng_state(rng)
         return m.bytes
 
-    @staticmethod
-    def _truncate_metrics(path: Path, epochs: int) -> None:
-        if not path.is_file():
-            return
-        keep = [ln for ln in path.read_text().splitlines()
-                if ln.strip() and json.loads(ln)["epoch"] <= epochs]
-        atomic_write_text(path, "".join(ln + "\n" for ln in keep))
-
     def _summary(self, peak, saved, times, stopped) -> dict[str, Any]:
         cfg = self.cfg
         test = self.evaluate(self.splits.test)
@@ -279,7 +287,8 @@ class Trainer:
             "data": {"train": [g.name for g in self.splits.train],
                      "val": [g.name for g in self.splits.val],
                      "test": [g.name for g in self.splits.test]},
-            "run_dir": str(self.out),
+            "env": environment(),
+            "run_dir": None if self.out is None else str(self.out),
         }
         summary.update(self.strategy.summary())
         return summary
@@ -287,12 +296,16 @@ class Trainer:
     @staticmethod
     def summary_line(summary: dict[str, Any]) -> str:
         """The one-line result ``leangnn train`` prints."""
+        def num(v, fmt):
+            return "n/a" if v is None else format(v, fmt)
+
         t = summary["metrics"]["test"]
         keys = ["accuracy"] if "accuracy" in t else []
         keys += ["pearson", "spearman", "kendall", "mae", "r2"]
-        mets = " ".join(f"{k}={t[k]:.4f}" for k in keys if k in t)
+        mets = " ".join(f"{k}={num(t[k], '.4f')}" for k in keys if k in t)
         mem = summary["memory"]
-        ep = summary["time"]["epoch_seconds_median"]
+        ep = num(summary["time"]["epoch_seconds_median"], ".3f")
+        where = f" | {summary['run_dir']}" if summary.get("run_dir") else ""
         return (f"test {mets} | peak {format_bytes(mem['peak_bytes'])} "
-                f"({mem['method']}) | {ep:.3f} s/epoch median over "
-                f"{summary['epochs_run']} epochs | {summary['run_dir']}")
+                f"({mem['method']}) | {ep} s/epoch median over "
+                f"{summary['epochs_run']} epochs{where}")

@@ -1,4 +1,4 @@
-"""Small shared helpers: atomic file writes, seeding, human-readable sizes."""
+"""Small shared helpers: atomic file writes, seeding and RNG state, sizes."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import json
 import os
 import random
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -13,8 +14,8 @@ import numpy as np
 import torch
 
 __all__ = ["atomic_write_text", "atomic_torch_save", "append_jsonl", "seed_everything",
-           "format_bytes", "parse_bytes", "cache_root", "remove_stale_tmp",
-           "json_safe"]
+           "get_rng_state", "set_rng_state", "format_bytes", "parse_bytes",
+           "cache_root", "remove_stale_tmp", "temp_path", "json_safe"]
 
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1000, "kib": 1 << 10, "m": 1 << 20,
           "mb": 1000**2, "mib": 1 << 20, "g": 1 << 30, "gb": 1000**3, "gib": 1 << 30,
@@ -58,8 +59,14 @@ def cache_root(sub: str | None = None) -> Path:
 _TMP_SUFFIX = ".tmp"
 
 
-def _tmp(path: Path) -> Path:
+def temp_path(path: str | Path) -> Path:
+    """This process's temporary file for an atomic write of ``path``
+    (``.NAME.PID.tmp`` beside it; :func:`remove_stale_tmp` knows the pattern)."""
+    path = Path(path)
     return path.with_name(f".{path.name}.{os.getpid()}{_TMP_SUFFIX}")
+
+
+_tmp = temp_path
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -76,7 +83,7 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def _atomic(path: str | Path, write) -> None:
+def _atomic(path: str | Path, write, before_replace=None) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = _tmp(path)
@@ -85,6 +92,8 @@ def _atomic(path: str | Path, write) -> None:
             write(f)
             f.flush()
             os.fsync(f.fileno())
+        if before_replace is not None:
+            before_replace(tmp)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -98,9 +107,16 @@ def atomic_write_text(path: str | Path, text: str) -> None:
     _atomic(path, lambda f: f.write(text.encode()))
 
 
-def atomic_torch_save(obj: Any, path: str | Path) -> None:
-    """:func:`torch.save` through a temporary file, ``fsync`` and ``os.replace``."""
-    _atomic(path, lambda f: torch.save(obj, f))
+def atomic_torch_save(obj: Any, path: str | Path,
+                      before_replace: Callable[[Path], None] | None = None) -> None:
+    """:func:`torch.save` through a temporary file, ``fsync`` and ``os.replace``.
+
+    Args:
+        before_replace (callable, optional): called with the temporary file's
+            path once it is complete on disk, just before it replaces ``path``
+            (e.g. to keep the file being replaced). (default: ``None``)
+    """
+    _atomic(path, lambda f: torch.save(obj, f), before_replace)
 
 
 def remove_stale_tmp(folder: str | Path) -> list[Path]:
@@ -149,15 +165,84 @@ def json_safe(obj: Any) -> Any:
 
 
 def append_jsonl(path: str | Path, record: dict) -> None:
+    """Append ``record`` as one line of standard JSON (non-finite floats become
+    ``null``) and ``fsync`` it, so the line survives a crash right after."""
+    line = json.dumps(json_safe(record), allow_nan=False) + "\n"
     with open(path, "a") as f:
-        f.write(json.dumps(record) + "\n")
+        f.write(line)
         f.flush()
+        os.fsync(f.fileno())
 
 
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % (1 << 32))
     torch.manual_seed(seed)
+
+
+def get_rng_state() -> dict[str, Any]:
+    """The Python, NumPy, torch (and CUDA) random states as tensors, ints and
+    lists only, so a checkpoint holding them loads with
+    ``torch.load(weights_only=True)``; :func:`set_rng_state` restores them
+    exactly."""
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    version, internal, gauss_next = random.getstate()
+    return {
+        "torch": torch.get_rng_state(),
+        "numpy": {"kind": str(kind),
+                  "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)),
+                  "pos": int(pos), "has_gauss": int(has_gauss),
+                  "cached_gaussian": float(cached)},
+        "python": [int(version), [int(v) for v in internal], gauss_next],
+        "cuda": list(torch.cuda.get_rng_state_all())
+        if torch.cuda.is_available() else None,
+    }
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore what :func:`get_rng_state` returned.
+
+    Raises:
+        ValueError: when ``state`` does not have that layout.
+    """
+    try:
+        np_state = state["numpy"]
+        keys = np_state["keys"]
+        if not isinstance(keys, torch.Tensor) or keys.numel() != 624:
+            raise ValueError("numpy keys must be a tensor of 624 ints")
+        version, internal, gauss_next = state["python"]
+        np_tuple = (np_state["kind"], keys.cpu().numpy().astype(np.uint32),
+                    int(np_state["pos"]), int(np_state["has_gauss"]),
+                    float(np_state["cached_gaussian"]))
+        py_tuple = (int(version), tuple(int(v) for v in internal), gauss_next)
+        torch_state = state["torch"]
+        cuda = state.get("cuda") or []
+        if not all(isinstance(t, torch.Tensor) for t in [torch_state, *cuda]):
+            raise ValueError("torch and CUDA states must be tensors")
+        # All or nothing: a state that fails half-way leaves the old one in place.
+        previous = torch.get_rng_state(), np.random.get_state(), random.getstate()
+        try:
+            torch.set_rng_state(torch_state.cpu())  # takes a CPU ByteTensor only
+            np.random.set_state(np_tuple)
+            random.setstate(py_tuple)
+        except BaseException:
+            torch.set_rng_state(previous[0])
+            np.random.set_state(previous[1])
+            random.setstate(previous[2])
+            raise
+    except (KeyError, TypeError, ValueError, RuntimeError, IndexError,
+            AttributeError) as e:
+        raise ValueError(f"random state: unreadable ({type(e).__name__}: "
+                         f"{_first_line(e)})") from None
+    if cuda and torch.cuda.is_available():
+        # A run resumed on a machine with fewer GPUs restores the ones it has.
+        for i, s in enumerate(cuda[: torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(s.cpu(), i)
+
+
+def _first_line(e: BaseException) -> str:
+    lines = str(e).strip().splitlines()
+    return lines[0] if lines else type(e).__name__
 
 
 def format_bytes(n: float | None) -> str:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -12,8 +14,10 @@ from leangnn.circuits import (
     CircuitDataset,
     NetlistError,
     catalog,
+    circuit_overlap,
     circuit_stats,
     load_circuit,
+    load_suite,
     read_netlist,
     resolve,
     signal_probability,
@@ -104,3 +108,175 @@ def test_dataset_and_stats():
                  "depth": 3, "inputs": 5, "outputs": 2}
     with pytest.raises(ValueError, match="unknown task 'delay'"):
         load_circuit("c17", "delay")
+
+
+# --------------------------------------------------------------------------- #
+# Names and identities of user files (issue 8)
+_AND = "INPUT(a)\nINPUT(b)\nOUTPUT(y)\ny = AND(a, b)\n"
+_NOR3 = "INPUT(a)\nINPUT(b)\nINPUT(c)\nOUTPUT(y)\ny = NOR(a, b, c)\n"
+
+
+def _write(path, text):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def test_same_file_name_in_two_folders_stays_two_circuits(tmp_path):
+    a = _write(tmp_path / "a" / "top.bench", _AND)
+    b = _write(tmp_path / "b" / "top.bench", _NOR3)
+    infos = resolve(f"{a},{b}")
+    assert [i.name for i in infos] == ["user/a/top", "user/b/top"]
+    assert [i.path for i in infos] == [str(a.resolve()), str(b.resolve())]
+    graphs = load_suite(infos, "signal_prob", cache=False)
+    assert [g.num_nodes for g in graphs] == [read_netlist(a).num_nodes,
+                                            read_netlist(b).num_nodes] == [3, 4]
+    # The same file twice (another spelling of its path) is one circuit.
+    again = resolve([str(a), str(tmp_path / "b" / ".." / "a" / "top.bench")])
+    assert [i.name for i in again] == ["user/top"]
+    # Same stem and folder, other format: told apart by the suffix.
+    v = _write(tmp_path / "a" / "top.v", "module top(a, y);\n input a;\n output y;\n"
+               " not g (y, a);\nendmodule\n")
+    assert [i.name for i in resolve([a, v])] == ["user/top.bench", "user/top.v"]
+
+
+def test_overlap_compares_content_not_names(tmp_path, netlist_dir):
+    a = _write(tmp_path / "a" / "top.bench", _AND)
+    b = _write(tmp_path / "b" / "top.bench", _NOR3)
+    copy = _write(tmp_path / "c" / "renamed.bench", _AND)
+    train, test = resolve(str(a)), resolve(str(b))
+    assert train[0].name == test[0].name == "user/top"  # separate calls
+    assert circuit_overlap(train, test) == []
+    assert circuit_overlap(train, resolve(str(copy))) == ["user/top"]
+    g_train = load_suite(train, "arrival", cache=False)
+    assert circuit_overlap(g_train, load_suite(test, "arrival", cache=False)) == []
+    assert circuit_overlap(g_train, load_suite(str(copy), "arrival",
+                                               cache=False)) == ["user/top"]
+    # A user copy of a bundled netlist is the bundled circuit.
+    c17 = tmp_path / "mine.v"
+    c17.write_bytes(open(os.path.join(netlist_dir, "c17.v"), "rb").read())
+    assert circuit_overlap(resolve("iscas85/c17"), resolve(str(c17))) == ["iscas85/c17"]
+
+
+def test_paths_with_commas(tmp_path):
+    p = _write(tmp_path / "x,y" / "my,net.bench", _AND)
+    q = _write(tmp_path / "plain.bench", _NOR3)
+    assert [i.path for i in resolve(str(p))] == [str(p.resolve())]
+    assert [i.path for i in resolve([str(p)])] == [str(p.resolve())]
+    assert [i.path for i in resolve(p)] == [str(p.resolve())]
+    mixed = resolve(f"c17, {p},{q} ,epfl/dec")
+    assert [i.name for i in mixed] == ["iscas85/c17", "user/my,net", "user/plain",
+                                       "epfl/dec"]
+    assert mixed[1].path == str(p.resolve())
+    # Pieces that do not join into an existing file stay separate items.
+    with pytest.raises(ValueError, match="unknown circuit or suite 'nope'"):
+        resolve(f"nope,{p}")
+    with pytest.raises(NetlistError, match="no such netlist file"):
+        resolve(str(tmp_path / "x,y" / "missing.bench"))
+
+
+def test_byte_order_mark_bench_loads_like_plain(tmp_path):
+    plain = _write(tmp_path / "plain.bench", _NOR3)
+    bom = tmp_path / "bom.bench"
+    bom.write_bytes(b"\xef\xbb\xbf" + _NOR3.encode())
+    x = load_circuit(str(plain), "signal_prob", cache=False)
+    y = load_circuit(str(bom), "signal_prob", cache=False)
+    assert torch.equal(x.x, y.x) and torch.equal(x.y, y.y)
+    assert torch.equal(x.edge_index, y.edge_index)
+
+
+# --------------------------------------------------------------------------- #
+# CircuitDataset as a PyG InMemoryDataset (issue 9)
+_THREE = ["iscas85/c17", "iscas89/s27", "epfl/ctrl"]
+
+
+def test_dataset_is_an_in_memory_dataset_saved_under_root(tmp_path, monkeypatch):
+    from torch_geometric.data import InMemoryDataset
+
+    ds = CircuitDataset(_THREE, task="signal_prob", root=tmp_path / "ds")
+    assert isinstance(ds, InMemoryDataset)
+    assert len(ds) == 3 and ds.names == _THREE and ds.num_classes == 1
+    assert [d["name"] for d in ds.info()] == _THREE
+    saved = list((tmp_path / "ds").glob("*/data.pt"))
+    assert len(saved) == 1 and not list((tmp_path / "ds").glob("*/.*tmp"))
+    for g, name in zip(ds, _THREE):
+        ref = load_circuit(name, "signal_prob")
+        for key in ("x", "edge_index", "y", "level", "is_output"):
+            assert torch.equal(g[key], ref[key]), (name, key)
+        assert g.name == name and g.digest == ref.digest
+    # A second construction loads the saved file and parses nothing.
+    monkeypatch.setattr(ds_mod, "load_suite", _boom)
+    again = CircuitDataset(_THREE, task="signal_prob", root=tmp_path / "ds")
+    assert again.names == _THREE and torch.equal(again[2].y, ds[2].y)
+    # A corrupt saved file is processed again, not fatal.
+    monkeypatch.undo()
+    saved[0].write_bytes(b"garbage")
+    fixed = CircuitDataset(_THREE, task="signal_prob", root=tmp_path / "ds")
+    assert torch.equal(fixed[1].x, ds[1].x)
+
+
+def _boom(*_a, **_k):
+    raise AssertionError("dataset was processed again")
+
+
+def test_dataset_default_root_and_no_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("LEANGNN_CACHE", str(tmp_path))
+    ds = CircuitDataset("c17", task="arrival")
+    assert len(ds) == 1 and ds[0].name == "iscas85/c17"
+    assert list((tmp_path / "datasets").glob("arrival-1-*/data.pt"))
+    mem = CircuitDataset("c17", task="critical", root=tmp_path / "none", cache=False)
+    assert ds_mod.TASKS[mem.task] == "classification" and mem.num_classes == 4
+    assert not (tmp_path / "none").exists()
+
+
+def test_dataloader_batches_whole_circuits(tmp_path):
+    from torch_geometric.loader import DataLoader
+
+    ds = CircuitDataset(_THREE, task="critical", root=tmp_path)
+    graphs = [load_circuit(n, "critical") for n in _THREE]
+    batch = next(iter(DataLoader(ds, batch_size=2, shuffle=False)))
+    g0, g1 = graphs[:2]
+    assert batch.num_graphs == 2 and batch.name == _THREE[:2]
+    assert batch.num_nodes == g0.num_nodes + g1.num_nodes
+    assert batch.edge_index.size(1) == g0.num_edges + g1.num_edges
+    # Hand-made reference: the second circuit's edges shifted by the first's nodes.
+    want = torch.cat([g0.edge_index, g1.edge_index + g0.num_nodes], 1)
+    assert torch.equal(batch.edge_index, want)
+    assert torch.equal(batch.y, torch.cat([g0.y, g1.y]))
+    assert torch.equal(batch.is_output, torch.cat([g0.is_output, g1.is_output]))
+    assert torch.equal(batch.batch, torch.repeat_interleave(
+        torch.arange(2), torch.tensor([g0.num_nodes, g1.num_nodes])))
+    assert [len(b.name) for b in DataLoader(ds, batch_size=2)] == [2, 1]
+
+
+def test_transform_pre_transform_and_pre_filter(tmp_path):
+    import torch_geometric.transforms as T
+
+    undirected = T.ToUndirected()
+    ds = CircuitDataset(_THREE, task="arrival", root=tmp_path, transform=undirected)
+    for g, name in zip(ds, _THREE):
+        ref = undirected(load_circuit(name, "arrival"))
+        assert torch.equal(g.edge_index, ref.edge_index) and g.name == name
+    assert torch.equal(ds._data.edge_index[:, :12], load_circuit("c17").edge_index)
+
+    def mark(g):
+        g.big = torch.tensor([g.num_nodes > 100])
+        return g
+
+    kept = CircuitDataset(_THREE, task="arrival", root=tmp_path / "f",
+                          pre_filter=lambda g: g.num_nodes > 100, pre_transform=mark)
+    assert kept.names == ["epfl/ctrl"] and kept[0].big.item()
+    assert [d["name"] for d in kept.info()] == ["epfl/ctrl"]
+
+
+def test_edited_netlist_is_processed_again(tmp_path):
+    p = _write(tmp_path / "c.bench", _AND)
+    first = CircuitDataset(str(p), task="signal_prob", root=tmp_path / "ds")
+    assert first[0].num_nodes == 3
+    p.write_text(_NOR3)
+    second = CircuitDataset(str(p), task="signal_prob", root=tmp_path / "ds")
+    net = read_netlist(p)
+    assert second[0].num_nodes == net.num_nodes == 4
+    assert torch.allclose(second[0].y.double(), torch.as_tensor(
+        signal_probability(net)), atol=1e-7)
+    assert len(list((tmp_path / "ds").glob("*/data.pt"))) == 2

@@ -9,7 +9,8 @@ import torch
 from torch_geometric.utils import k_hop_subgraph
 
 import leangnn.graphs.partition as P
-from leangnn.graphs.partition import DstCSR, halo_sets, partition_graph
+from leangnn.graphs.partition import halo_sets, partition_graph
+from leangnn.graphs.sparse import DstCSR
 from leangnn.graphs.synthetic import power_law_graph
 
 
@@ -91,13 +92,3 @@ def test_halos_match_k_hop_subgraph(graph, hops):
         want = subset[~torch.isin(subset, nodes)]
         assert torch.equal(halo, want)
 
-
-def test_dst_csr_gathers_in_edges():
-    ei = torch.tensor([[0, 1, 2, 2, 3], [1, 2, 1, 0, 1]])
-    csr = DstCSR(ei, 4, torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0]))
-    assert csr.in_degree().tolist() == [1, 3, 1, 0]
-    ids, counts = csr.edge_ids(torch.tensor([1, 3, 0]))
-    assert counts.tolist() == [3, 0, 1]
-    assert sorted(csr.col[ids[:3]].tolist()) == [0, 2, 3]
-    assert sorted(csr.weight[ids[:3]].tolist()) == [1.0, 3.0, 5.0]
-    assert csr.in_neighbors(torch.tensor([1, 0])).tolist() == [0, 2, 3]

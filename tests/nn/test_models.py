@@ -8,7 +8,17 @@ import torch
 import torch.nn.functional as F
 from torch_geometric.nn import GATConv, GCNConv, SAGEConv
 
-from leangnn.nn import GSRGNN, MODELS, GSRBlock, ResGNN, build_conv, build_model
+from leangnn.nn import (
+    GSRGNN,
+    MODELS,
+    GSRBlock,
+    ResGNN,
+    build_conv,
+    build_model,
+    get_model,
+    model_arguments,
+    register_model,
+)
 
 
 @pytest.fixture(scope="module")
@@ -89,3 +99,78 @@ def test_resgnn_dropout_is_active_only_in_training(graph):
     assert not torch.equal(a, b)
     model.eval()
     torch.testing.assert_close(model(x, ei), model(x, ei), rtol=0, atol=0)
+
+
+# --------------------------------------------------------------- registry
+@pytest.fixture
+def scratch_model():
+    """Register models for one test and remove them afterwards."""
+    added = []
+
+    def register(name, target, **kw):
+        added.append(name)
+        return register_model(name, target, **kw)
+
+    yield register
+    for name in added:
+        MODELS.pop(name, None)
+
+
+class _Tiny(torch.nn.Module):
+    """A registry test model that takes only ``dropout`` among the options."""
+
+    def __init__(self, in_channels, hidden_channels, out_channels, num_layers,
+                 dropout=0.5):
+        super().__init__()
+        self.dropout = dropout
+        self.lin = torch.nn.Linear(in_channels, out_channels)
+
+    def forward(self, x, edge_index):
+        return self.lin(x)
+
+
+def test_build_model_passes_only_what_the_constructor_names(scratch_model):
+    scratch_model("tiny", _Tiny)
+    every = dict(dropout=0.1, conv="gcn", num_groups=4, sparsity=2,
+                 flat_parameters=False)
+    assert model_arguments("tiny", **every) == {"dropout": 0.1}
+    assert build_model("tiny", 3, 8, 2, 5, **every).dropout == 0.1
+    # None means the model's own default
+    assert build_model("tiny", 3, 8, 2, 5, dropout=None).dropout == 0.5
+    assert model_arguments("res", **every) == {
+        "dropout": 0.1, "conv": "gcn", "num_groups": 4, "sparsity": 2}
+    assert model_arguments("gsr", **every) == every
+    assert model_arguments("sage", **every) == {"dropout": 0.1}
+
+
+def test_lazy_target_resolves_on_first_use(scratch_model):
+    entry = scratch_model("lazy_res", "leangnn.nn.models:ResGNN",
+                          description="the same ResGNN, named lazily")
+    assert entry.target == "leangnn.nn.models:ResGNN"
+    torch.manual_seed(0)
+    a = build_model("lazy_res", 7, 16, 1, 2)
+    torch.manual_seed(0)
+    b = build_model("res", 7, 16, 1, 2)
+    assert entry.target is ResGNN and type(a) is ResGNN
+    for p, q in zip(a.parameters(), b.parameters()):
+        torch.testing.assert_close(p, q, rtol=0, atol=0)
+    scratch_model("broken", "leangnn.nn.models")
+    with pytest.raises(ValueError, match="expected 'package.module:attr'"):
+        build_model("broken", 7, 16, 1, 2)
+
+
+def test_register_model_capabilities_and_errors(scratch_model):
+    e = scratch_model("tiny_rev", _Tiny, reversible=True, capabilities=("dag",))
+    assert e.reversible and e.capabilities == {"reversible", "dag"}
+    assert get_model("tiny_rev") is e and "tiny_rev" in MODELS
+    assert MODELS["gsr"].reversible and not MODELS["res"].reversible
+    assert {n for n, m in MODELS.items() if "layerwise" in m.capabilities} >= {
+        "gcn", "sage", "gat"}
+    with pytest.raises(ValueError, match="'tiny_rev' is already registered"):
+        register_model("tiny_rev", _Tiny)
+    scratch_model("tiny_rev", GSRGNN, reversible=True, replace=True)
+    assert MODELS["tiny_rev"].target is GSRGNN
+    with pytest.raises(ValueError, match="must be an identifier"):
+        register_model("no way", _Tiny)
+    with pytest.raises(ValueError, match="unknown model 'gone'"):
+        get_model("gone")

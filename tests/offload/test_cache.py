@@ -11,8 +11,8 @@ import torch
 from leangnn.offload.cache import INF_STEP, Candidates, DeviceCache, st_keys
 
 
-def _cache(slots, policy="lru", width=3, virtual=False):
-    return DeviceCache(slots * width * 8, width, torch.float64, "cpu", policy, virtual)
+def _cache(slots, policy="lru", width=3):
+    return DeviceCache(slots * width * 8, width, torch.float64, "cpu", policy)
 
 
 def _random_steps(universe, steps, size, seed):
@@ -185,7 +185,7 @@ def test_none_has_no_slots_and_virtual_has_no_pool():
     m = none.insert([Candidates(0, torch.tensor([1]), torch.tensor([1]), True)],
                     _no_writeback)
     assert none.num_slots == 0 and none.nbytes == 0 and m[0].tolist() == [False]
-    v = _cache(3, "lru", virtual=True)
+    v = _cache(3, "lru")  # never given values: no pool
     assert v.pool is None and v.num_slots == 3
     with pytest.raises(ValueError, match="policy"):
         _cache(3, "fifo")

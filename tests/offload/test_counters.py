@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from leangnn.nn.models import build_model
-from leangnn.offload.counters import OffloadCounters, full_batch_vertex_bytes
+from leangnn.offload.counters import OffloadCounters
+from leangnn.plan.vertex import full_batch_vertex_bytes
 
 
 def test_full_batch_vertex_bytes_counts_every_layer_and_its_gradient():

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
+from torch_geometric.data import Data
 from torch_geometric.nn.models import GCN
 
 from leangnn.graphs.synthetic import power_law_graph
 from leangnn.nn.models import ResGNN, build_model
-from leangnn.offload import BudgetError, OffloadEngine, full_batch_vertex_bytes
+from leangnn.offload import BudgetError, OffloadEngine, OffloadOptions
+from leangnn.plan.vertex import full_batch_vertex_bytes
+from leangnn.profile import LiveBytesMeter
 
 
 def _graph(n=400, dtype=torch.float64, seed=0):
@@ -237,3 +242,75 @@ def test_cuda_exact_pinned_and_under_budget(name):
     loss, grads = _engine_grads(eng, model, data)
     _assert_close(loss, [g.cpu() for g in grads], ref_loss, ref_grads, 1e-10)
     assert 0 < eng.counters.peak_device_bytes_measured <= budget
+
+
+def test_huge_budget_on_a_tiny_graph_holds_next_to_nothing():
+    data, model = _graph(11), _model("sage")
+    ref_loss, ref_grads = _reference(model, data)
+    OffloadEngine(model, data, "16GiB", 2)  # calibrates the workspace model once
+    with LiveBytesMeter(exclude=[data.x, data.edge_index, *model.parameters()]) as m:
+        eng = OffloadEngine(model, data, "16GiB", 2, "st")
+    # the cache share is ~8 GiB, but 11 nodes x 5 cacheable arrays is all the
+    # graph can ever put there, and nothing is allocated before an epoch
+    assert eng.cache.num_slots <= 5 * 11 and eng.cache.pool is None
+    assert m.live < 64 << 10, f"engine holds {m.live} bytes after construction"
+    loss, grads = _engine_grads(eng, model, data)
+    _assert_close(loss, grads, ref_loss, ref_grads, 1e-10)
+    # the reported host peak covers every vertex array the store held at the
+    # turn of the epoch (features, outputs and gradients of every layer)
+    vertex = full_batch_vertex_bytes(model, 11, resident_factor=0)
+    c = eng.counters
+    assert vertex <= c.peak_host_bytes <= vertex + (64 << 10)
+    assert c.peak_device_bytes < 16 << 20
+    assert eng.summary()["peak_host_bytes"] == c.peak_host_bytes
+
+
+def _ring(n=30, dtype=torch.float64):
+    """Every node has the same in-edges and halo, so one node's need is all's."""
+    gen = torch.Generator().manual_seed(0)
+    i = torch.arange(n)
+    ei = torch.cat([torch.stack([i, (i + 1) % n]), torch.stack([(i + 1) % n, i])], 1)
+    return Data(x=torch.randn(n, 8, generator=gen, dtype=dtype), edge_index=ei,
+                y=torch.randint(4, (n,), generator=gen),
+                train_mask=torch.ones(n, dtype=torch.bool), num_nodes=n)
+
+
+@pytest.mark.parametrize("policy", ["st", "none"])
+def test_too_small_budget_names_the_need_and_that_budget_trains(policy):
+    data, model = _ring(), _model("gcn")
+    resident = 4 * sum(p.numel() * p.element_size() for p in model.parameters())
+    with pytest.raises(BudgetError, match=f"need {resident} bytes") as e:
+        OffloadEngine(model, data, resident // 2, 2, policy)
+    assert "\n" not in str(e.value) and "device_budget" in str(e.value)
+    with pytest.raises(BudgetError, match="bytes of job workspace") as e:
+        OffloadEngine(model, data, resident + 4096, 2, policy)
+    msg = str(e.value)
+    assert "\n" not in msg
+    need = int(re.search(r"at least (\d+) bytes", msg).group(1))
+    with pytest.raises(BudgetError):
+        OffloadEngine(model, data, need - 1, 2, policy)
+    eng = OffloadEngine(model, data, need, 2, policy)
+    assert eng.num_chunks == data.num_nodes  # one node per job: the floor
+    _assert_close(*_engine_grads(eng, model, data), *_reference(model, data), 1e-10)
+
+
+def test_options_object_and_counting_engine():
+    data, model = _graph(100), _model("gcn")
+    opts = OffloadOptions("1MiB", 3, "lru", order="natural")
+    a = OffloadEngine(model, data, options=opts)
+    b = OffloadEngine(model, data, device_budget=1 << 20, num_parts=3, cache="lru",
+                      order="natural")
+    assert a.options == b.options and a.budget == 1 << 20
+    assert [ch.targets.tolist() for ch in a.sched.chunks] == [
+        ch.targets.tolist() for ch in b.sched.chunks]
+    with pytest.raises(ValueError, match="order"):
+        OffloadOptions("1MiB", order="random")
+    counting = OffloadEngine(model, data, options=opts, virtual=True, like=a)
+    assert counting.options.virtual and counting.sched is a.sched
+    with pytest.raises(RuntimeError, match="only counts"):
+        counting.train_step(loss_fn, data)
+    with pytest.raises(RuntimeError, match="counting engine"):
+        a.simulate()
+    _engine_grads(a, model, data)
+    assert counting.simulate().to_dict() == a.counters.to_dict()
+    assert counting.cache.pool is None and a.cache.pool is not None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from leangnn.offload.store import HostStore
+from leangnn.offload.store import HostStore, ShapeStore
 
 
 def test_gather_write_accumulate_free():
@@ -25,6 +25,6 @@ def test_gather_write_accumulate_free():
 
 
 def test_virtual_store_records_shapes_only():
-    s = HostStore(virtual=True)
+    s = ShapeStore()
     assert s.allocate("h1", 10**9, 64, torch.float32) is None
     assert s.shapes["h1"] == (10**9, 64) and s.nbytes() == 0

@@ -12,6 +12,7 @@ from leangnn.config import TrainConfig
 from leangnn.graphs.synthetic import power_law_graph
 from leangnn.nn.models import build_model
 from leangnn.offload import OffloadStrategy
+from leangnn.plan.vertex import full_batch_vertex_bytes
 from leangnn.strategy import FullBatch
 from leangnn.train import Trainer, make_loss_fn
 
@@ -40,6 +41,10 @@ def test_train_step_and_predict_equal_full_batch():
     s = strat.summary()["offload"]
     assert s["device_budget"] == 300 * 1024 and s["cache"] == "st"
     assert s["counters"]["vertex_layer_computations"] == 2 * 2 * 300
+    # host memory is reported: at the turn of the epoch the store holds the
+    # features and every layer's output and gradient
+    vertex = full_batch_vertex_bytes(model, 300, resident_factor=0)
+    assert s["counters"]["peak_host_bytes"] >= vertex
     assert len(strat._engines) == 1
 
 

@@ -219,7 +219,7 @@ def test_bridges_with_many_components_no_label_overflow():
     assert c.num_bridges == 2 * k and c.num_induced_edges == 0
     from scipy.sparse.csgraph import connected_components
 
-    from leangnn.prune.importance import undirected_csr
+    from leangnn.graphs.sparse import undirected_csr
 
     ncomp, lab = connected_components(undirected_csr(c.data.edge_index, 2 * k),
                                       directed=False)

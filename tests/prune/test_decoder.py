@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 import torch
 
+from leangnn.graphs.sparse import undirected_csr
 from leangnn.graphs.synthetic import contextual_sbm
 from leangnn.prune.core import build_core
 from leangnn.prune.decoder import AnchorDecoder, ppr_anchors
-from leangnn.prune.importance import undirected_csr
 
 
 def _setup(n=400, deg=4.0, r=0.3, seed=0):
@@ -102,7 +102,7 @@ def test_dense_reference_is_all_core_nodes_within_h_hops():
 
 def test_isolated_pruned_node_gets_no_anchor():
     ei = torch.tensor([[0, 1], [1, 0]])
-    from leangnn.prune.importance import undirected_csr as uc
+    from leangnn.graphs.sparse import undirected_csr as uc
 
     adj = uc(ei, 3)
     got = ppr_anchors(adj, torch.tensor([0]), torch.tensor([1, 2]), num_anchors=4)

@@ -4,6 +4,7 @@ import networkx as nx
 import pytest
 import torch
 
+from leangnn.graphs.sparse import undirected_csr
 from leangnn.graphs.synthetic import contextual_sbm
 from leangnn.prune.importance import (
     IMPORTANCE,
@@ -13,7 +14,6 @@ from leangnn.prune.importance import (
     node_importance,
     pagerank,
     register_importance,
-    undirected_csr,
 )
 
 

@@ -8,6 +8,8 @@ from .dataset import (
     CircuitInfo,
     cache_dir,
     catalog,
+    circuit_digest,
+    circuit_overlap,
     circuit_stats,
     load_circuit,
     load_suite,
@@ -15,18 +17,22 @@ from .dataset import (
 )
 from .netlist import (
     GATE_TYPES,
+    MAX_BUS_BITS,
+    NETLIST_SUFFIXES,
     Netlist,
     NetlistError,
     parse_bench,
     parse_verilog,
     read_netlist,
+    read_text,
 )
 from .simulate import DelayModel, Timing, levelize, signal_probability, static_timing
 
 __all__ = [
     "DEFAULT_SPLIT", "SUITES", "TASKS", "CircuitDataset", "CircuitInfo", "cache_dir",
-    "catalog", "circuit_stats", "load_circuit", "load_suite", "resolve",
-    "GATE_TYPES", "Netlist", "NetlistError", "parse_bench", "parse_verilog",
-    "read_netlist", "DelayModel", "Timing", "levelize", "signal_probability",
-    "static_timing",
+    "catalog", "circuit_digest", "circuit_overlap", "circuit_stats", "load_circuit",
+    "load_suite", "resolve",
+    "GATE_TYPES", "MAX_BUS_BITS", "NETLIST_SUFFIXES", "Netlist", "NetlistError",
+    "parse_bench", "parse_verilog", "read_netlist", "read_text",
+    "DelayModel", "Timing", "levelize", "signal_probability", "static_timing",
 ]

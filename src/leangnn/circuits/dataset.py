@@ -11,26 +11,33 @@ path. Every circuit becomes a :class:`~torch_geometric.data.Data` with
 * ``y``: the task label: ``signal_prob`` (bit-parallel simulation),
   ``arrival`` (arrival time / critical-path delay) or ``critical`` (slack
   quartile, class 0 = least slack);
-* ``name``, ``level``, ``is_output``.
+* ``name`` (unique within one :func:`resolve`), ``digest`` (content hash of
+  the netlist file: the circuit's identity, see :func:`circuit_overlap`),
+  ``level``, ``is_output``.
 
-Parsing and labelling results are cached on disk under ``$LEANGNN_CACHE``
-(default ``~/.cache/leangnn``), keyed by the file's content hash.
+:class:`CircuitDataset` is a PyG ``InMemoryDataset`` of such graphs. Parsing
+and labelling results are cached on disk under
+``leangnn.utils.cache_root()`` (``$LEANGNN_CACHE``, default
+``~/.cache/leangnn``), keyed by the file's content hash; processed datasets
+under ``cache_root("datasets")``.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import json
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
-from torch_geometric.data import Data
+from torch_geometric.data import Data, InMemoryDataset
 
 from ..utils import atomic_torch_save, cache_root
-from .netlist import GATE_TYPES, Netlist, NetlistError, read_netlist
+from .netlist import GATE_TYPES, NETLIST_SUFFIXES, Netlist, NetlistError, read_netlist
 from .simulate import DelayModel, levelize, signal_probability, static_timing
 
 __all__ = [
@@ -39,6 +46,8 @@ __all__ = [
     "CircuitInfo",
     "catalog",
     "resolve",
+    "circuit_digest",
+    "circuit_overlap",
     "cache_dir",
     "load_circuit",
     "load_suite",
@@ -52,6 +61,7 @@ TASKS = {"signal_prob": "regression", "arrival": "regression",
          "critical": "classification"}
 NUM_CRITICAL_CLASSES = 4
 _CACHE_VERSION = 1
+_DATASET_VERSION = 1  # layout of a processed CircuitDataset file
 
 _ISCAS85 = ["c17", "c432", "c499", "c880", "c1355", "c1908", "c2670", "c3540",
             "c5315", "c6288", "c7552"]
@@ -106,24 +116,107 @@ def catalog() -> list[CircuitInfo]:
             if (root / fname).is_file()]
 
 
-def resolve(names: str | Iterable[str]) -> list[CircuitInfo]:
+def _is_file(path: str | os.PathLike) -> bool:
+    # Path.is_file raises on names the OS refuses (too long, NUL byte).
+    try:
+        return Path(path).is_file()
+    except (OSError, ValueError):
+        return False
+
+
+def _split_commas(spec: str) -> list[str]:
+    """Comma-separated items, where an existing file's path may hold commas.
+
+    The whole string is tried as a file first; otherwise, from each piece on,
+    the longest run of pieces that joins (with its commas) into an existing
+    file is one item, and a piece that starts no such run is an item alone.
+    """
+    whole = spec.strip()
+    if "," not in whole or _is_file(whole):
+        return [whole] if whole else []
+    pieces = spec.split(",")
+    out, i = [], 0
+    while i < len(pieces):
+        j = i + 1
+        for end in range(len(pieces), i + 1, -1):
+            if _is_file(",".join(pieces[i:end]).strip()):
+                j = end
+                break
+        item = ",".join(pieces[i:j]).strip()
+        if item:
+            out.append(item)
+        i = j
+    return out
+
+
+def _user_names(paths: list[Path]) -> list[str]:
+    """``user/<stem>``, with parent folders added where two files share a stem."""
+    names = [f"user/{p.stem}" for p in paths]
+    groups: dict[str, list[int]] = {}
+    for k, name in enumerate(names):
+        groups.setdefault(name, []).append(k)
+    for group in groups.values():
+        if len(group) == 1:
+            continue
+        rel = [paths[k].relative_to(paths[k].anchor) for k in group]
+        depth = max(len(r.parts) for r in rel)
+        # Fewest parent folders that tell the files apart; then the same with
+        # the suffix (top.v beside top.bench); distinct paths always differ.
+        options = [["/".join(r.parent.parts[-d:] + (r.stem,)) for r in rel]
+                   for d in range(1, depth)]
+        options += [["/".join(r.parts[-1 - d:]) for r in rel] for d in range(depth)]
+        pick = next((o for o in options if len(set(o)) == len(o)),
+                    [r.as_posix() for r in rel])
+        for k, name in zip(group, pick):
+            names[k] = f"user/{name}"
+    return names
+
+
+def resolve(names: str | os.PathLike | Iterable) -> list[CircuitInfo]:
     """Turn names into circuits.
 
     Accepts ``suite/circuit`` (``itc99/b19``), a bare circuit name when unique
-    (``c7552``), a whole suite (``epfl``), ``all``, a path to a ``.v`` or
-    ``.bench`` file, or a comma-separated mix of these.
+    (``c7552``), a whole suite (``epfl``), ``all``, a path to a netlist file
+    (``.v``, ``.bench``, ``.aag``/``.aig``, ``.blif``), a
+    :class:`CircuitInfo`, or a list of these. A string may list several,
+    comma-separated; a path that itself contains commas is recognised when the
+    file exists (the whole string, or the longest run of comma-separated
+    pieces that names an existing file, is taken as one path), and a list
+    element that is an existing path is never split.
+
+    User files are named ``user/<stem>``; files that share a stem get the
+    parent folders that tell them apart (``a/top.v``, ``b/top.v`` ->
+    ``user/a/top``, ``user/b/top``). A file given twice (the same resolved
+    path) appears once. Names are unique within one call; to compare circuits
+    across calls (a train/test overlap) use :func:`circuit_overlap`, which
+    compares content.
+
+    Raises:
+        ValueError: for an unknown name; :class:`NetlistError` for a path to
+            a file that does not exist.
     """
-    if isinstance(names, str):
+    if isinstance(names, str | os.PathLike | CircuitInfo):
         names = [names]
-    items = [p.strip() for n in names for p in str(n).split(",") if p.strip()]
+    items: list = []
+    for n in names:
+        if isinstance(n, CircuitInfo):
+            items.append((n, None))
+        elif isinstance(n, os.PathLike):
+            items.append((os.fspath(n), None))
+        elif _is_file(str(n).strip()):
+            items.append((str(n).strip(), None))
+        else:
+            items.extend((item, str(n).strip()) for item in _split_commas(str(n)))
     cat = catalog()
     by_name = {c.name: c for c in cat}
     by_short: dict[str, list[CircuitInfo]] = {}
     for c in cat:
         by_short.setdefault(c.name.split("/", 1)[1], []).append(c)
-    out: list[CircuitInfo] = []
-    for item in items:
-        if item == "all":
+    out: list[CircuitInfo | Path] = []
+    for item, spec in items:
+        if isinstance(item, CircuitInfo):
+            out.append(item)
+        elif item == "all":
             out.extend(cat)
         elif item in SUITES:
             out.extend(c for c in cat if c.suite == item)
@@ -131,23 +224,64 @@ def resolve(names: str | Iterable[str]) -> list[CircuitInfo]:
             out.append(by_name[item])
         elif len(by_short.get(item, [])) == 1:
             out.append(by_short[item][0])
-        elif Path(item).suffix.lower() in (".v", ".bench", ".vg", ".sv") or \
-                os.sep in item and Path(item).exists():
-            p = Path(item)
-            if not p.is_file():
+        elif Path(item).suffix.lower() in NETLIST_SUFFIXES or _is_file(item):
+            if not _is_file(item):
                 raise NetlistError("no such netlist file", item)
-            out.append(CircuitInfo(f"user/{p.stem}", "user", str(p.resolve())))
+            out.append(Path(item).resolve())
+        elif spec and spec != item and ("/" in item or os.sep in item) and \
+                Path(spec).suffix.lower() in NETLIST_SUFFIXES:
+            # A missing file whose path has commas: the pieces mean nothing.
+            raise NetlistError("no such netlist file (nor is each comma-separated "
+                               "piece of it a circuit)", spec)
         else:
             hint = sorted(SUITES) + ["all"]
             raise ValueError(f"unknown circuit or suite {item!r}; use suite/name "
                              f"(see `leangnn datasets`), one of {hint}, or a path "
-                             "to a .v/.bench file")
-    seen, uniq = set(), []
+                             "to a netlist file")
+    seen: set[str] = set()
+    uniq: list[CircuitInfo | Path] = []
     for c in out:
-        if c.name not in seen:
-            seen.add(c.name)
+        key = str(c) if isinstance(c, Path) else str(Path(c.path).resolve())
+        if key not in seen:
+            seen.add(key)
             uniq.append(c)
-    return uniq
+    users = [c for c in uniq if isinstance(c, Path)]
+    user_info = {p: CircuitInfo(name, "user", str(p))
+                 for p, name in zip(users, _user_names(users))}
+    return [user_info[c] if isinstance(c, Path) else c for c in uniq]
+
+
+def _digest_bytes(raw: bytes) -> str:
+    return hashlib.sha1(raw).hexdigest()[:16]
+
+
+@functools.lru_cache(maxsize=4096)
+def _file_digest(path: str, mtime_ns: int, size: int) -> str:
+    return _digest_bytes(Path(path).read_bytes())
+
+
+def circuit_digest(info: CircuitInfo) -> str:
+    """Content hash of a circuit's netlist file (the identity of a circuit)."""
+    st = os.stat(info.path)
+    return _file_digest(info.path, st.st_mtime_ns, st.st_size)
+
+
+def circuit_overlap(a: Iterable, b: Iterable) -> list[str]:
+    """Names of the circuits of ``a`` that are also in ``b``, by content.
+
+    Items are :class:`CircuitInfo` or graphs from :func:`load_circuit`. Two
+    circuits are the same when their netlist files have the same content hash,
+    whatever their names or paths (``a/top.v`` and ``b/top.v`` with different
+    contents do not overlap; a copy of ``c17.v`` under another name does).
+    Graphs without a ``digest`` attribute are compared by name.
+    """
+    def key(item):
+        if isinstance(item, CircuitInfo):
+            return circuit_digest(item) if _is_file(item.path) else item.name
+        return getattr(item, "digest", None) or item.name
+
+    theirs = {key(x) for x in b}
+    return sorted({x.name for x in a if key(x) in theirs})
 
 
 def cache_dir() -> Path:
@@ -177,18 +311,24 @@ def _compute(net: Netlist, num_patterns: int, seed: int) -> dict:
 
 
 def _record(info: CircuitInfo, num_patterns: int, seed: int, use_cache: bool) -> dict:
-    raw = Path(info.path).read_bytes()
-    key = hashlib.sha1(raw).hexdigest()[:16]
+    try:
+        raw = Path(info.path).read_bytes()
+    except OSError as e:
+        raise NetlistError(f"cannot read netlist ({e.strerror or e})", info.path) from e
+    key = _digest_bytes(raw)
     fname = f"{Path(info.path).stem}-{key}-v{_CACHE_VERSION}-p{num_patterns}-s{seed}.pt"
     path = cache_dir() / "circuits" / fname
     if use_cache and path.is_file():
         try:
-            return torch.load(path, weights_only=True)
+            rec = torch.load(path, weights_only=True)
+            rec["digest"] = key
+            return rec
         except Exception:  # noqa: BLE001 - a corrupt cache entry is recomputed
             pass
     rec = _compute(read_netlist(info.path), num_patterns, seed)
     if use_cache:
         atomic_torch_save(rec, path)
+    rec["digest"] = key
     return rec
 
 
@@ -253,6 +393,7 @@ def load_circuit(name: str | CircuitInfo, task: str = "arrival", *,
     data.name = info.name
     data.level = level
     data.is_output = is_output
+    data.digest = rec["digest"]
     return data
 
 
@@ -273,33 +414,118 @@ def circuit_stats(name: str | CircuitInfo, cache: bool = True) -> dict:
             "inputs": rec["num_inputs"], "outputs": rec["num_outputs"]}
 
 
-class CircuitDataset(Sequence):
-    """A list of circuit graphs for one task, split by circuit.
+class CircuitDataset(InMemoryDataset):
+    """Real circuits as a PyG :class:`~torch_geometric.data.InMemoryDataset`.
+
+    One graph per circuit (see :func:`load_circuit` for ``x``, ``y`` and the
+    per-graph ``name`` and ``digest`` and per-node ``level`` and
+    ``is_output``), labelled for one task, split by circuit. The graphs are
+    collated once and saved under ``root`` (one folder per selection of
+    circuits, task and label options, keyed by the netlists' content hashes,
+    so an edited file is processed again); later constructions load that
+    file. Works with PyG's :class:`~torch_geometric.loader.DataLoader`.
 
     Args:
-        names (str or list[str]): circuits, suites or paths (see :func:`resolve`).
+        names (str or list): circuits, suites or paths (see :func:`resolve`).
         task (str, optional): ``arrival``, ``signal_prob`` or ``critical``.
             (default: ``"arrival"``)
-        **kwargs: forwarded to :func:`load_circuit`.
+        root (str, optional): dataset folder. (default:
+            ``leangnn.utils.cache_root("datasets")``)
+        transform (callable, optional): applied to each graph on access.
+            (default: ``None``)
+        pre_transform (callable, optional): applied to each graph before it
+            is saved. (default: ``None``)
+        pre_filter (callable, optional): keeps a graph when it returns
+            ``True``. (default: ``None``)
+        progress (bool, optional): show progress while processing.
+            (default: ``False``)
+        force_reload (bool, optional): process again even if saved.
+            (default: ``False``)
+        level_feature, num_patterns, seed: see :func:`load_circuit`.
+        cache (bool, optional): read and write the on-disk caches (labels and
+            the processed dataset); ``False`` builds everything in memory.
+            (default: ``True``)
 
     Example:
         >>> ds = CircuitDataset("iscas85", task="arrival")
         >>> ds[0]  # Data(x=[11, 15], edge_index=[2, 12], y=[11], name='iscas85/c17')
+        >>> next(iter(DataLoader(ds, batch_size=4)))  # a Batch of 4 circuits
     """
 
-    def __init__(self, names: str | Iterable[str], task: str = "arrival",
-                 progress: bool = False, **kwargs):
+    def __init__(self, names: str | os.PathLike | Iterable, task: str = "arrival",
+                 root: str | os.PathLike | None = None,
+                 transform: Callable | None = None,
+                 pre_transform: Callable | None = None,
+                 pre_filter: Callable | None = None, *, progress: bool = False,
+                 force_reload: bool = False, level_feature: bool = False,
+                 num_patterns: int = 1 << 16, seed: int = 0, cache: bool = True):
+        if task not in TASKS:
+            raise ValueError(f"task: unknown task {task!r}; expected one of "
+                             f"{sorted(TASKS)}")
         self.task = task
-        self.infos = resolve(names)
-        self.graphs = load_suite(self.infos, task, progress=progress, **kwargs)
+        self.infos = list(names) if _is_infos(names) else resolve(names)
+        if not self.infos:
+            raise ValueError(f"names: {names!r} names no circuit")
+        self.progress = progress
+        self.options = {"level_feature": level_feature, "num_patterns": num_patterns,
+                        "seed": seed}
+        self.cache = cache
+        self.digests = [circuit_digest(i) for i in self.infos]
+        root = cache_root("datasets") if root is None else root
+        super().__init__(os.fspath(root), transform, pre_transform, pre_filter,
+                         log=progress, force_reload=force_reload)
+        if cache:
+            try:
+                self.load(self.processed_paths[0])
+            except Exception:  # noqa: BLE001 - a corrupt file is processed again
+                self.process()
+                self.load(self.processed_paths[0])
+        else:
+            self.data, self.slices = self.collate(self._graphs())
 
+    # -- PyG dataset protocol ----------------------------------------------- #
+    @property
+    def raw_file_names(self) -> list[str]:
+        return []  # the netlists live where resolve() found them
+
+    @property
+    def processed_dir(self) -> str:
+        spec = {"version": (_CACHE_VERSION, _DATASET_VERSION), "task": self.task,
+                **self.options,
+                "circuits": [[i.name, d] for i, d in zip(self.infos, self.digests)]}
+        key = hashlib.sha1(json.dumps(spec, sort_keys=True).encode()).hexdigest()
+        return os.path.join(self.root, f"{self.task}-{len(self.infos)}-{key[:16]}")
+
+    @property
+    def processed_file_names(self) -> str:
+        return "data.pt"
+
+    def _process(self) -> None:
+        if self.cache:  # without the cache nothing is written to root
+            super()._process()
+
+    def process(self) -> None:
+        data, slices = self.collate(self._graphs())
+        # PyG's save() format, written atomically so a killed run leaves none.
+        atomic_torch_save((data.to_dict(), slices, data.__class__),
+                          self.processed_paths[0])
+
+    def _graphs(self) -> list[Data]:
+        graphs = load_suite(self.infos, self.task, progress=self.progress,
+                            cache=self.cache, **self.options)
+        if self.pre_filter is not None:
+            graphs = [g for g in graphs if self.pre_filter(g)]
+        if self.pre_transform is not None:
+            graphs = [self.pre_transform(g) for g in graphs]
+        if not graphs:
+            raise ValueError("pre_filter: no circuit left of "
+                             f"{[i.name for i in self.infos]}")
+        return graphs
+
+    # -- leangnn's names ----------------------------------------------------- #
     @property
     def task_type(self) -> str:
         return TASKS[self.task]
-
-    @property
-    def num_features(self) -> int:
-        return int(self.graphs[0].num_features) if self.graphs else 0
 
     @property
     def num_classes(self) -> int:
@@ -307,19 +533,23 @@ class CircuitDataset(Sequence):
 
     @property
     def names(self) -> list[str]:
-        return [i.name for i in self.infos]
+        """Circuit names in dataset order (after ``pre_filter``, subsets)."""
+        stored = self._data.name
+        stored = [stored] if isinstance(stored, str) else list(stored)
+        return [stored[i] for i in self.indices()]
 
-    def __len__(self) -> int:
-        return len(self.graphs)
+    @property
+    def graphs(self) -> list[Data]:
+        """The graphs as a list (each transformed, if there is a transform)."""
+        return [self[i] for i in range(len(self))]
 
-    def __getitem__(self, i):
-        return self.graphs[i]
+    def info(self) -> list[dict]:
+        """Name, suite and file of each circuit, in dataset order."""
+        by_name = {i.name: i for i in self.infos}
+        return [asdict(by_name[n]) for n in self.names]
 
     def __repr__(self) -> str:
         return f"CircuitDataset({len(self)} circuits, task={self.task!r})"
-
-    def info(self) -> list[dict]:
-        return [asdict(i) for i in self.infos]
 
 
 def _is_infos(names) -> bool:

@@ -13,7 +13,11 @@ expressions; it reads the 8.7 MB ITC-99 ``b19`` in about a second on one core,
 about 9-12x faster than circuitgraph's parser (``benchmarks/circuits.py``), which
 the tests use as the independent oracle.
 
-Errors are :class:`NetlistError` with the file, line and offending text.
+Errors are :class:`NetlistError` with the file, line and offending text
+(``FILE:LINE: message: 'text'``). Hostile input is bounded: expressions are
+parsed without recursion, bus declarations may hold at most
+:data:`MAX_BUS_BITS` nets, an unclosed ``/*`` or a bad number literal names its
+line, and an empty netlist is refused when it is read.
 """
 
 from __future__ import annotations
@@ -27,9 +31,12 @@ import numpy as np
 __all__ = [
     "GATE_TYPES",
     "FLOP_CELLS",
+    "MAX_BUS_BITS",
+    "NETLIST_SUFFIXES",
     "NetlistError",
     "Netlist",
     "read_netlist",
+    "read_text",
     "parse_verilog",
     "parse_bench",
 ]
@@ -40,6 +47,10 @@ GATE_TYPES = ("input", "ppi", "const0", "const1", "buf", "not", "and", "nand",
 TYPE_ID = {t: i for i, t in enumerate(GATE_TYPES)}
 _PRIMITIVES = {"buf", "not", "and", "nand", "or", "nor", "xor", "xnor"}
 _BENCH_GATES = {**{g.upper(): g for g in _PRIMITIVES}, "BUFF": "buf"}
+
+#: Most nets all bus declarations (``input [N-1:0] a``) of one file may
+#: declare; beyond it a file is taken as hostile or corrupt, not as a netlist.
+MAX_BUS_BITS = 1 << 20
 
 #: Flip-flop cells known by name: cell -> (D-like pins, Q-like pins). Cells
 #: defined in the same file with ``always @(posedge ...)`` are recognised too.
@@ -85,6 +96,11 @@ class Netlist:
         outputs: indices of primary outputs.
         flops: ``(instance, d_node, q_node)`` per flip-flop.
         path: the file it came from, if any.
+        lines: ``int64 [N]`` 1-based source line of the statement that drives
+            node ``i`` (or first reads it), ``0`` where unknown; ``None`` when
+            the netlist did not come from text. Errors found after parsing
+            (a combinational loop in :func:`~leangnn.circuits.levelize`) use
+            it to name the line.
     """
 
     name: str
@@ -95,6 +111,13 @@ class Netlist:
     outputs: np.ndarray
     flops: list[tuple[str, int, int]] = field(default_factory=list)
     path: str | None = None
+    lines: np.ndarray | None = None
+
+    def line_of(self, node: int) -> int | None:
+        """Source line of ``node``'s driver, or ``None`` when unknown."""
+        if self.lines is None or not 0 <= node < len(self.lines):
+            return None
+        return int(self.lines[node]) or None
 
     @property
     def num_nodes(self) -> int:
@@ -138,6 +161,7 @@ class _Builder:
         self.where: list[int] = []  # text offset of the driver (or first use)
         self.outputs: list[tuple[str, int]] = []
         self.flops: list[tuple[str, int, int]] = []
+        self.next_suffix: dict[str, int] = {}
 
     def line_of(self, offset: int) -> int:
         return self.text.count("\n", 0, offset) + 1
@@ -146,7 +170,12 @@ class _Builder:
         if snippet is None:
             end = self.text.find(";", offset)
             snippet = self.text[offset:end if end >= 0 else offset + 80]
-        return NetlistError(message, self.file, self.line_of(offset), snippet)
+        return NetlistError(self.unhide(message), self.file, self.line_of(offset),
+                            self.unhide(snippet))
+
+    def unhide(self, text: str) -> str:
+        """Text as the user wrote it (the Verilog reader renames escaped ids)."""
+        return text
 
     def net(self, name: str, offset: int) -> int:
         i = self.index.get(name)
@@ -170,12 +199,31 @@ class _Builder:
         return i
 
     def fresh(self, base: str) -> str:
-        name, k = base, 0
-        while name in self.index:
-            name, k = f"{base}_{k}", k + 1
-        return name
+        # Same names as probing base, base_0, base_1, ... from 0 each time,
+        # but resumed where the last probe for ``base`` stopped: nets are
+        # never removed, so the skipped names are still taken, and thousands
+        # of copies of one expression stay linear instead of quadratic.
+        if base not in self.index:
+            return base
+        k = self.next_suffix.get(base, 0)
+        while f"{base}_{k}" in self.index:
+            k += 1
+        self.next_suffix[base] = k + 1
+        return f"{base}_{k}"
+
+    def lines(self) -> np.ndarray:
+        """1-based line of every node's ``where`` offset, vectorized."""
+        where = np.asarray(self.where, dtype=np.int64)
+        text = self.text
+        if text.isascii():
+            nl = np.flatnonzero(np.frombuffer(text.encode("ascii"), np.uint8) == 10)
+        else:
+            nl = np.fromiter((m.start() for m in re.finditer("\n", text)), np.int64)
+        return np.searchsorted(nl, where, side="left").astype(np.int64) + 1
 
     def build(self, name: str) -> Netlist:
+        if not self.names:
+            raise NetlistError("no gates/nets: the netlist is empty", self.file)
         types = np.asarray(self.types, dtype=np.int8)
         undriven = np.flatnonzero(types == -1)
         if undriven.size:
@@ -195,28 +243,55 @@ class _Builder:
             outs.append(self.index[o])
         outputs = np.asarray(sorted(set(outs)), dtype=np.int64)
         return Netlist(name, self.names, types, ptr, idx, outputs, self.flops,
-                       self.file)
+                       self.file, self.lines())
 
 
 # --------------------------------------------------------------------------- #
 # Verilog
-_COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
+_COMMENT_START = re.compile(r"//|/\*")
 _ESCAPED = re.compile(r"\\(\S+)")
 _IDENT = r"[A-Za-z_][\w$]*(?:\s*\[\s*\d+\s*\])?"
 _MODULE = re.compile(r"\bmodule\s+(" + r"[A-Za-z_][\w$]*" + r")\s*(?:\(|;)")
 _KEYWORD = re.compile(r"\s*([A-Za-z_][\w$]*)")
-_INSTANCE = re.compile(r"\s*([A-Za-z_][\w$]*)?\s*\(((?:[^()]|\([^()]*\))*)\)\s*(,|$)")
-_NAMED = re.compile(r"\.\s*([A-Za-z_][\w$]*)\s*\(\s*([^()]*?)\s*\)")
+# Each whitespace run has one way to match (no `\s*name?\s*`, no lazy
+# `[^()]*?\s*`), so a failing match is linear, not quadratic in the run.
+_INSTANCE = re.compile(r"\s*(?:([A-Za-z_][\w$]*)\s*)?\(((?:[^()]|\([^()]*\))*)\)"
+                       r"\s*(,|$)")
+_NAMED = re.compile(r"\.\s*([A-Za-z_][\w$]*)\s*\(([^()]*)\)")
+_ALWAYS = re.compile(r"\balways\b")
 _RANGE = re.compile(r"\[\s*(\d+)\s*:\s*(\d+)\s*\]")
 _IDENT_RE = re.compile(_IDENT + r"\Z")
 _CONST = re.compile(r"(\d*)'\s*([bBhHdDoO])\s*([0-9a-fA-FxXzZ_]+)\Z")
+_DIGITS = {"b": set("01"), "o": set("01234567"), "d": set("0123456789"),
+           "h": set("0123456789abcdef")}
 _TOKEN = re.compile(r"\s*(?:(" + _IDENT + r")|(\d*'\s*[bBhHdDoO]\s*[0-9a-fA-FxXzZ_]+)"
                     r"|([~&|^()!]))")
 
 
-def _strip_comments(text: str) -> str:
-    # Keep every newline so line numbers in errors stay right.
-    return _COMMENT.sub(lambda m: "\n" * m.group(0).count("\n") or " ", text)
+def _strip_comments(text: str, file: str | None) -> str:
+    # One linear scan with str.find: a non-greedy regex rescans to the end of
+    # the text from every unclosed '/*', quadratic on a file full of them.
+    # Every newline is kept so line numbers in errors stay right.
+    out, pos = [], 0
+    while (m := _COMMENT_START.search(text, pos)) is not None:
+        out.append(text[pos:m.start()])
+        if m.group(0) == "//":
+            end = text.find("\n", m.end())
+            end = len(text) if end < 0 else end
+            out.append(" ")
+        else:
+            end = text.find("*/", m.end())
+            if end < 0:
+                raise NetlistError("unclosed block comment '/*'", file,
+                                   text.count("\n", 0, m.start()) + 1,
+                                   text[m.start():m.start() + 60])
+            end += 2
+            out.append("\n" * text.count("\n", m.start(), end) or " ")
+        pos = end
+    if not out:
+        return text
+    out.append(text[pos:])
+    return "".join(out)
 
 
 def _ident(tok: str) -> str:
@@ -225,12 +300,19 @@ def _ident(tok: str) -> str:
 
 class _Verilog:
     def __init__(self, text: str, file: str | None):
-        text = _strip_comments(text)
+        text = _strip_comments(text, file)
+        self.bus_bits = 0
         self.escaped: dict[str, str] = {}
         if "\\" in text:
             text = self._hide_escaped(text)
         self.b = _Builder(file, text)
         self.text = text
+        if self.escaped:
+            # An alias is the prefix plus digits, always followed by the
+            # whitespace that ended the escaped identifier.
+            alias = re.compile(re.escape(self.prefix) + r"\d+")
+            self.b.unhide = lambda s: alias.sub(
+                lambda m: self.escaped.get(m.group(0), m.group(0)), s)
 
     def _hide_escaped(self, text: str) -> str:
         # Escaped identifiers (\a[0] ) may hold any printable character; swap
@@ -239,6 +321,7 @@ class _Verilog:
         prefix = "_esc_"
         while prefix in text:
             prefix += "x"
+        self.prefix = prefix
         table: dict[str, str] = {}
 
         def swap(m: re.Match) -> str:
@@ -259,13 +342,13 @@ class _Verilog:
         text, b = self.text, self.b
         modules = list(_MODULE.finditer(text))
         if not modules:
-            raise NetlistError("no 'module' found", b.file, 1, text[:80])
+            raise NetlistError("no 'module' found", b.file, 1, b.unhide(text[:80]))
         flop_cells = dict(FLOP_CELLS)
         top = None
         for k, m in enumerate(modules):
             end = modules[k + 1].start() if k + 1 < len(modules) else len(text)
             body = text[m.start():end]
-            if re.search(r"\balways\b[^;]*posedge", body) and "reg" in body:
+            if _defines_flop(body):
                 flop_cells.setdefault(m.group(1), (("D", "d"), ("Q", "q")))
             if top is None and (module is None or m.group(1) == module):
                 top = m
@@ -286,14 +369,23 @@ class _Verilog:
         m = _RANGE.search(rest)
         rng = None
         if m:
+            # Length first: int() of thousands of digits is slow or refused.
+            if max(len(m.group(1)), len(m.group(2))) > 9:
+                raise self.b.error(f"bus range {m.group(0)!r} is too wide "
+                                   f"(at most {MAX_BUS_BITS} nets)", offset)
             hi, lo = int(m.group(1)), int(m.group(2))
             rng = range(min(hi, lo), max(hi, lo) + 1)
             rest = rest[:m.start()] + rest[m.end():]
+        toks = [t.strip() for t in rest.split(",") if t.strip()]
+        if rng is not None:
+            self.bus_bits += len(rng) * len(toks)
+            if self.bus_bits > MAX_BUS_BITS:
+                raise self.b.error(
+                    f"bus range {m.group(0)!r} brings the declared bus nets to "
+                    f"{self.bus_bits}, more than the {MAX_BUS_BITS} this reader "
+                    "accepts", offset)
         out = []
-        for tok in rest.split(","):
-            tok = tok.strip()
-            if not tok:
-                continue
+        for tok in toks:
             if not _IDENT_RE.match(tok):
                 raise self.b.error(f"bad identifier {tok!r} in declaration", offset)
             name = self.name(tok)
@@ -367,7 +459,7 @@ class _Verilog:
     def flop(self, cell: str, rest: str, stmt: str, offset: int) -> None:
         d_pins, q_pins = self.flop_cells[cell]
         for inst, body in self.ports(rest, stmt, offset):
-            conn = dict(_NAMED.findall(body))
+            conn = {pin: net.strip() for pin, net in _NAMED.findall(body)}
             if not conn:
                 raise self.b.error(f"flip-flop {cell!r} needs named ports "
                                    "(.D(...), .Q(...))", offset, stmt)
@@ -383,15 +475,19 @@ class _Verilog:
 
     def const(self, tok: str, offset: int) -> int:
         m = _CONST.match(_ident(tok))
+        base = m.group(2).lower()
         digits = m.group(3).replace("_", "").lower()
-        if set(digits) - {"0", "1"} and m.group(2).lower() == "b" or "x" in digits \
-                or "z" in digits:
+        if "x" in digits or "z" in digits:
             raise self.b.error(f"constant {tok!r} is not 0 or 1", offset)
-        value = int(digits, {"b": 2, "h": 16, "d": 10, "o": 8}[m.group(2).lower()])
-        name = "tie_1" if value & 1 else "tie_0"
+        if not digits or set(digits) - _DIGITS[base]:
+            raise self.b.error(f"bad number literal {tok!r}: base {base!r} digits "
+                               f"are {''.join(sorted(_DIGITS[base]))}", offset)
+        # Only bit 0 drives the net, and bases 2, 8, 10 and 16 are all even,
+        # so the last digit decides it (no int() of a huge literal).
+        name = "tie_1" if int(digits[-1], 16) & 1 else "tie_0"
         i = self.b.net(name, offset)
         if self.b.types[i] == -1:
-            self.b.drive(name, "const1" if value & 1 else "const0", (), offset)
+            self.b.drive(name, "const1" if name == "tie_1" else "const0", (), offset)
         return i
 
     def assign(self, rest: str, stmt: str, offset: int) -> None:
@@ -422,6 +518,19 @@ class _Verilog:
         _Expr(self, toks, target, stmt, offset).run()
 
 
+def _defines_flop(body: str) -> bool:
+    """Whether a module body has ``reg`` and an ``always ... posedge`` statement."""
+    if "posedge" not in body or "reg" not in body:
+        return False
+    # Statement by statement: a regex `always[^;]*posedge` rescans up to the
+    # next ';' from every 'always', quadratic when there are thousands.
+    for stmt in body.split(";"):
+        m = _ALWAYS.search(stmt)
+        if m and "posedge" in stmt[m.end():]:
+            return True
+    return False
+
+
 def _split_top(s: str) -> list[str]:
     parts, depth, cur = [], 0, []
     for ch in s:
@@ -436,71 +545,142 @@ def _split_top(s: str) -> list[str]:
     return parts
 
 
-class _Expr:
-    """Recursive-descent parser for ``~ & ^ |`` (Verilog precedence)."""
+_PRECEDENCE = {"|": 1, "^": 2, "&": 3}
+_BINARY_GATE = {"|": "or", "^": "xor", "&": "and"}
+#: Longest name an ``assign`` operator node derives from its operands; nested
+#: expressions would otherwise grow names quadratically with the depth.
+_MAX_DERIVED_NAME = 200
 
-    _OPS = (("|", "or"), ("^", "xor"), ("&", "and"))
+
+class _Op:
+    """An operator node of an ``assign`` expression while it is parsed."""
+
+    __slots__ = ("gate", "args", "closed")
+
+    def __init__(self, gate: str, args: list, closed: bool):
+        self.gate, self.args, self.closed = gate, args, closed
+
+
+class _Expr:
+    """Operator-precedence parser for ``~ ! & ^ |`` and parentheses.
+
+    Iterative (two stacks), so nesting depth is bounded by memory, not by
+    Python's recursion limit. It builds the same trees as recursive descent
+    over Verilog precedence (``~`` > ``&`` > ``^`` > ``|``): a run of one
+    operator without parentheses becomes one n-ary gate (``a & b & c`` ->
+    ``and(a, b, c)``), a parenthesised group stays a separate gate.
+    """
 
     def __init__(self, v: _Verilog, toks: list[str], target: str, stmt: str, offset):
-        self.v, self.toks, self.pos = v, toks, 0
+        self.v, self.toks = v, toks
         self.target, self.stmt, self.offset = target, stmt, offset
 
     def fail(self, why: str):
         return self.v.b.error(why, self.offset, self.stmt)
 
+    def parse(self):
+        out: list = []  # operands: node index or _Op
+        ops: list[str] = []  # "(", "~" or a binary operator
+        want_operand = True
+        for tok in self.toks:
+            if want_operand:
+                if tok in ("~", "!"):
+                    ops.append("~")
+                elif tok == "(":
+                    ops.append("(")
+                elif tok in "&|^)":
+                    raise self.fail(f"unexpected {tok!r} in expression")
+                else:
+                    out.append(self.v.operand(tok, self.stmt, self.offset))
+                    self._unary(out, ops)
+                    want_operand = False
+            elif tok in _PRECEDENCE:
+                while ops and ops[-1] in _PRECEDENCE and \
+                        _PRECEDENCE[ops[-1]] >= _PRECEDENCE[tok]:
+                    self._binary(out, ops)
+                ops.append(tok)
+                want_operand = True
+            elif tok == ")":
+                while ops and ops[-1] != "(":
+                    self._binary(out, ops)
+                if not ops:
+                    raise self.fail("unexpected ')' in expression")
+                ops.pop()
+                if isinstance(out[-1], _Op):
+                    out[-1].closed = True
+                self._unary(out, ops)
+            else:
+                raise self.fail(f"unexpected {tok!r} in expression")
+        if want_operand:
+            raise self.fail("expression ends early")
+        while ops:
+            if ops[-1] == "(":
+                raise self.fail("missing ')' in expression")
+            self._binary(out, ops)
+        return out[0]
+
+    @staticmethod
+    def _unary(out: list, ops: list[str]) -> None:
+        while ops and ops[-1] == "~":
+            ops.pop()
+            out[-1] = _Op("not", [out[-1]], True)
+
+    @staticmethod
+    def _binary(out: list, ops: list[str]) -> None:
+        gate = _BINARY_GATE[ops.pop()]
+        right, left = out.pop(), out.pop()
+        if isinstance(left, _Op) and not left.closed and left.gate == gate:
+            left.args.append(right)  # one more operand of the same run
+            out.append(left)
+        else:
+            out.append(_Op(gate, [left, right], False))
+
     def run(self) -> None:
-        node = self.binary(0)
-        if self.pos != len(self.toks):
-            raise self.fail(f"unexpected {self.toks[self.pos]!r} in expression")
+        node = self.parse()
         b = self.v.b
-        if isinstance(node, tuple):  # an operator: it is the target net
-            fanin = tuple(self.materialise(f) for f in node[1])
-            b.drive(self.target, node[0], fanin, self.offset)
+        if isinstance(node, _Op):  # an operator: it is the target net
+            fanin = tuple(self.materialise(f) for f in node.args)
+            b.drive(self.target, node.gate, fanin, self.offset)
         else:  # a plain net or constant: the target is a buffer of it
             b.drive(self.target, "buf", (node,), self.offset)
 
-    def make(self, gate: str, fanin: tuple) -> int:
-        fanin = tuple(self.materialise(f) for f in fanin)
-        base = f"{gate}_" + "_".join(self.v.b.names[i] for i in fanin)
-        return self.v.b.drive(self.v.b.fresh(base), gate, fanin, self.offset)
+    def make(self, gate: str, fanin: list[int]) -> int:
+        b = self.v.b
+        base = f"{gate}_" + "_".join(b.names[i] for i in fanin)
+        if len(base) > _MAX_DERIVED_NAME:
+            base = base[:_MAX_DERIVED_NAME]
+        return b.drive(b.fresh(base), gate, tuple(fanin), self.offset)
 
     def materialise(self, node) -> int:
-        return self.make(*node) if isinstance(node, tuple) else node
-
-    def binary(self, level: int):
-        if level == len(self._OPS):
-            return self.unary()
-        sym, gate = self._OPS[level]
-        operands = [self.binary(level + 1)]
-        while self.pos < len(self.toks) and self.toks[self.pos] == sym:
-            self.pos += 1
-            operands.append(self.binary(level + 1))
-        if len(operands) == 1:
-            return operands[0]
-        return (gate, tuple(operands))
-
-    def unary(self):
-        if self.pos >= len(self.toks):
-            raise self.fail("expression ends early")
-        tok = self.toks[self.pos]
-        self.pos += 1
-        if tok in ("~", "!"):
-            return ("not", (self.unary(),))
-        if tok == "(":
-            node = self.binary(0)
-            if self.pos >= len(self.toks) or self.toks[self.pos] != ")":
-                raise self.fail("missing ')' in expression")
-            self.pos += 1
+        """Create the nets of ``node``'s tree, operands first (post-order)."""
+        if not isinstance(node, _Op):
             return node
-        if tok in "&|^)":
-            raise self.fail(f"unexpected {tok!r} in expression")
-        return self.v.operand(tok, self.stmt, self.offset)
+        stack = [(node, [])]
+        while True:
+            op, done = stack[-1]
+            if len(done) < len(op.args):
+                child = op.args[len(done)]
+                if isinstance(child, _Op):
+                    stack.append((child, []))
+                else:
+                    done.append(child)
+                continue
+            idx = self.make(op.gate, done)
+            stack.pop()
+            if not stack:
+                return idx
+            stack[-1][1].append(idx)
 
 
 def parse_verilog(text: str, file: str | None = None,
                   module: str | None = None) -> Netlist:
     """Parse structural Verilog; the first module (or ``module``) is the top."""
-    return _Verilog(text, file).parse(module)
+    return _Verilog(_strip_bom(text), file).parse(module)
+
+
+def _strip_bom(text: str) -> str:
+    # Editors on Windows save UTF-8 with a byte-order mark; it is not content.
+    return text[1:] if text.startswith("\ufeff") else text
 
 
 # --------------------------------------------------------------------------- #
@@ -511,6 +691,7 @@ _BENCH_GATE = re.compile(r"([^\s=()]+)\s*=\s*([A-Za-z]+)\s*\(([^()]*)\)\Z")
 
 def parse_bench(text: str, file: str | None = None, name: str = "bench") -> Netlist:
     """Parse ISCAS ``.bench`` (``INPUT(a)``, ``y = NAND(a, b)``, ``q = DFF(d)``)."""
+    text = _strip_bom(text)
     b = _Builder(file, text)
     offset = 0
     pending_flops = []
@@ -551,20 +732,58 @@ def parse_bench(text: str, file: str | None = None, name: str = "bench") -> Netl
     return b.build(name)
 
 
-def read_netlist(path: str | Path, module: str | None = None) -> Netlist:
-    """Read a ``.v`` (structural Verilog) or ``.bench`` netlist from ``path``."""
+def read_text(path: str | Path) -> str:
+    """A netlist file's text (UTF-8, optional byte-order mark).
+
+    Raises:
+        NetlistError: naming the file, and the line of the first byte that is
+            not UTF-8, when the file is missing, unreadable or not text.
+    """
     path = Path(path)
     if not path.is_file():
         raise NetlistError("no such netlist file", str(path))
     try:
-        text = path.read_text()
+        raw = path.read_bytes()
+    except OSError as e:
+        raise NetlistError(f"cannot read file ({e.strerror or e})", str(path)) from e
+    try:
+        text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as e:
-        raise NetlistError(f"not a text file ({e.reason} at byte {e.start})",
-                           str(path)) from e
+        line = raw.count(b"\n", 0, e.start) + 1
+        raise NetlistError(f"not a UTF-8 text file ({e.reason}: byte "
+                           f"{raw[e.start]:#04x} at offset {e.start})", str(path),
+                           line) from e
+    return text
+
+
+#: File suffixes :func:`read_netlist` reads, and the reader of each that lives
+#: in its own module (imported on first use).
+NETLIST_SUFFIXES = (".v", ".vg", ".sv", ".bench", ".aag", ".aig", ".blif")
+_OTHER_READERS = {".aag": ("aiger", "read_aiger"), ".aig": ("aiger", "read_aiger"),
+                  ".blif": ("blif", "read_blif")}
+
+
+def read_netlist(path: str | Path, module: str | None = None) -> Netlist:
+    """Read a netlist file, its format chosen by the suffix.
+
+    ``.v`` / ``.vg`` / ``.sv``: structural Verilog (``module`` picks the top,
+    default the first); ``.bench``: ISCAS bench; ``.aag`` / ``.aig``: AIGER;
+    ``.blif``: BLIF.
+    """
+    path = Path(path)
     suffix = path.suffix.lower()
+    if suffix not in NETLIST_SUFFIXES:
+        if not path.is_file():
+            raise NetlistError("no such netlist file", str(path))
+        raise NetlistError(f"unsupported netlist extension {path.suffix!r} "
+                           f"(expected one of {', '.join(NETLIST_SUFFIXES)})",
+                           str(path))
+    if suffix in _OTHER_READERS:
+        import importlib
+
+        mod, fn = _OTHER_READERS[suffix]
+        return getattr(importlib.import_module(f".{mod}", __package__), fn)(path)
+    text = read_text(path)
     if suffix == ".bench":
         return parse_bench(text, str(path), path.stem)
-    if suffix in (".v", ".vg", ".sv"):
-        return parse_verilog(text, str(path), module)
-    raise NetlistError(f"unsupported netlist extension {path.suffix!r} "
-                       "(expected .v or .bench)", str(path))
+    return parse_verilog(text, str(path), module)

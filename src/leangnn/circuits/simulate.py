@@ -104,12 +104,19 @@ def _loop_error(net: Netlist, stuck: np.ndarray) -> NetlistError:
             if int(u) in keep:
                 g.add_edge(int(u), v)
     try:
-        cycle = [net.names[u] for u, _ in nx.find_cycle(g)]
+        cycle = [u for u, _ in nx.find_cycle(g)]
     except nx.NetworkXNoCycle:  # pragma: no cover - stuck nodes imply a cycle
-        cycle = [net.names[int(v)] for v in stuck[:5]]
-    shown = " -> ".join(cycle[:8]) + (" -> ..." if len(cycle) > 8 else "")
-    return NetlistError(f"combinational loop through nets {shown} -> {cycle[0]} "
-                        f"({stuck.size} nets cannot be levelized)", net.path)
+        cycle = [int(v) for v in stuck[:5]]
+    # Start the cycle at the gate written first in the file, so the line the
+    # error names is a statement on the loop and the message reads from it.
+    lines = [net.line_of(v) or float("inf") for v in cycle]
+    k = lines.index(min(lines))
+    cycle = cycle[k:] + cycle[:k]
+    names = [net.names[v] for v in cycle]
+    shown = " -> ".join(names[:8]) + (" -> ..." if len(names) > 8 else "")
+    return NetlistError(f"combinational loop through nets {shown} -> {names[0]} "
+                        f"({stuck.size} nets cannot be levelized)", net.path,
+                        net.line_of(cycle[0]))
 
 
 @dataclass

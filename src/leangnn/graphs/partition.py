@@ -21,15 +21,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import scipy.sparse as sp
 import torch
 from torch import Tensor
 
 from ..utils import atomic_torch_save, cache_root
+from .sparse import DstCSR, check_edge_index, undirected_csr
 
 __all__ = [
     "Partition",
-    "DstCSR",
     "partition_graph",
     "metis_partition",
     "bfs_partition",
@@ -72,94 +71,12 @@ class Partition:
                 f"num_parts={self.num_parts}, method={self.method})")
 
 
-class DstCSR:
-    """Edges grouped by target node (CSR over ``edge_index[1]``).
-
-    Gathering the in-edges of a node set is the primitive of halo expansion
-    and of the offload engine's subgraph building; it is written here with
-    vectorised offsets because ``torch_geometric.utils.subgraph`` scans all
-    ``E`` edges per call, which is too slow for hundreds of chunks on a
-    50M-edge graph.
-
-    Args:
-        edge_index (Tensor): ``[2, E]`` edges ``source -> target``.
-        num_nodes (int): number of nodes ``N``.
-        edge_weight (Tensor, optional): ``[E]`` weights, permuted along.
-    """
-
-    def __init__(self, edge_index: Tensor, num_nodes: int,
-                 edge_weight: Tensor | None = None):
-        _check_edge_index(edge_index, num_nodes)
-        dst = edge_index[1]
-        perm = torch.argsort(dst, stable=True)
-        self.num_nodes = num_nodes
-        self.col = edge_index[0][perm]
-        self.weight = None if edge_weight is None else edge_weight[perm]
-        counts = torch.bincount(dst, minlength=num_nodes)
-        self.rowptr = torch.zeros(num_nodes + 1, dtype=torch.long)
-        torch.cumsum(counts, 0, out=self.rowptr[1:])
-
-    @property
-    def num_edges(self) -> int:
-        return self.col.numel()
-
-    def in_degree(self, nodes: Tensor | None = None) -> Tensor:
-        if nodes is None:
-            return self.rowptr[1:] - self.rowptr[:-1]
-        return self.rowptr[nodes + 1] - self.rowptr[nodes]
-
-    def edge_ids(self, nodes: Tensor) -> tuple[Tensor, Tensor]:
-        """Positions (into ``col``) of the in-edges of ``nodes``, and counts."""
-        counts = self.in_degree(nodes)
-        total = int(counts.sum())
-        starts = self.rowptr[nodes]
-        offsets = torch.cumsum(counts, 0) - counts
-        ids = torch.repeat_interleave(starts - offsets, counts, output_size=total)
-        ids += torch.arange(total)
-        return ids, counts
-
-    def in_neighbors(self, nodes: Tensor) -> Tensor:
-        """Unique sources of the in-edges of ``nodes`` (sorted)."""
-        ids, _ = self.edge_ids(nodes)
-        return torch.unique(self.col[ids])
-
-    def __repr__(self) -> str:
-        return (f"{self.__class__.__name__}(num_nodes={self.num_nodes}, "
-                f"num_edges={self.num_edges})")
-
-
-def _check_edge_index(edge_index: Tensor, num_nodes: int) -> None:
-    if not (isinstance(edge_index, Tensor) and edge_index.dim() == 2
-            and edge_index.size(0) == 2):
-        shape = tuple(edge_index.shape) if isinstance(edge_index, Tensor) else None
-        raise ValueError(f"edge_index must be a [2, E] tensor, got shape {shape}")
-    if not isinstance(num_nodes, int) or num_nodes < 1:
-        raise ValueError(f"num_nodes must be a positive int, got {num_nodes!r}")
-    if edge_index.numel() and int(edge_index.max()) >= num_nodes:
-        raise ValueError(f"edge_index refers to node {int(edge_index.max())} "
-                         f">= num_nodes={num_nodes}")
-
-
 def graph_hash(edge_index: Tensor, num_nodes: int) -> str:
     """A content hash of a graph's edges (the partition cache key)."""
     h = hashlib.blake2b(digest_size=12)
     h.update(str((num_nodes, tuple(edge_index.shape))).encode())
     h.update(edge_index.contiguous().cpu().numpy().tobytes())
     return h.hexdigest()
-
-
-def _symmetric_csr(edge_index: Tensor, num_nodes: int) -> sp.csr_matrix:
-    """Undirected simple graph (no self-loops, no duplicates) as int32 CSR."""
-    src = edge_index[0].numpy().astype(np.int32)
-    dst = edge_index[1].numpy().astype(np.int32)
-    keep = src != dst
-    src, dst = src[keep], dst[keep]
-    ones = np.ones(2 * src.size, dtype=np.int8)
-    a = sp.csr_matrix((ones, (np.concatenate([src, dst]), np.concatenate([dst, src]))),
-                      shape=(num_nodes, num_nodes))
-    a.sum_duplicates()
-    a.sort_indices()
-    return a
 
 
 def metis_partition(edge_index: Tensor, num_nodes: int, num_parts: int,
@@ -171,7 +88,7 @@ def metis_partition(edge_index: Tensor, num_nodes: int, num_parts: int,
     """
     import pymetis
 
-    a = _symmetric_csr(edge_index, num_nodes)
+    a = undirected_csr(edge_index, num_nodes, dtype=bool)
     idx = pymetis.zero_copy_dtype()  # METIS's own index width: no extra copy
     adjacency = pymetis.CSRAdjacency(a.indptr.astype(idx), a.indices.astype(idx))
     del a
@@ -192,7 +109,7 @@ def bfs_partition(edge_index: Tensor, num_nodes: int, num_parts: int) -> Tensor:
     """
     from scipy.sparse.csgraph import reverse_cuthill_mckee
 
-    a = _symmetric_csr(edge_index, num_nodes)
+    a = undirected_csr(edge_index, num_nodes, dtype=bool)
     order = torch.from_numpy(
         reverse_cuthill_mckee(a, symmetric_mode=True).astype(np.int64))
     part = torch.empty(num_nodes, dtype=torch.long)
@@ -240,7 +157,7 @@ def partition_graph(edge_index: Tensor, num_nodes: int, num_parts: int,
     Returns:
         :class:`Partition` with ``part [N]``.
     """
-    _check_edge_index(edge_index, num_nodes)
+    check_edge_index(edge_index, num_nodes)
     if not isinstance(num_parts, int) or not 1 <= num_parts <= num_nodes:
         raise ValueError(f"num_parts must be an int in [1, num_nodes={num_nodes}], "
                          f"got {num_parts!r}")

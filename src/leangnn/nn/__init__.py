@@ -2,7 +2,16 @@
 
 from leangnn.nn.flat import FlatParameters
 from leangnn.nn.group_sparse import GroupSparseAct, group_sparse_act
-from leangnn.nn.models import GSRGNN, MODELS, ResGNN, build_model
+from leangnn.nn.models import (
+    GSRGNN,
+    MODELS,
+    ModelEntry,
+    ResGNN,
+    build_model,
+    get_model,
+    model_arguments,
+    register_model,
+)
 from leangnn.nn.reversible import CONVS, GSRBlock, GSRStack, build_conv
 
 __all__ = [
@@ -17,4 +26,8 @@ __all__ = [
     "build_conv",
     "build_model",
     "MODELS",
+    "ModelEntry",
+    "register_model",
+    "get_model",
+    "model_arguments",
 ]

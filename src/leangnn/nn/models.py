@@ -8,9 +8,19 @@
 * ``gcn`` / ``sage`` / ``gat``: PyG's shallow :class:`~torch_geometric.nn.models.GCN`,
   :class:`~torch_geometric.nn.models.GraphSAGE` and
   :class:`~torch_geometric.nn.models.GAT`.
+
+Every model is registered by name in :data:`MODELS` (see
+:func:`register_model`); the CLI's ``--model`` choices, the configuration's
+checks and :func:`build_model` all read that registry, so a new model is one
+``register_model`` line (its target may be a lazy ``"module:Class"`` string).
 """
 
 from __future__ import annotations
+
+import importlib
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -20,7 +30,9 @@ from torch_geometric.nn.models import GAT, GCN, GraphSAGE
 from leangnn.nn.group_sparse import resolve_k
 from leangnn.nn.reversible import CONVS, ConvSpec, GSRBlock, GSRStack, build_conv
 
-__all__ = ["CONVS", "build_conv", "GSRGNN", "ResGNN", "build_model", "MODELS"]
+__all__ = ["CONVS", "build_conv", "GSRGNN", "ResGNN", "ModelEntry", "MODELS",
+           "register_model", "get_model", "model_arguments", "build_model",
+           "resolve_target"]
 
 
 def _conv_name(conv: ConvSpec) -> str:
@@ -185,37 +197,145 @@ class ResGNN(torch.nn.Module):
 
 
 def _shallow(cls):
-    def make(in_channels, hidden_channels, out_channels, num_layers, dropout=0.0,
-             **_):
+    # PyG's BasicGNN takes (in, hidden, num_layers, out); the registry's
+    # constructors take (in, hidden, out, num_layers), and the signature names
+    # only what the baseline uses, so build_model drops the rest.
+    def make(in_channels: int, hidden_channels: int, out_channels: int,
+             num_layers: int, dropout: float = 0.0) -> torch.nn.Module:
         return cls(in_channels, hidden_channels, num_layers, out_channels,
                    dropout=dropout)
     make.__name__ = make.__qualname__ = cls.__name__
+    make.__doc__ = f"PyG's shallow :class:`{cls.__name__}` (no jumping knowledge)."
     return make
 
 
-#: model name -> constructor(in_channels, hidden_channels, out_channels,
-#: num_layers, **kwargs)
-MODELS = {
-    "gsr": GSRGNN,
-    "res": ResGNN,
-    "gcn": _shallow(GCN),
-    "sage": _shallow(GraphSAGE),
-    "gat": _shallow(GAT),
-}
+def resolve_target(target: Callable | str, what: str = "target") -> Callable:
+    """``target`` itself, or the object a lazy ``"package.module:attr"`` names.
+
+    Lazy targets keep registries cheap to import: the module is imported only
+    when the entry is first used.
+    """
+    if not isinstance(target, str):
+        return target
+    module, sep, attr = target.partition(":")
+    if not sep or not module or not attr:
+        raise ValueError(f"{what}: expected 'package.module:attr', got {target!r}")
+    obj = importlib.import_module(module)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+@dataclass
+class ModelEntry:
+    """A registered model: its constructor and what it can do.
+
+    Args:
+        name (str): the model's name (``--model``).
+        target (callable or str): ``ctor(in_channels, hidden_channels,
+            out_channels, num_layers, **options)``, or a lazy
+            ``"module:attr"`` naming it.
+        capabilities (frozenset of str): what strategies may require, e.g.
+            ``"reversible"`` (activation memory independent of depth) or
+            ``"layerwise"`` (a PyG ``BasicGNN`` the offload engine runs layer
+            by layer).
+        description (str): one line for help texts.
+    """
+
+    name: str
+    target: Callable | str
+    capabilities: frozenset[str] = frozenset()
+    description: str = ""
+
+    def resolve(self) -> Callable:
+        """The constructor (imports a lazy target once)."""
+        if isinstance(self.target, str):
+            self.target = resolve_target(self.target, f"model {self.name!r}")
+        return self.target
+
+    def options(self) -> dict[str, inspect.Parameter]:
+        """The options the constructor names (beyond the four sizes)."""
+        params = list(inspect.signature(self.resolve()).parameters.values())
+        named = [p for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD,
+                                                  p.KEYWORD_ONLY)]
+        return {p.name: p for p in named[4:]}
+
+    @property
+    def reversible(self) -> bool:
+        return "reversible" in self.capabilities
+
+
+#: model name -> :class:`ModelEntry`; add entries with :func:`register_model`.
+MODELS: dict[str, ModelEntry] = {}
+
+
+def register_model(name: str, target: Callable | str, *, reversible: bool = False,
+                   layerwise: bool = False, capabilities: tuple[str, ...] = (),
+                   description: str = "", replace: bool = False) -> ModelEntry:
+    """Register a model under ``name`` for :func:`build_model` and ``--model``.
+
+    Args:
+        name (str): the name.
+        target (callable or str): the constructor, called as
+            ``target(in_channels, hidden_channels, out_channels, num_layers,
+            **options)``, or a lazy ``"module:attr"`` string.
+        reversible (bool, optional): activation memory independent of depth
+            (what ``--strategy reversible`` requires). (default: ``False``)
+        layerwise (bool, optional): a PyG ``BasicGNN`` that the offload engine
+            can run layer by layer. (default: ``False``)
+        capabilities (tuple of str, optional): further capability names.
+        description (str, optional): one line for help texts.
+        replace (bool, optional): allow replacing an existing entry.
+            (default: ``False``)
+    """
+    if not isinstance(name, str) or not name.isidentifier():
+        raise ValueError(f"model name must be an identifier, got {name!r}")
+    if name in MODELS and not replace:
+        raise ValueError(f"model {name!r} is already registered; pass replace=True")
+    caps = set(capabilities) | {c for c, on in (("reversible", reversible),
+                                                ("layerwise", layerwise)) if on}
+    entry = ModelEntry(name, target, frozenset(caps), description)
+    MODELS[name] = entry
+    return entry
+
+
+def get_model(name: str) -> ModelEntry:
+    """The registry entry of ``name``; ``ValueError`` naming the choices."""
+    entry = MODELS.get(name) if isinstance(name, str) else None
+    if entry is None:
+        raise ValueError(f"unknown model {name!r}; expected one of {sorted(MODELS)}")
+    return entry
+
+
+def model_arguments(name: str, **options) -> dict:
+    """The ``options`` that model ``name`` takes: names its constructor does
+    not list are dropped, and so are ``None`` values (the model's default)."""
+    accepted = get_model(name).options()
+    return {k: v for k, v in options.items() if k in accepted and v is not None}
+
+
+register_model("gsr", GSRGNN, reversible=True,
+               description="grouped reversible GSR-GNN (depth-independent memory)")
+register_model("res", ResGNN, description="deep residual GNN, plain autograd")
+register_model("gcn", _shallow(GCN), layerwise=True, description="shallow PyG GCN")
+register_model("sage", _shallow(GraphSAGE), layerwise=True,
+               description="shallow PyG GraphSAGE")
+register_model("gat", _shallow(GAT), layerwise=True, description="shallow PyG GAT")
 
 
 def build_model(name: str, in_channels: int, hidden_channels: int,
-                out_channels: int, num_layers: int, **kwargs) -> torch.nn.Module:
-    """Build a model by name (see :data:`MODELS`).
+                out_channels: int, num_layers: int, **options) -> torch.nn.Module:
+    """Build a registered model by name (see :data:`MODELS`).
 
-    ``kwargs`` may carry ``conv``, ``dropout``, ``num_groups``, ``sparsity``
-    (and ``disable`` for ``gsr``); ``None`` values mean "model default" and
-    the shallow baselines ignore what they do not use.
+    ``options`` may carry any model option (``conv``, ``dropout``,
+    ``num_groups``, ``sparsity``, ``flat_parameters``, ...): each model gets
+    the ones its constructor names, and ``None`` means "model default", so a
+    caller can pass every option of a configuration without knowing which
+    model takes which. Extra conv keyword arguments need the class itself.
     """
-    if name not in MODELS:
-        raise ValueError(f"unknown model {name!r}; expected one of {sorted(MODELS)}")
-    if not isinstance(num_layers, int) or num_layers < 1:
+    entry = get_model(name)
+    if not isinstance(num_layers, int) or isinstance(num_layers, bool) or \
+            num_layers < 1:
         raise ValueError(f"num_layers must be an int >= 1, got {num_layers!r}")
-    kwargs = {k: v for k, v in kwargs.items() if v is not None}
-    return MODELS[name](in_channels, hidden_channels, out_channels, num_layers,
-                        **kwargs)
+    return entry.resolve()(in_channels, hidden_channels, out_channels, num_layers,
+                           **model_arguments(name, **options))

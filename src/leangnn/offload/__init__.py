@@ -5,40 +5,46 @@ cache; every vertex embedding is computed once per layer and epoch, and the
 gradient equals PyG full-batch training.
 """
 
+from leangnn.offload.budget import DeviceBudget
 from leangnn.offload.cache import POLICIES, DeviceCache, st_keys
-from leangnn.offload.engine import (
-    MODES,
-    OffloadCounters,
-    OffloadEngine,
-    full_batch_vertex_bytes,
-)
+from leangnn.offload.counters import OffloadCounters
+from leangnn.offload.engine import OffloadEngine
+from leangnn.offload.jobs import ArrayLayout, Job, JobRunner
 from leangnn.offload.layerwise import SUPPORTED_CONVS, LayerwiseModel
+from leangnn.offload.options import MODES, OffloadOptions
+from leangnn.offload.plane import CountingPlane, DevicePlane
 from leangnn.offload.schedule import (
     BudgetError,
     ExactSchedule,
     RecomputeSchedule,
     overlap_order,
 )
-from leangnn.offload.store import HostStore
+from leangnn.offload.store import HostStore, ShapeStore
 from leangnn.offload.strategy import OffloadStrategy
-from leangnn.offload.workspace import LiveBytesMeter, WorkspaceModel
+from leangnn.offload.workspace import WorkspaceModel
 
 __all__ = [
     "OffloadEngine",
+    "OffloadOptions",
     "OffloadCounters",
     "OffloadStrategy",
     "MODES",
     "POLICIES",
+    "DeviceBudget",
     "DeviceCache",
     "st_keys",
     "HostStore",
+    "ShapeStore",
+    "ArrayLayout",
+    "Job",
+    "JobRunner",
+    "CountingPlane",
+    "DevicePlane",
     "LayerwiseModel",
     "SUPPORTED_CONVS",
     "ExactSchedule",
     "RecomputeSchedule",
     "overlap_order",
     "BudgetError",
-    "LiveBytesMeter",
     "WorkspaceModel",
-    "full_batch_vertex_bytes",
 ]

@@ -19,6 +19,9 @@ The policy is nothing but the key:
 
 Metadata lives in host tensors and every operation is vectorised over the
 rows of a job, so a step costs ``O(rows + slots)`` regardless of the policy.
+The pool is sized by the smaller of its byte budget and the rows that can
+ever be resident at once, and allocated on first use: a cache that only
+counts (or a huge budget on a tiny graph) holds next to nothing.
 """
 
 from __future__ import annotations
@@ -74,6 +77,10 @@ class Candidates:
 class DeviceCache:
     """A pool of ``num_slots`` rows of ``width`` elements on ``device``.
 
+    The pool tensor is allocated by :meth:`allocate` or on the first write of
+    values; until then (and forever when only keys are tracked, as in the
+    engine's counting mode) :attr:`pool` is ``None``.
+
     Args:
         capacity_bytes (int): bytes the pool may occupy.
         width (int): slot width in elements (the widest cached array; narrower
@@ -81,14 +88,14 @@ class DeviceCache:
         dtype (torch.dtype): element type.
         device (torch.device or str): where the pool lives.
         policy (str, optional): one of :data:`POLICIES`. (default: ``"st"``)
-        virtual (bool, optional): bookkeeping only, no pool tensor (for
-            counting traffic on graphs whose data is not materialised).
-            (default: ``False``)
+        max_slots (int, optional): rows that can ever be resident at once;
+            slots beyond it would never be used, so they are not reserved.
+            (default: ``None``, no cap)
     """
 
     def __init__(self, capacity_bytes: int, width: int, dtype: torch.dtype,
                  device: torch.device | str = "cpu", policy: str = "st",
-                 virtual: bool = False):
+                 max_slots: int | None = None):
         if policy not in POLICIES:
             raise ValueError(f"cache policy must be one of {POLICIES}, got {policy!r}")
         if capacity_bytes < 0:
@@ -99,10 +106,10 @@ class DeviceCache:
         self.device = torch.device(device)
         self.slot_bytes = width * torch.empty((), dtype=dtype).element_size()
         n = 0 if policy == "none" else int(capacity_bytes // self.slot_bytes)
+        if max_slots is not None:
+            n = min(n, max(0, int(max_slots)))
         self.num_slots = n
-        self.virtual = virtual
-        self.pool = None if virtual or n == 0 else torch.empty(
-            n, width, dtype=dtype, device=self.device)
+        self.pool: Tensor | None = None
         self.owner = torch.full((n,), -1, dtype=torch.long)
         self.row = torch.zeros(n, dtype=torch.long)
         self.key = torch.zeros(n, dtype=torch.long)
@@ -113,8 +120,21 @@ class DeviceCache:
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the pool (allocated once, whatever is resident)."""
+        """Bytes of the pool (reserved once, whatever is resident)."""
         return self.num_slots * self.slot_bytes
+
+    def allocate(self) -> Tensor | None:
+        """Allocate the pool now (idempotent; ``None`` when there are no slots)."""
+        if self.pool is None and self.num_slots > 0:
+            self.pool = torch.empty(self.num_slots, self.width, dtype=self.dtype,
+                                    device=self.device)
+        return self.pool
+
+    def meta_bytes(self) -> int:
+        """Host bytes of the slot metadata and the per-array row maps."""
+        meta = (self.owner, self.row, self.key, self.aux, self.dirty,
+                *self.slot_of.values())
+        return sum(t.numel() * t.element_size() for t in meta)
 
     def register(self, aid: int, num_rows: int) -> None:
         self.slot_of[aid] = torch.full((num_rows,), -1, dtype=torch.long)
@@ -133,7 +153,8 @@ class DeviceCache:
 
     def add_(self, slots: Tensor, values: Tensor | None) -> None:
         """Accumulate ``values`` into resident rows (gradient partial sums)."""
-        if self.pool is not None and values is not None:
+        if values is not None:
+            self.allocate()
             self.pool[:, : values.size(1)].index_add_(
                 0, slots.to(self.device, non_blocking=True), values)
         self.dirty[slots.cpu()] = True
@@ -231,7 +252,8 @@ class DeviceCache:
             self.dirty[slots] = g.dirty
             if g.aux is not None:
                 self.aux[slots] = g.aux[m]
-            if self.pool is not None and g.values is not None:
+            if g.values is not None:
+                self.allocate()
                 self.pool[slots.to(self.device), : g.values.size(1)] = g.values[
                     m.to(g.values.device)]
         self.used += n_in

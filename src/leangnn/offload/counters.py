@@ -1,18 +1,24 @@
-"""The engine's counters, and the full-batch need it is compared to."""
+"""What the offload engine moved, computed and held, per epoch."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
-import torch
+__all__ = ["OffloadCounters"]
 
-from leangnn.offload.layerwise import LayerwiseModel
-
-__all__ = ["OffloadCounters", "full_batch_vertex_bytes"]
 
 @dataclass
 class OffloadCounters:
-    """What one epoch (or prediction) of the engine moved and computed."""
+    """What one epoch (or prediction) of the engine moved and computed.
+
+    ``peak_*`` fields are maxima, every other field is a sum (see
+    :meth:`merge`). ``peak_device_bytes`` is the engine's accounting
+    (resident parameters + cache pool + the job's calibrated workspace);
+    ``peak_host_bytes`` is host memory outside the device budget that the
+    engine holds: the host store's arrays (the features included) and the
+    cache's slot metadata. On a CPU "device" the process needs about the sum
+    of the two.
+    """
 
     h2d_bytes: int = 0           # vertex rows host -> device
     d2h_bytes: int = 0           # vertex rows device -> host
@@ -25,26 +31,19 @@ class OffloadCounters:
     jobs: int = 0
     peak_device_bytes: int = 0   # engine accounting: resident + job workspace
     peak_device_bytes_measured: int = 0  # CUDA allocator / strict CPU meter
+    peak_host_bytes: int = 0     # host store arrays + cache metadata
 
     @property
     def traffic_bytes(self) -> int:
         return self.h2d_bytes + self.d2h_bytes
 
+    def merge(self, other: OffloadCounters) -> None:
+        """Add ``other`` in place (maxima for the ``peak_*`` fields)."""
+        for f in fields(self):
+            a, b = getattr(self, f.name), getattr(other, f.name)
+            setattr(self, f.name, max(a, b) if f.name.startswith("peak") else a + b)
+
     def to_dict(self) -> dict:
         d = asdict(self)
         d["traffic_bytes"] = self.traffic_bytes
         return d
-
-
-
-def full_batch_vertex_bytes(model: torch.nn.Module, num_nodes: int,
-                            resident_factor: int = 4) -> int:
-    """Device bytes of full-batch training's vertex data: the features, every
-    layer's output and its gradient, plus the parameters (with gradients and
-    Adam moments). The reference "full-batch need" of the benchmarks; PyG's
-    real need is larger (per-edge messages)."""
-    lw = LayerwiseModel(model)
-    elem = next(model.parameters()).element_size()
-    rows = sum(lw.widths) + sum(lw.widths[1:])
-    return num_nodes * rows * elem + resident_factor * lw.param_bytes()
-

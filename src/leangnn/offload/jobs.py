@@ -1,275 +1,302 @@
-"""One chunk job of the offload engine: its data plane and its cache decisions.
+"""One chunk job of the offload engine: what it reads, moves, counts and caches.
 
-A job reads its layer input rows (from the device cache or the host store),
-runs the layer (or recomputes it and backpropagates), writes or accumulates
-its outputs, and offers rows to the cache with the policy's keys. Every byte
-it moves is counted and every job is charged against the device budget.
-:class:`JobRunner` holds these steps; :class:`~leangnn.offload.engine.
-OffloadEngine` owns the state they use and the sweeps that call them.
+A job (NeutronJittor, Fundamental Research 2026) reads its layer input rows
+(from the device cache or the host store), runs the layer (or recomputes it
+and backpropagates), writes or accumulates its outputs, and offers rows to
+the cache with the policy's keys. :class:`JobRunner` does the bookkeeping
+every job shares (cache lookups, keys, admissions, traffic counters, the
+budget charge) and hands every tensor operation to a *data plane*: the
+:class:`~leangnn.offload.plane.DevicePlane` moves real rows, the
+:class:`~leangnn.offload.plane.CountingPlane` moves none, so a counting
+replay makes the very same decisions as a real epoch.
 """
 
 from __future__ import annotations
 
-from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
-from leangnn.offload.cache import Candidates, st_keys
-from leangnn.offload.layerwise import LayerwiseModel
-from leangnn.offload.workspace import LiveBytesMeter
+from leangnn.offload.budget import DeviceBudget
+from leangnn.offload.cache import Candidates, DeviceCache, st_keys
+from leangnn.offload.counters import OffloadCounters
+from leangnn.offload.schedule import Chunk
 
-__all__ = ["JobRunner"]
+__all__ = ["ArrayLayout", "Job", "Epoch", "CacheKeys", "JobRunner"]
 
 
-class JobRunner:
-    """Mixin with the per-job steps of :class:`~leangnn.offload.engine.OffloadEngine`.
+@dataclass(frozen=True)
+class ArrayLayout:
+    """Ids, names and widths of the engine's ``[rows, width]`` host arrays.
 
-    Array ids: ``h_l`` (layer ``l``'s input, ``l = 0..L``) is ``l``; its
-    gradient ``g_l`` is ``L + 1 + l``.
+    For widths ``[w_0, ..., w_L]``: ``h_l`` (layer ``l``'s input, ``h_L`` the
+    model output) has id ``l``; its gradient ``g_l`` has id ``L + 1 + l``;
+    :attr:`out` (``2L + 2``) is the recompute baseline's assembled output.
     """
 
-    # ------------------------------------------------------------- data plane
-    @staticmethod
-    def _compute(lw: LayerwiseModel, li: int, backward: bool, x: Tensor, ei: Tensor,
-                 w: Tensor | None, nt: int, g: Tensor | None) -> Tensor | None:
-        """One job's compute: layer ``li`` forward, or recompute + backward
-        (returns the input gradient, ``None`` for the first layer)."""
-        ei = ei.long()
-        if not backward:
-            with torch.no_grad():
-                return lw.layer(li, x, ei, nt, w)
-        x = x.detach().requires_grad_(li > 0)
-        with torch.enable_grad():
-            out = lw.layer(li, x, ei, nt, w)
-            torch.autograd.backward(out, g)
-        return x.grad
+    widths: tuple[int, ...]
+    dtype: torch.dtype
 
-    @contextmanager
-    def _rng(self, key):
-        if not self.lw.needs_rng:
-            yield
-            return
-        with torch.random.fork_rng(devices=self._rng_devices()):
-            torch.manual_seed(hash((self._rng_key, key)) & 0x7FFF_FFFF_FFFF)
-            yield
+    @property
+    def num_layers(self) -> int:
+        return len(self.widths) - 1
 
-    def _bookkeeping(self):
-        return self._meter.paused() if self._meter is not None else nullcontext()
+    @property
+    def elem(self) -> int:
+        return torch.empty((), dtype=self.dtype).element_size()
 
-    def _width(self, aid: int) -> int:
-        return self.widths[aid] if aid <= self.L else self.widths[aid - self.L - 1]
+    def h(self, li: int) -> int:
+        return li
 
-    def _name(self, aid: int) -> str:
-        return f"h{aid}" if aid <= self.L else f"g{aid - self.L - 1}"
+    def g(self, li: int) -> int:
+        return self.num_layers + 1 + li
 
-    def _is_grad(self, aid: int) -> bool:
-        return aid > self.L
+    @property
+    def out(self) -> int:
+        return 2 * self.num_layers + 2
 
-    def _rowbytes(self, aid: int) -> int:
-        return self._width(aid) * self.elem
+    @property
+    def num_arrays(self) -> int:
+        return 2 * self.num_layers + 3
 
-    def _to_dev(self, t: Tensor) -> Tensor:
-        return t.to(self.device, non_blocking=True)
+    def is_grad(self, aid: int) -> bool:
+        return self.num_layers < aid < self.out
 
-    def _assemble(self, aid: int, rows: Tensor, slots: Tensor, hit: Tensor):
-        c = self.counters
-        with self._bookkeeping():
-            hit_pos = torch.nonzero(hit).flatten()
-            miss_pos = torch.nonzero(~hit).flatten()
-        c.cache_hits += hit_pos.numel()
-        c.cache_misses += miss_pos.numel()
-        c.h2d_bytes += miss_pos.numel() * self._rowbytes(aid)
-        c.h2d_meta_bytes += 8 * hit_pos.numel()
-        if self.virtual:
-            return None
-        w = self._width(aid)
-        block = torch.empty(rows.numel(), w, dtype=self.dtype, device=self.device)
-        if hit_pos.numel():
-            vals = self.cache.read(self._to_dev(slots[hit_pos]))[:, :w]
-            block.index_copy_(0, self._to_dev(hit_pos), vals)
-            del vals
-        if miss_pos.numel():
-            vals = self._to_dev(self.host.gather(self._name(aid), rows[miss_pos]))
-            block.index_copy_(0, self._to_dev(miss_pos), vals)
-        return block
+    def width(self, aid: int) -> int:
+        L = self.num_layers
+        if aid <= L:
+            return self.widths[aid]
+        return self.widths[L] if aid == self.out else self.widths[aid - L - 1]
 
-    def _topology(self, ch):
-        n_e = ch.num_edges
-        self.counters.h2d_meta_bytes += n_e * 8 + (n_e * self.elem if ch.weighted
-                                                   else 0)
-        if self.virtual:
-            return None, None
-        w = None if ch.edge_weight is None else self._to_dev(ch.edge_weight)
-        return self._to_dev(ch.edge_index), w
+    def row_bytes(self, aid: int) -> int:
+        return self.width(aid) * self.elem
 
-    def _write_host(self, aid: int, rows: Tensor, vals: Tensor | None) -> None:
-        self.counters.d2h_bytes += rows.numel() * self._rowbytes(aid)
-        if self._is_grad(aid) and aid in self._partial:
-            self._partial[aid][rows] = True
-        if self.virtual or rows.numel() == 0:
-            return
-        if self._is_grad(aid):
-            self.host.accumulate(self._name(aid), rows, vals)
-        else:
-            self.host.write(self._name(aid), rows, vals)
+    def name(self, aid: int) -> str:
+        L = self.num_layers
+        if aid <= L:
+            return f"h{aid}"
+        return "out" if aid == self.out else f"g{aid - L - 1}"
 
-    def _writeback(self, aid: int, rows: Tensor, slots: Tensor) -> None:
-        self.counters.writebacks += rows.numel()
-        vals = None if self.virtual else self.cache.read(
-            self._to_dev(slots))[:, : self._width(aid)]
-        self._write_host(aid, rows, vals)
 
-    # ------------------------------------------------------------ cache keys
-    def _keys(self, aid: int, rows: Tensor, gids: Tensor, k: int,
-              chunk: int | None) -> Tensor:
+@dataclass
+class Job:
+    """One chunk job of a sweep.
+
+    Attributes:
+        sweep (int): the sweep ``k`` (forward sweeps ``0..L-1``, then backward).
+        layer (int): the layer ``l`` it runs.
+        chunk (Chunk): targets ``T``, sources ``S`` and local edges.
+        backward (bool): recompute + backpropagate instead of forward.
+        src (int): id of the input array ``h_l``.
+        src_rows (Tensor): rows of ``src`` holding ``S`` (global ids, or
+            positions in the recompute baseline's per-part arrays).
+        dst (int): forward: array it writes (``h_{l+1}``); backward: the
+            upstream gradient it reads (``g_{l+1}``).
+        dst_rows (Tensor): rows of ``dst`` holding ``T``.
+        position (int or None): the chunk's index in the exact schedule (for
+            next-use keys); ``None`` in the recompute baseline.
+        dst_on_host (bool): ``dst`` bypasses the cache (the model output and
+            its gradient live on the host only).
+        grad_src (int or None): backward: array accumulating the input
+            gradient (``g_l``); ``None`` for the first layer.
+        rng_key (tuple): names the job's dropout masks; forward and the
+            backward recompute of a chunk share it.
+    """
+
+    sweep: int
+    layer: int
+    chunk: Chunk
+    backward: bool
+    src: int
+    src_rows: Tensor
+    dst: int
+    dst_rows: Tensor
+    position: int | None = None
+    dst_on_host: bool = False
+    grad_src: int | None = None
+    rng_key: tuple = ()
+
+
+@dataclass
+class Epoch:
+    """State of one epoch: its counters, the reads of each array (for the
+    ``st`` keys: ``[(sweep, "S" | "T"), ...]``) and, per gradient array, the
+    rows whose partial sums already went to the host."""
+
+    counters: OffloadCounters = field(default_factory=OffloadCounters)
+    accesses: dict[int, list[tuple[int, str]]] = field(default_factory=dict)
+    partial: dict[int, Tensor] = field(default_factory=dict)
+
+
+class CacheKeys:
+    """Keep keys of the cache policies for the rows a job touches.
+
+    Args:
+        policy (str): ``none``, ``lru``, ``degree`` or ``st``.
+        degree (Tensor): in-degree of every node (``degree``/``st`` tie-break).
+        sched (ExactSchedule or RecomputeSchedule): answers next uses (``st``).
+        num_arrays (int): array ids are below it.
+    """
+
+    def __init__(self, policy: str, degree: Tensor, sched, num_arrays: int):
+        self.policy, self.degree, self.sched = policy, degree, sched
+        self.num_arrays = num_arrays
+        self.clock = 0
+
+    def __call__(self, aid: int, rows: Tensor, gids: Tensor, sweep: int,
+                 position: int | None, accesses) -> Tensor:
         if self.policy == "lru":
-            keys = torch.arange(self._clock, self._clock + rows.numel())
-            self._clock += rows.numel()
+            keys = torch.arange(self.clock, self.clock + rows.numel())
+            self.clock += rows.numel()
             return keys
         if self.policy == "degree":
             return self.degree[gids]
-        nu, rem = self.sched.next_use(self._acc[aid], k, chunk, rows)
+        nu, rem = self.sched.next_use(accesses[aid], sweep, position, rows)
         return st_keys(nu, rem, self.degree[gids])
 
-    def _begin_sweep(self, active: set[int]) -> None:
+    def begin_sweep(self, cache: DeviceCache, active: set[int]) -> None:
+        """PaGraph's degree rule: rows of arrays the sweep does not touch lose."""
         if self.policy == "degree":
-            act = torch.zeros(2 * self.L + 2, dtype=torch.bool)
+            act = torch.zeros(self.num_arrays, dtype=torch.bool)
             act[list(active)] = True
-            self.cache.rekey(lambda owner, row, aux, key: torch.where(
+            cache.rekey(lambda owner, row, aux, key: torch.where(
                 act[owner], aux, -1))
 
-    # ------------------------------------------------------------------ jobs
-    def _account(self, li: int, backward: bool, ch) -> None:
-        need = self.resident + self.cache.nbytes + self.ws(
-            li, backward, *ch.sizes, self.slot_width)
-        c = self.counters
-        c.peak_device_bytes = max(c.peak_device_bytes, need)
-        c.jobs += 1
-        if need > self.budget:
-            raise AssertionError(f"offload accounting exceeded the device budget: "
-                                 f"{need} > {self.budget} bytes")
 
-    @contextmanager
-    def _measured(self):
-        if not self.strict or self.virtual or self.device.type == "cuda":
-            yield
-            return
-        params = [p for p in self.model.parameters()]
-        grads = [p.grad for p in params if p.grad is not None]
-        meter = LiveBytesMeter(exclude=params + grads + (
-            [self.cache.pool] if self.cache.pool is not None else []))
-        self._meter = meter
-        try:
-            with meter:
-                yield
-        finally:
-            self._meter = None
-        used = self.resident + self.cache.nbytes + meter.peak
-        c = self.counters
-        c.peak_device_bytes_measured = max(c.peak_device_bytes_measured, used)
-        if used > self.budget:
-            raise AssertionError(f"measured device bytes exceeded the budget: "
-                                 f"{used} > {self.budget}")
+class JobRunner:
+    """Runs jobs: cache decisions and counters here, tensors on ``plane``.
 
-    def _job(self, k: int, li: int, ch, backward: bool, in_aid: int, in_rows: Tensor,
-             in_gids: Tensor, out_aid: int, out_rows: Tensor, out_gids: Tensor,
-             chunk: int | None, out_to_host: bool, gx_aid: int | None, rng_key):
-        """Forward job (writes ``out_aid`` rows) or backward job (reads the
-        upstream gradient ``out_aid`` rows, accumulates into ``gx_aid``)."""
-        self._account(li, backward, ch)
-        cache, c = self.cache, self.counters
+    Args:
+        plane (DevicePlane or CountingPlane): the data plane.
+        cache (DeviceCache): the device cache.
+        layout (ArrayLayout): the array ids.
+        keys (CacheKeys): the policy's keys.
+        budget (DeviceBudget): charges every job.
+    """
+
+    def __init__(self, plane, cache: DeviceCache, layout: ArrayLayout,
+                 keys: CacheKeys, budget: DeviceBudget):
+        self.plane, self.cache, self.layout = plane, cache, layout
+        self.keys, self.budget = keys, budget
+        self.epoch = Epoch()
+
+    def start(self, epoch: Epoch) -> None:
+        self.epoch = epoch
+
+    def begin_sweep(self, active: set[int]) -> None:
+        self.keys.begin_sweep(self.cache, active)
+
+    def run(self, job: Job) -> None:
+        """Forward job (writes ``dst`` rows) or backward job (reads the
+        upstream gradient ``dst`` rows, accumulates into ``grad_src``)."""
+        cache, plane, c = self.cache, self.plane, self.epoch.counters
+        ch, degree = job.chunk, self.keys.degree
+        self.budget.charge(job.layer, job.backward, ch.sizes, cache.nbytes, c)
         caching = cache.num_slots > 0
-        with self._measured():
-            with self._bookkeeping():
-                slots = cache.lookup(in_aid, in_rows)
+        with plane.measured(c):
+            with plane.bookkeeping():
+                slots = cache.lookup(job.src, job.src_rows)
                 hit = slots >= 0
-            x = self._assemble(in_aid, in_rows, slots, hit)
-            g_up = self._read_grad(out_aid, out_rows, out_to_host) if backward else None
-            ei, w = self._topology(ch)
-            nt = ch.num_targets
-            out = None
-            if not self.virtual:
-                with self._rng(rng_key):
-                    out = self._compute(self.lw, li, backward, x, ei, w, nt, g_up)
+                hit_pos = torch.nonzero(hit).flatten()
+                miss_pos = torch.nonzero(~hit).flatten()
+            c.cache_hits += hit_pos.numel()
+            c.cache_misses += miss_pos.numel()
+            c.h2d_bytes += miss_pos.numel() * self.layout.row_bytes(job.src)
+            c.h2d_meta_bytes += 8 * hit_pos.numel()
+            x = plane.assemble(job.src, job.src_rows, slots, hit_pos, miss_pos)
+            g_up = self._read_grad(job) if job.backward else None
+            n_e = ch.num_edges
+            c.h2d_meta_bytes += n_e * 8 + (n_e * self.layout.elem if ch.weighted
+                                           else 0)
+            ei, w = plane.topology(ch)
+            out = plane.compute(job, x, ei, w, g_up)
             del g_up, ei, w
-            if backward:
-                c.vertex_layer_recomputations += nt
+            if job.backward:
+                c.vertex_layer_recomputations += ch.num_targets
             else:
-                c.vertex_layer_computations += nt
+                c.vertex_layer_computations += ch.num_targets
             groups = []
-            with self._bookkeeping():
+            with plane.bookkeeping():
                 if caching:
-                    keys = self._keys(in_aid, in_rows, in_gids, k, chunk)
+                    keys = self.keys(job.src, job.src_rows, ch.sources, job.sweep,
+                                     job.position, self.epoch.accesses)
                     cache.set_keys(slots[hit], keys[hit])
                     miss = ~hit
-                    groups.append(Candidates(
-                        in_aid, in_rows[miss], keys[miss], False,
-                        None if x is None else x[self._to_dev(miss)],
-                        self.degree[in_gids[miss]]))
+                    groups.append(Candidates(job.src, job.src_rows[miss], keys[miss],
+                                             False, plane.take(x, miss),
+                                             degree[ch.sources[miss]]))
             del x
-            if backward and gx_aid is not None:
-                self._accumulate(gx_aid, in_rows, in_gids, out, k, chunk, groups)
-            elif not backward:
-                if out_to_host or not caching:
-                    self._write_host(out_aid, out_rows, out)
+            if job.backward and job.grad_src is not None:
+                self._accumulate(job, out, groups)
+            elif not job.backward:
+                if job.dst_on_host or not caching:
+                    self._write_host(job.dst, job.dst_rows, out)
                 else:
-                    with self._bookkeeping():
-                        keys = self._keys(out_aid, out_rows, out_gids, k, None)
-                    groups.append(Candidates(out_aid, out_rows, keys, True, out,
-                                             self.degree[out_gids]))
+                    with plane.bookkeeping():
+                        keys = self.keys(job.dst, job.dst_rows, ch.targets, job.sweep,
+                                         None, self.epoch.accesses)
+                    groups.append(Candidates(job.dst, job.dst_rows, keys, True, out,
+                                             degree[ch.targets]))
             if groups:
                 masks = cache.insert(groups, self._writeback)
                 last = groups[-1]
                 if last.dirty:
                     m = ~masks[-1]
-                    self._write_host(last.aid, last.rows[m], None if last.values is None
-                                     else last.values[self._to_dev(m)])
+                    self._write_host(last.aid, last.rows[m], plane.take(last.values, m))
 
-    def _accumulate(self, aid, rows, gids, gx, k, chunk, groups) -> None:
-        cache = self.cache
+    # -------------------------------------------------------------- helpers
+    def _write_host(self, aid: int, rows: Tensor, vals: Tensor | None) -> None:
+        self.epoch.counters.d2h_bytes += rows.numel() * self.layout.row_bytes(aid)
+        partial = self.epoch.partial.get(aid)
+        if partial is not None:
+            partial[rows] = True
+        self.plane.write(aid, rows, vals)
+
+    def _writeback(self, aid: int, rows: Tensor, slots: Tensor) -> None:
+        self.epoch.counters.writebacks += rows.numel()
+        self._write_host(aid, rows, self.plane.cache_rows(aid, slots))
+
+    def _accumulate(self, job: Job, gx: Tensor | None, groups: list) -> None:
+        cache, plane = self.cache, self.plane
+        aid, rows, gids = job.grad_src, job.src_rows, job.chunk.sources
         if cache.num_slots == 0:
             self._write_host(aid, rows, gx)
             return
-        with self._bookkeeping():
+        with plane.bookkeeping():
             slots = cache.lookup(aid, rows)
             res = slots >= 0
-            keys = self._keys(aid, rows, gids, k, chunk)
+            keys = self.keys(aid, rows, gids, job.sweep, job.position,
+                             self.epoch.accesses)
             cache.set_keys(slots[res], keys[res])
             miss = ~res
         if res.any():
-            cache.add_(slots[res], None if gx is None else gx[self._to_dev(res)])
+            cache.add_(slots[res], plane.take(gx, res))
         groups.append(Candidates(aid, rows[miss], keys[miss], True,
-                                 None if gx is None else gx[self._to_dev(miss)],
-                                 self.degree[gids[miss]]))
+                                 plane.take(gx, miss), self.keys.degree[gids[miss]]))
 
-    def _read_grad(self, aid: int, rows: Tensor, host_only: bool):
-        c, w = self.counters, self._width(aid)
-        if host_only or self.cache.num_slots == 0:
+    def _read_grad(self, job: Job) -> Tensor | None:
+        c, plane = self.epoch.counters, self.plane
+        aid, rows = job.dst, job.dst_rows
+        row_bytes = self.layout.row_bytes(aid)
+        if job.dst_on_host or self.cache.num_slots == 0:
             c.cache_misses += rows.numel()
-            c.h2d_bytes += rows.numel() * self._rowbytes(aid)
-            if self.virtual:
-                return None
-            return self._to_dev(self.host.gather(self._name(aid), rows))
-        with self._bookkeeping():
+            c.h2d_bytes += rows.numel() * row_bytes
+            return plane.gather(aid, rows)
+        with plane.bookkeeping():
             slots = self.cache.lookup(aid, rows)
             hit = slots >= 0
-            from_host = ~hit | self._partial[aid][rows]
+            from_host = ~hit | self.epoch.partial[aid][rows]
             hit_pos = torch.nonzero(hit).flatten()
             host_pos = torch.nonzero(from_host).flatten()
         c.cache_hits += hit_pos.numel()
         c.cache_misses += rows.numel() - hit_pos.numel()
-        c.h2d_bytes += host_pos.numel() * self._rowbytes(aid)
-        vals = None
-        if not self.virtual:
-            vals = torch.zeros(rows.numel(), w, dtype=self.dtype, device=self.device)
-            if hit_pos.numel():
-                vals.index_copy_(0, self._to_dev(hit_pos), self.cache.read(
-                    self._to_dev(slots[hit_pos]))[:, :w])
-            if host_pos.numel():
-                vals.index_add_(0, self._to_dev(host_pos), self._to_dev(
-                    self.host.gather(self._name(aid), rows[host_pos])))
-        with self._bookkeeping():
+        c.h2d_bytes += host_pos.numel() * row_bytes
+        vals = plane.grad_rows(aid, rows, slots, hit_pos, host_pos)
+        with plane.bookkeeping():
             self.cache.drop(aid, rows)
         return vals
 
+    def __repr__(self) -> str:
+        return (f"{self.__class__.__name__}({type(self.plane).__name__}, "
+                f"policy={self.keys.policy})")

@@ -40,7 +40,16 @@ Fits = Callable[[int, int, int], bool]
 
 
 class BudgetError(ValueError):
-    """The device budget cannot hold even a one-node job."""
+    """The device budget cannot hold the parameters or a one-node job.
+
+    ``node`` and ``sizes`` (``|S|, |T|, |E|``) name the job that did not fit,
+    when one did not.
+    """
+
+    def __init__(self, message: str, node: int | None = None,
+                 sizes: tuple[int, int, int] | None = None):
+        super().__init__(message)
+        self.node, self.sizes = node, sizes
 
 
 @dataclass
@@ -149,7 +158,7 @@ class ChunkBuilder:
             raise BudgetError(
                 f"device_budget too small: node {int(targets[0])} with "
                 f"{ch.sizes[2]} in-edges does not fit the device workspace{need}; "
-                "raise device_budget")
+                "raise device_budget", int(targets[0]), ch.sizes)
         k = 2
         if self.estimate is not None:
             k = max(2, int(np.ceil(self.estimate(*ch.sizes))))
@@ -217,6 +226,7 @@ class ExactSchedule:
         if order not in ("overlap", "natural"):
             raise ValueError(f"order must be 'overlap' or 'natural', got {order!r}")
         n = csr.num_nodes
+        self.topology = topology
         builder = ChunkBuilder(csr, fits, estimate, topology)
         parts = partition.nodes()
         if order == "overlap" and len(parts) > 2:
@@ -367,6 +377,7 @@ class RecomputeSchedule:
                  topology: bool = True):
         self.csr = csr
         self.num_layers = num_layers
+        self.topology = topology
         self.parts = partition.nodes()
         self.part_order = list(range(len(self.parts)))
         self.builder = ChunkBuilder(csr, fits, estimate, topology)

@@ -3,9 +3,10 @@
 NeutronJittor (Fundamental Research 2026) keeps every layer's vertex
 embeddings and their gradients in host memory and streams rows to the device
 on demand. :class:`HostStore` holds those arrays by name (pinned memory when
-the device is CUDA, so copies can overlap compute); in *counting* mode it only
-records shapes, so a schedule's traffic can be replayed on graphs whose
-arrays would not fit this machine.
+the device is CUDA, so copies can overlap compute). :class:`ShapeStore` is
+the store of the engine's counting mode: it records names, shapes and dtypes
+only, so a schedule's traffic (and the host bytes a real epoch would hold)
+can be replayed on graphs whose arrays would not fit this machine.
 """
 
 from __future__ import annotations
@@ -13,32 +14,78 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["HostStore"]
+__all__ = ["ShapeStore", "HostStore"]
 
 
-class HostStore:
-    """Named ``[rows, width]`` host arrays: features, embeddings, gradients.
+class ShapeStore:
+    """Names, shapes and dtypes of ``[rows, width]`` host arrays; no data."""
 
-    Args:
-        pin (bool, optional): allocate pinned (page-locked) memory, for fast
-            asynchronous copies to a CUDA device. (default: ``False``)
-        virtual (bool, optional): record shapes only, allocate nothing.
-            (default: ``False``)
-    """
-
-    def __init__(self, pin: bool = False, virtual: bool = False):
-        self.pin = pin and torch.cuda.is_available()
-        self.virtual = virtual
-        self.arrays: dict[str, Tensor | None] = {}
-        self.shapes: dict[str, tuple[int, int]] = {}
+    def __init__(self):
+        self.shapes: dict[str, tuple[int, ...]] = {}
+        self.dtypes: dict[str, torch.dtype] = {}
 
     def allocate(self, name: str, rows: int, width: int, dtype: torch.dtype,
                  zero: bool = False) -> Tensor | None:
         """Create (or replace) array ``name``."""
         self.shapes[name] = (rows, width)
-        if self.virtual:
-            self.arrays[name] = None
-            return None
+        self.dtypes[name] = dtype
+        return None
+
+    def put(self, name: str, tensor: Tensor) -> None:
+        """Register an existing host tensor (e.g. the input features)."""
+        self.shapes[name] = tuple(tensor.shape)
+        self.dtypes[name] = tensor.dtype
+
+    def __getitem__(self, name: str) -> Tensor | None:
+        if name not in self.shapes:
+            raise KeyError(name)
+        return None
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.shapes
+
+    def names(self) -> list[str]:
+        return list(self.shapes)
+
+    def free(self, name: str) -> None:
+        self.shapes.pop(name, None)
+        self.dtypes.pop(name, None)
+
+    def nbytes(self) -> int:
+        """Bytes held (none: only shapes are recorded)."""
+        return 0
+
+    def array_bytes(self) -> int:
+        """Bytes the recorded arrays take when materialised."""
+        total = 0
+        for name, shape in self.shapes.items():
+            n = 1
+            for s in shape:
+                n *= int(s)
+            total += n * torch.empty((), dtype=self.dtypes[name]).element_size()
+        return total
+
+    def __repr__(self) -> str:
+        return f"{self.__class__.__name__}({len(self.shapes)} arrays)"
+
+
+class HostStore(ShapeStore):
+    """Named ``[rows, width]`` host arrays: features, embeddings, gradients.
+
+    Args:
+        pin (bool, optional): allocate pinned (page-locked) memory, for fast
+            asynchronous copies to a CUDA device. (default: ``False``)
+    """
+
+    def __init__(self, pin: bool = False):
+        super().__init__()
+        self.pin = pin and torch.cuda.is_available()
+        self.arrays: dict[str, Tensor] = {}
+
+    def allocate(self, name: str, rows: int, width: int, dtype: torch.dtype,
+                 zero: bool = False) -> Tensor:
+        """Create (or replace) array ``name``."""
+        super().allocate(name, rows, width, dtype)
         fn = torch.zeros if zero else torch.empty
         t = fn(rows, width, dtype=dtype, pin_memory=self.pin)
         self.arrays[name] = t
@@ -46,10 +93,7 @@ class HostStore:
 
     def put(self, name: str, tensor: Tensor) -> None:
         """Register an existing host tensor (e.g. the input features)."""
-        self.shapes[name] = tuple(tensor.shape)
-        if self.virtual:
-            self.arrays[name] = None
-            return
+        super().put(name, tensor)
         t = tensor.detach()
         if t.device.type != "cpu":
             t = t.cpu()
@@ -57,15 +101,12 @@ class HostStore:
             t = t.pin_memory()
         self.arrays[name] = t
 
-    def __getitem__(self, name: str) -> Tensor | None:
+    def __getitem__(self, name: str) -> Tensor:
         return self.arrays[name]
 
-    def __contains__(self, name: str) -> bool:
-        return name in self.shapes
-
     def free(self, name: str) -> None:
+        super().free(name)
         self.arrays.pop(name, None)
-        self.shapes.pop(name, None)
 
     def gather(self, name: str, rows: Tensor) -> Tensor:
         """Rows of ``name`` (a host copy, pinned when the store is)."""
@@ -83,9 +124,12 @@ class HostStore:
         self.arrays[name].index_add_(0, rows, values.to("cpu"))
 
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.arrays.values()
-                   if t is not None)
+        """Bytes of the arrays held (the features included when put here)."""
+        return sum(t.numel() * t.element_size() for t in self.arrays.values())
+
+    def array_bytes(self) -> int:
+        return self.nbytes()
 
     def __repr__(self) -> str:
         return (f"{self.__class__.__name__}({len(self.shapes)} arrays, "
-                f"pin={self.pin}, virtual={self.virtual})")
+                f"pin={self.pin})")

@@ -10,16 +10,16 @@ graph and epoch sees exactly PyG's full-batch gradient.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import torch
 from torch import Tensor
 from torch_geometric.data import Data
 
-from leangnn.offload.cache import POLICIES
-from leangnn.offload.engine import MODES, OffloadEngine
+from leangnn.offload.engine import OffloadEngine
+from leangnn.offload.options import OffloadOptions
 from leangnn.strategy import LossFn, Strategy
-from leangnn.utils import parse_bytes
 
 __all__ = ["OffloadStrategy"]
 
@@ -39,8 +39,9 @@ class OffloadStrategy(Strategy):
             (default: ``"st"``)
         mode (str, optional): ``"exact"`` or the ``"recompute"`` baseline.
             (default: ``"exact"``)
-        **engine_kwargs: further :class:`OffloadEngine` options
-            (``workspace_fraction``, ``partition_method``, ``order``, ``strict``).
+        **engine_kwargs: further :class:`~leangnn.offload.options.OffloadOptions`
+            fields (``workspace_fraction``, ``partition_method``, ``order``,
+            ``strict``, ...), validated here.
     """
 
     name = "offload"
@@ -49,15 +50,10 @@ class OffloadStrategy(Strategy):
                  device_budget: int | str = DEFAULT_BUDGET, num_parts: int = 8,
                  cache: str = "st", mode: str = "exact", **engine_kwargs):
         super().__init__(device)
-        self.device_budget = parse_bytes(device_budget, "device_budget")
-        if not isinstance(num_parts, int) or num_parts < 1:
-            raise ValueError(f"num_parts must be a positive int, got {num_parts!r}")
-        if cache not in POLICIES:
-            raise ValueError(f"cache must be one of {POLICIES}, got {cache!r}")
-        if mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        self.options = OffloadOptions(device_budget, num_parts, cache, mode,
+                                      device=self.device, **engine_kwargs)
+        self.device_budget = self.options.device_budget
         self.num_parts, self.cache, self.mode = num_parts, cache, mode
-        self.engine_kwargs = engine_kwargs
         self._engines: dict[int, tuple[Data, torch.nn.Module, OffloadEngine]] = {}
 
     @classmethod
@@ -82,9 +78,9 @@ class OffloadStrategy(Strategy):
         hit = self._engines.get(key)
         if hit is not None:
             return hit[2]
-        eng = OffloadEngine(model, data, self.device_budget,
-                            min(self.num_parts, int(data.num_nodes)), self.cache,
-                            self.mode, device=self.device, **self.engine_kwargs)
+        opts = replace(self.options,
+                       num_parts=min(self.num_parts, int(data.num_nodes)))
+        eng = OffloadEngine(model, data, options=opts)
         # keep data and model alive so their ids and pointers stay unique
         self._engines[key] = (data, model, eng)
         return eng

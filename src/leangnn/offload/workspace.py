@@ -1,13 +1,12 @@
-"""Device workspace of one chunk job: a live-bytes meter and a calibrated model.
+"""Device workspace of one chunk job: a model calibrated by measurement.
 
 The offload engine must never exceed its device budget, so before it runs a
 chunk it has to know how many bytes the chunk's layer will allocate:
 messages per edge, attention coefficients, autograd buffers. Those depend on
-the conv, so they are *measured*, not guessed: :class:`LiveBytesMeter` is a
-``TorchDispatchMode`` that sees every tensor an op creates and every storage
-that dies, so its peak is what a caching-free allocator would need (on CPU,
-where no allocator statistics exist; on CUDA the engine reads
-``torch.cuda.max_memory_allocated`` instead). :class:`WorkspaceModel` runs
+the conv, so they are *measured*, not guessed: on CPU with
+:class:`~leangnn.profile.LiveBytesMeter` (every storage an op creates and
+every one that dies, i.e. what a caching-free allocator would need), on CUDA
+with ``torch.cuda.max_memory_allocated``. :class:`WorkspaceModel` runs
 every layer on a few random probe chunks under the meter and fits
 ``bytes = a_S |S| + a_T |T| + a_E |E|`` per layer and phase, with a safety
 margin, then adds the engine's own buffers analytically.
@@ -15,96 +14,15 @@ margin, then adds the engine's own buffers analytically.
 
 from __future__ import annotations
 
-import weakref
-from collections.abc import Callable, Iterable
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import torch
-from torch import Tensor
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
-__all__ = ["LiveBytesMeter", "WorkspaceModel"]
+from leangnn.profile import LiveBytesMeter
 
-
-class LiveBytesMeter(TorchDispatchMode):
-    """Peak bytes of tensor storages created inside a ``with`` block.
-
-    Storages are counted once however many views share them and released
-    when the last tensor using them dies (autograd keeps saved tensors alive,
-    so they stay counted until backward frees them).
-
-    Args:
-        exclude (iterable of Tensor, optional): tensors whose storages are not
-            counted (inputs allocated outside, parameters). (default: ``()``)
-
-    Attributes:
-        live (int): bytes alive now. peak (int): highest ``live`` seen.
-    """
-
-    def __init__(self, exclude: Iterable[Tensor] = ()):
-        super().__init__()
-        self.live = 0
-        self.peak = 0
-        self._refs: dict[int, list[int]] = {}
-        self._excl = {t.untyped_storage().data_ptr() for t in exclude
-                      if t is not None}
-        self._paused = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        if not self._paused:
-            # Outputs aliasing an input that predates the meter (in-place ops,
-            # views of host arrays or of the cache pool) allocate nothing.
-            inputs = {t.untyped_storage().data_ptr()
-                      for t in tree_flatten((args, kwargs))[0]
-                      if isinstance(t, Tensor)}
-            for t in tree_flatten(out)[0]:
-                if isinstance(t, Tensor):
-                    key = t.untyped_storage().data_ptr()
-                    if key in inputs and key not in self._refs:
-                        continue
-                    self._track(t)
-        return out
-
-    @contextmanager
-    def paused(self):
-        """Do not count tensors created inside (host-side bookkeeping)."""
-        self._paused += 1
-        try:
-            yield
-        finally:
-            self._paused -= 1
-
-    def exclude(self, *tensors: Tensor) -> None:
-        for t in tensors:
-            if t is not None:
-                self._excl.add(t.untyped_storage().data_ptr())
-
-    def _track(self, t: Tensor) -> None:
-        st = t.untyped_storage()
-        key = st.data_ptr()
-        if key == 0 or key in self._excl:
-            return
-        ent = self._refs.get(key)
-        if ent is None:
-            self._refs[key] = [1, st.nbytes()]
-            self.live += st.nbytes()
-            self.peak = max(self.peak, self.live)
-        else:
-            ent[0] += 1
-        weakref.finalize(t, self._release, key)
-
-    def _release(self, key: int) -> None:
-        ent = self._refs.get(key)
-        if ent is None:
-            return
-        ent[0] -= 1
-        if ent[0] == 0:
-            del self._refs[key]
-            self.live -= ent[1]
+__all__ = ["WorkspaceModel"]
 
 
 def _probe_graph(n_src: int, n_tgt: int, n_edges: int, gen: torch.Generator):

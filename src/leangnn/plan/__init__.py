@@ -1,3 +1,5 @@
 """Planning: what a configuration needs (memory, time) before anything runs."""
 
-__all__: list[str] = []
+from leangnn.plan.vertex import full_batch_vertex_bytes, layer_widths
+
+__all__ = ["full_batch_vertex_bytes", "layer_widths"]

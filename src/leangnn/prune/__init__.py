@@ -6,9 +6,17 @@
   DSpar sparsification;
 * :mod:`~leangnn.prune.decoder`: sparse PageRank anchors and the decoder;
 * :mod:`~leangnn.prune.dpr`: :class:`DPRStrategy`, the trainer strategy
-  ``prune``.
+  ``prune``;
+* :mod:`~leangnn.prune.baselines`: the peers DPR is measured against (DSpar
+  full-batch, sampled GraphSAGE).
 """
 
+from .baselines import (
+    SparseFullBatch,
+    UniformNeighborSampler,
+    neighbor_batches,
+    sampled_inference,
+)
 from .core import (
     CoreGraph,
     bridge_edges,
@@ -19,7 +27,7 @@ from .core import (
     select_core,
 )
 from .decoder import AnchorDecoder, Anchors, ppr_anchors
-from .dpr import DPRConfig, DPRStrategy, adj_t_of
+from .dpr import DPRConfig, DPRStrategy
 from .importance import (
     IMPORTANCE,
     combined_importance,
@@ -28,14 +36,15 @@ from .importance import (
     node_importance,
     pagerank,
     register_importance,
-    undirected_csr,
 )
 
 __all__ = [
     "IMPORTANCE", "register_importance", "node_importance", "degree_importance",
-    "pagerank", "kcore_number", "combined_importance", "undirected_csr",
+    "pagerank", "kcore_number", "combined_importance",
     "CoreGraph", "core_size", "core_size_for_bytes", "select_core", "bridge_edges",
     "dspar_sparsify", "build_core",
     "Anchors", "ppr_anchors", "AnchorDecoder",
-    "DPRConfig", "DPRStrategy", "adj_t_of",
+    "DPRConfig", "DPRStrategy",
+    "SparseFullBatch", "UniformNeighborSampler", "neighbor_batches",
+    "sampled_inference",
 ]

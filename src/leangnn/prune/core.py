@@ -26,7 +26,8 @@ from scipy.sparse.csgraph import connected_components, minimum_spanning_tree
 from torch import Tensor
 from torch_geometric.data import Data
 
-from .importance import node_importance, undirected_csr
+from ..graphs.sparse import undirected_csr
+from .importance import node_importance
 
 __all__ = [
     "CoreGraph",
@@ -106,7 +107,7 @@ def bridge_edges(adj: sp.csr_matrix, core_index: np.ndarray, score: np.ndarray,
 
     Args:
         adj (scipy.sparse.csr_matrix): symmetric adjacency ``[N, N]``
-            (:func:`~leangnn.prune.importance.undirected_csr`).
+            (:func:`~leangnn.graphs.sparse.undirected_csr`).
         core_index (ndarray): sorted core node ids ``[N_core]``.
         score (ndarray): importance ``[N]``; a bridge ends at the most
             important core node on either side.

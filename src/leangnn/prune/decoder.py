@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 from torch_geometric.nn import MLP
 
-from .importance import csr_tensor
+from ..graphs.sparse import csr_tensor_from_scipy
 
 __all__ = ["Anchors", "ppr_anchors", "AnchorDecoder"]
 
@@ -88,7 +88,7 @@ def ppr_anchors(adj: sp.csr_matrix, core_index: Tensor | np.ndarray,
 
     Args:
         adj (scipy.sparse.csr_matrix): symmetric adjacency ``[N, N]``
-            (:func:`~leangnn.prune.importance.undirected_csr`).
+            (:func:`~leangnn.graphs.sparse.undirected_csr`).
         core_index (Tensor): sorted core node ids ``[N_core]``.
         sources (Tensor): node ids to find anchors for ``[S]``; a core node
             among them is treated as pruned (its own column is excluded).
@@ -172,10 +172,7 @@ def ppr_anchors(adj: sp.csr_matrix, core_index: Tensor | np.ndarray,
         masses.append(mass.astype(np.float32))
     w = sp.vstack(parts, format="csr") if parts else sp.csr_matrix((0, nc))
     w.sort_indices()
-    idx = np.int32 if max(nc, w.nnz) < 2**31 - 1 else np.int64
-    weight = csr_tensor(torch.from_numpy(w.indptr.astype(idx)),
-                        torch.from_numpy(w.indices.astype(idx)),
-                        torch.from_numpy(w.data.astype(np.float32)), (w.shape[0], nc))
+    weight = csr_tensor_from_scipy(w)
     mass = torch.from_numpy(np.concatenate(masses)) if masses else torch.zeros(0)
     return Anchors(torch.from_numpy(src), weight, mass)
 

@@ -23,12 +23,12 @@ import torch
 from torch import Tensor
 from torch_geometric.data import Data
 
+from ..graphs.sparse import adj_t_of, csr_tensor, is_canonical, undirected_csr
 from ..strategy import LossFn, Strategy
 from .core import CoreGraph, build_core
 from .decoder import AnchorDecoder, Anchors, ppr_anchors
-from .importance import csr_tensor, is_canonical, undirected_csr
 
-__all__ = ["DPRConfig", "DPRStrategy", "adj_t_of"]
+__all__ = ["DPRConfig", "DPRStrategy"]
 
 
 @dataclass
@@ -114,29 +114,6 @@ class DPRConfig:
         if isinstance(self.edge_budget, str) and self.edge_budget != "ratio":
             raise ValueError(f"edge_budget must be a float in (0, 1], 'ratio' or "
                              f"None, got {self.edge_budget!r}")
-
-
-def adj_t_of(edge_index: Tensor, num_nodes: int, edge_weight: Tensor | None = None
-             ) -> Tensor:
-    """Transposed adjacency ``[N, N]`` (row = target) as ``torch.sparse_csr``.
-
-    PyG convs given this instead of ``edge_index`` aggregate by sparse matrix
-    products and never build the ``[E, C]`` message tensor. Indices are int32
-    when they fit (torch's CSR kernels accept them), a third less memory.
-    """
-    import numpy as np
-    import scipy.sparse as sp
-
-    src, dst = edge_index.cpu().numpy()
-    val = (np.ones(src.shape[0], dtype=np.float32) if edge_weight is None
-           else edge_weight.cpu().numpy().astype(np.float32))
-    m = sp.csr_matrix((val, (dst, src)), shape=(num_nodes, num_nodes))
-    m.sum_duplicates()
-    m.sort_indices()
-    idx = np.int32 if max(num_nodes, m.nnz) < 2**31 - 1 else np.int64
-    return csr_tensor(torch.from_numpy(m.indptr.astype(idx)),
-                      torch.from_numpy(m.indices.astype(idx)),
-                      torch.from_numpy(m.data), (num_nodes, num_nodes))
 
 
 @dataclass

@@ -15,13 +15,14 @@ make a gate important), ignores self-loops and counts duplicate edges once.
 from __future__ import annotations
 
 import inspect
-import warnings
 from collections.abc import Callable
 
 import numpy as np
 import scipy.sparse as sp
 import torch
 from torch import Tensor
+
+from ..graphs.sparse import check_edge_index, csr_tensor, undirected_csr
 
 __all__ = [
     "IMPORTANCE",
@@ -31,9 +32,6 @@ __all__ = [
     "pagerank",
     "kcore_number",
     "combined_importance",
-    "undirected_csr",
-    "is_canonical",
-    "csr_tensor",
 ]
 
 ImportanceFn = Callable[[Tensor, int], Tensor]
@@ -54,77 +52,6 @@ def register_importance(name: str) -> Callable[[ImportanceFn], ImportanceFn]:
     return wrap
 
 
-def _check_graph(edge_index: Tensor, num_nodes: int) -> None:
-    if not isinstance(num_nodes, int) or num_nodes < 1:
-        raise ValueError(f"num_nodes must be a positive int, got {num_nodes!r}")
-    if edge_index.dim() != 2 or edge_index.size(0) != 2:
-        raise ValueError(f"edge_index must have shape [2, E], got "
-                         f"{tuple(edge_index.shape)}")
-    if edge_index.numel() and int(edge_index.max()) >= num_nodes:
-        raise ValueError(f"edge_index refers to node {int(edge_index.max())} but "
-                         f"num_nodes={num_nodes}")
-
-
-def undirected_csr(edge_index: Tensor, num_nodes: int, canonical: bool = False
-                   ) -> sp.csr_matrix:
-    """Binary symmetric adjacency without self-loops as a SciPy CSR matrix.
-
-    SciPy's C++ kernels (COO -> CSR, ``A + A^T``) de-duplicate and sort tens
-    of millions of edges in about a second; indices stay int32 when they fit,
-    halving the footprint on large graphs.
-
-    Args:
-        canonical (bool, optional): the caller guarantees that ``edge_index``
-            already *is* that matrix in CSR order (sorted by row then column,
-            symmetric, no duplicates or self-loops; see :func:`is_canonical`);
-            the CSR is then built from it directly, with no sort and about a
-            third of the working memory. (default: ``False``)
-    """
-    _check_graph(edge_index, num_nodes)
-    ei = edge_index.cpu().numpy()
-    idx_dtype = np.int32 if max(num_nodes, 2 * ei.shape[1]) < 2**31 - 1 else np.int64
-    if canonical:
-        indptr = np.zeros(num_nodes + 1, dtype=idx_dtype)
-        np.cumsum(np.bincount(ei[0], minlength=num_nodes), out=indptr[1:])
-        return sp.csr_matrix((np.ones(ei.shape[1], dtype=np.float32),
-                              ei[1].astype(idx_dtype), indptr),
-                             shape=(num_nodes, num_nodes))
-    keep = ei[0] != ei[1]
-    row, col = ei[0, keep].astype(idx_dtype), ei[1, keep].astype(idx_dtype)
-    adj = sp.csr_matrix((np.ones(row.shape[0], dtype=np.float32), (row, col)),
-                        shape=(num_nodes, num_nodes))
-    del row, col, keep
-    adj = (adj + adj.T).tocsr()
-    adj.data[:] = 1.0
-    adj.sort_indices()
-    return adj
-
-
-def is_canonical(adj: sp.csr_matrix, edge_index: Tensor) -> bool:
-    """Whether ``edge_index`` is exactly ``adj`` in CSR order (coalesced,
-    symmetric, loop-free), so :func:`undirected_csr` may take its fast path."""
-    ei = edge_index.cpu().numpy()
-    if adj.nnz != ei.shape[1]:
-        return False
-    counts = np.diff(adj.indptr)
-    return bool(np.array_equal(adj.indices, ei[1])
-                and np.array_equal(np.repeat(np.arange(adj.shape[0]), counts), ei[0]))
-
-
-def csr_tensor(indptr, indices, values: Tensor, size) -> Tensor:
-    """A ``torch.sparse_csr`` tensor from CSR arrays (NumPy or torch).
-
-    Silences torch's "beta" warning; the arrays come from SciPy or from our
-    own sorted construction, so the invariants hold.
-    """
-    indptr, indices = torch.as_tensor(indptr), torch.as_tensor(indices)
-    if indptr.dtype != indices.dtype:
-        indptr, indices = indptr.long(), indices.long()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        return torch.sparse_csr_tensor(indptr, indices, values, size=tuple(size))
-
-
 def _adj(edge_index: Tensor, num_nodes: int, adj: sp.csr_matrix | None):
     if adj is None:
         return undirected_csr(edge_index, num_nodes)
@@ -139,9 +66,10 @@ def degree_importance(edge_index: Tensor, num_nodes: int,
                       adj: sp.csr_matrix | None = None) -> Tensor:
     """Number of distinct neighbours of every node (undirected), as float.
 
-    ``adj`` (optional) is a precomputed :func:`undirected_csr`; every built-in
-    score accepts it so :func:`~leangnn.prune.core.build_core` symmetrises a
-    large graph once.
+    ``adj`` (optional) is a precomputed
+    :func:`~leangnn.graphs.sparse.undirected_csr`; every built-in score
+    accepts it so :func:`~leangnn.prune.core.build_core` symmetrises a large
+    graph once.
     """
     adj = _adj(edge_index, num_nodes, adj)
     return torch.from_numpy(np.diff(adj.indptr).astype(np.float32))
@@ -169,7 +97,8 @@ def pagerank(edge_index: Tensor, num_nodes: int, alpha: float = 0.85,
             (no copy of the matrix); float64 for tight tolerances.
             (default: ``torch.float32``)
         adj (scipy.sparse.csr_matrix, optional): precomputed
-            :func:`undirected_csr`. (default: ``None``)
+            :func:`~leangnn.graphs.sparse.undirected_csr`.
+            (default: ``None``)
 
     Returns:
         ``Tensor [N]`` summing to one.
@@ -279,12 +208,13 @@ def node_importance(edge_index: Tensor, num_nodes: int,
             ``{name: weight}`` for :func:`combined_importance`.
             (default: ``"pagerank"``)
         adj (scipy.sparse.csr_matrix, optional): precomputed
-            :func:`undirected_csr`, handed to functions that take ``adj``.
+            :func:`~leangnn.graphs.sparse.undirected_csr`, handed to functions
+            that take ``adj``.
 
     Returns:
         ``Tensor [N]``; larger means more important.
     """
-    _check_graph(edge_index, num_nodes)
+    check_edge_index(edge_index, num_nodes)
     if isinstance(method, dict):
         return combined_importance(edge_index, num_nodes, method, adj=adj)
     if isinstance(method, str):

@@ -1,0 +1,250 @@
+"""Start P local ranks and make sure a dead rank ends the job, never a hang.
+
+Two launchers, both on plain torch.distributed rendezvous:
+
+* :func:`launch_processes` runs a command once per rank as a subprocess with
+  the environment ``torchrun`` would set (``RANK``, ``WORLD_SIZE``,
+  ``LOCAL_RANK``, ``MASTER_ADDR=127.0.0.1``, ``MASTER_PORT`` a free port);
+  ``leangnn train --nproc P`` uses it through :func:`relaunch_cli`.
+* :func:`spawn` runs a Python function on P ranks (``torch.multiprocessing``)
+  with the process group already initialised, and returns each rank's result.
+
+Both watch their children: when one rank exits with an error the others are
+terminated and a :class:`~leangnn.distributed.runtime.DistributedError`
+names the rank and its exit status. A rank blocked in a collective with a dead
+peer also fails on its own, after the process group's timeout.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from leangnn.distributed.runtime import DEFAULT_TIMEOUT, DistContext, DistributedError
+
+__all__ = ["find_free_port", "launch_processes", "relaunch_cli", "spawn"]
+
+
+def find_free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _describe(rc: int) -> str:
+    if rc < 0:
+        try:
+            return f"was killed by signal {signal.Signals(-rc).name}"
+        except ValueError:
+            return f"was killed by signal {-rc}"
+    return f"exited with status {rc}"
+
+
+def _stop(procs: list[subprocess.Popen], grace: float) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    deadline = time.monotonic() + grace
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def launch_processes(cmd: Sequence[str], nproc: int, env: dict[str, str] | None = None,
+                     timeout: float | None = None, grace: float = 5.0,
+                     poll: float = 0.05, rank_args: Callable[[int], list[str]] | None
+                     = None) -> int:
+    """Run ``cmd`` on ``nproc`` local ranks with torchrun's environment.
+
+    Args:
+        cmd (sequence of str): the command (e.g. ``[sys.executable, "-m",
+            "leangnn", "train", ...]``).
+        nproc (int): number of ranks ``P``.
+        env (dict, optional): extra environment variables.
+        timeout (float, optional): seconds the whole job may run. (default:
+            no limit)
+        grace (float, optional): seconds between SIGTERM and SIGKILL when
+            stopping the survivors. (default: ``5``)
+        poll (float, optional): watchdog interval in seconds. (default: ``0.05``)
+        rank_args (callable, optional): ``rank -> extra arguments`` appended to
+            that rank's command.
+
+    Returns:
+        ``0`` when every rank succeeded.
+
+    Raises:
+        DistributedError: naming the first rank that failed (the others are
+            stopped), or when ``timeout`` passed.
+    """
+    if not isinstance(nproc, int) or nproc < 1:
+        raise ValueError(f"nproc must be a positive int, got {nproc!r}")
+    base = {**os.environ, **(env or {}), "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(find_free_port()), "WORLD_SIZE": str(nproc),
+            "LOCAL_WORLD_SIZE": str(nproc), "GROUP_RANK": "0"}
+    procs: list[subprocess.Popen] = []
+    start = time.monotonic()
+    try:
+        for r in range(nproc):
+            extra = list(rank_args(r)) if rank_args else []
+            procs.append(subprocess.Popen([*cmd, *extra], env={
+                **base, "RANK": str(r), "LOCAL_RANK": str(r)}))
+        while True:
+            codes = [p.poll() for p in procs]
+            failed = [(r, rc) for r, rc in enumerate(codes) if rc not in (None, 0)]
+            if failed:
+                _stop(procs, grace)
+                # A peer of a dead rank may fail too before this poll: name
+                # a rank killed by a signal first (more likely the cause).
+                failed.sort(key=lambda f: (f[1] >= 0, f[0]))
+                more = "".join(f"; rank {r} {_describe(rc)}" for r, rc in failed[1:])
+                r, rc = failed[0]
+                raise DistributedError(f"rank {r} of {nproc} {_describe(rc)}{more}; "
+                                       "stopped the other ranks")
+            if all(rc == 0 for rc in codes):
+                return 0
+            if timeout is not None and time.monotonic() - start > timeout:
+                _stop(procs, grace)
+                raise DistributedError(f"distributed job timed out after {timeout:g} "
+                                       "s; stopped all ranks")
+            time.sleep(poll)
+    except BaseException:
+        _stop(procs, grace)
+        raise
+
+
+def relaunch_cli(argv: Sequence[str], nproc: int, **kwargs) -> int:
+    """Run ``leangnn <argv>`` on ``nproc`` local ranks (``leangnn train --nproc P``).
+
+    ``--nproc`` is removed from ``argv`` and ``--strategy distributed`` is
+    set; ranks other than 0 run with ``--quiet``.
+    """
+    args, i = [], 0
+    argv = list(argv)
+    while i < len(argv):
+        a = argv[i]
+        if a == "--nproc":
+            i += 2
+            continue
+        if a.startswith("--nproc="):
+            i += 1
+            continue
+        if a == "--strategy" and i + 1 < len(argv):
+            if argv[i + 1] != "distributed":
+                raise ValueError(f"--nproc runs the distributed strategy; got "
+                                 f"--strategy {argv[i + 1]}")
+            i += 2
+            continue
+        if a.startswith("--strategy="):
+            if a.split("=", 1)[1] != "distributed":
+                raise ValueError(f"--nproc runs the distributed strategy; got {a}")
+            i += 1
+            continue
+        args.append(a)
+        i += 1
+    cmd = [sys.executable, "-m", "leangnn", *args, "--strategy", "distributed"]
+    quiet = "--quiet" in args
+    return launch_processes(cmd, nproc, rank_args=lambda r: [] if quiet or r == 0
+                            else ["--quiet"], **kwargs)
+
+
+# ---------------------------------------------------------------------- #
+def _spawn_entry(index: int, fn, nproc: int, store: str, backend: str,
+                 timeout: float, threads: int | None, args: tuple, out_dir: str
+                 ) -> None:
+    import torch.distributed as dist
+
+    from leangnn.distributed.runtime import _device_for
+
+    if threads:
+        torch.set_num_threads(threads)
+    os.environ.update(RANK=str(index), LOCAL_RANK=str(index), WORLD_SIZE=str(nproc))
+    device = _device_for("cuda" if backend == "nccl" else "cpu", index)
+    dist.init_process_group(backend, init_method=f"file://{store}", rank=index,
+                            world_size=nproc, timeout=timedelta(seconds=timeout))
+    try:
+        ctx = DistContext(index, nproc, index, backend, device)
+        result = fn(ctx, *args)
+        # Files, not a queue: a large result never blocks a rank on a pipe.
+        torch.save(result, Path(out_dir) / f"rank{index}.pt")
+    except BaseException:
+        # A short traceback for the parent's error; torch prints it too.
+        sys.stderr.write(f"[rank {index}] " + traceback.format_exc())
+        raise
+    finally:
+        dist.destroy_process_group()
+
+
+def spawn(fn: Callable[..., Any], nproc: int, args: tuple = (), backend: str = "gloo",
+          timeout: float = DEFAULT_TIMEOUT, join_timeout: float | None = None,
+          start_method: str = "spawn", threads: int | None = 1) -> list[Any]:
+    """Run ``fn(ctx, *args)`` on ``nproc`` ranks with a process group ready.
+
+    Args:
+        fn (callable): ``fn(ctx: DistContext, *args)``; importable by name
+            unless ``start_method="fork"``.
+        nproc (int): number of ranks.
+        args (tuple, optional): further arguments (pickled for ``spawn``).
+        backend (str, optional): ``"gloo"`` or ``"nccl"`` (device
+            ``cuda:rank``). (default: ``"gloo"``)
+        timeout (float, optional): process-group timeout in seconds.
+        join_timeout (float, optional): seconds the whole job may run.
+        start_method (str, optional): ``"spawn"`` (safe anywhere) or
+            ``"fork"`` (no re-import; CPU only). (default: ``"spawn"``)
+        threads (int, optional): torch threads per rank. (default: ``1``)
+
+    Returns:
+        The results of ``fn`` in rank order.
+
+    Raises:
+        DistributedError: a rank raised or died (the others are terminated),
+            or ``join_timeout`` passed.
+    """
+    import torch.multiprocessing as mp
+
+    if backend == "nccl" and start_method == "fork":
+        raise ValueError("spawn: CUDA ranks need start_method='spawn'")
+    with tempfile.TemporaryDirectory(prefix="leangnn-dist-") as tmp:
+        ctx = mp.start_processes(
+            _spawn_entry, args=(fn, nproc, os.path.join(tmp, "store"), backend,
+                                timeout, threads, args, tmp),
+            nprocs=nproc, join=False, start_method=start_method)
+        start = time.monotonic()
+        try:
+            while not ctx.join(timeout=0.1):
+                if join_timeout is not None and time.monotonic() - start > join_timeout:
+                    raise DistributedError(f"distributed job timed out after "
+                                           f"{join_timeout:g} s; stopped all ranks")
+        except mp.ProcessExitedException as e:
+            raise DistributedError(
+                f"rank {e.error_index} of {nproc} {_describe(e.exit_code)}; stopped "
+                "the other ranks") from None
+        except mp.ProcessRaisedException as e:
+            last = str(e).strip().splitlines()[-1] if str(e).strip() else ""
+            raise DistributedError(f"rank {e.error_index} of {nproc} raised: {last}; "
+                                   "stopped the other ranks") from e
+        finally:
+            for p in ctx.processes:
+                if p.is_alive():
+                    p.terminate()
+            for p in ctx.processes:
+                p.join(5)
+                if p.is_alive():
+                    p.kill()
+        return [torch.load(Path(tmp) / f"rank{r}.pt", weights_only=False)
+                for r in range(nproc)]

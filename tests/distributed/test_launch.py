@@ -1,0 +1,182 @@
+"""Launchers: torchrun's environment, and a dead rank ends the job with an
+error naming it (never a hang: every job here also runs under a deadline, so
+a regression fails with "timed out" instead of blocking the suite)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import textwrap
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from leangnn.distributed import (
+    DistributedError,
+    GraphParallel,
+    init_distributed,
+    launch_processes,
+    relaunch_cli,
+    spawn,
+)
+from leangnn.distributed import launch as launch_mod
+
+
+def _dies(ctx):
+    if ctx.rank == 1:
+        os._exit(3)
+    t = torch.ones(1)
+    dist.all_reduce(t)  # its peer never arrives
+    return float(t)
+
+
+def _raises(ctx):
+    if ctx.rank == 1:
+        raise ValueError("rank one cannot go on")
+    dist.barrier()
+
+
+def test_spawn_dead_rank_is_an_error_naming_it():
+    with pytest.raises(DistributedError, match=r"rank 1 of 2 exited with status 3"):
+        spawn(_dies, 2, start_method="fork", timeout=60, join_timeout=120)
+
+
+def test_spawn_exception_in_a_rank_is_reported():
+    with pytest.raises(DistributedError, match="rank 1 of 2 raised: .*rank one"):
+        spawn(_raises, 2, start_method="fork", timeout=60, join_timeout=120)
+
+
+_KILLED = textwrap.dedent("""
+    import os, signal, sys, torch, torch.distributed as dist
+    from leangnn.distributed.runtime import init_distributed
+    ctx = init_distributed(timeout=60)
+    if ctx.rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    open(sys.argv[1], "w").write("rank 0 finished")
+""")
+
+
+_HANGS = textwrap.dedent("""
+    import os, signal, sys, time
+    if os.environ["RANK"] == "1":
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(60)  # stands for a collective waiting on the dead peer
+    open(sys.argv[1], "w").write("rank 0 finished")
+""")
+
+
+def test_launch_killed_rank_stops_a_waiting_peer(tmp_path):
+    marker = tmp_path / "finished"
+    with pytest.raises(DistributedError,
+                       match=r"rank 1 of 2 was killed by signal SIGKILL"):
+        launch_processes([sys.executable, "-c", _HANGS, str(marker)], 2,
+                         timeout=50, grace=2)
+    assert not marker.exists()
+
+
+@pytest.mark.slow  # two fresh interpreters importing torch
+def test_launch_killed_gloo_rank_stops_the_others(tmp_path):
+    marker = tmp_path / "finished"
+    with pytest.raises(DistributedError,
+                       match=r"rank 1 of 2 was killed by signal SIGKILL"):
+        launch_processes([sys.executable, "-c", _KILLED, str(marker)], 2,
+                         timeout=120, grace=2)
+    assert not marker.exists()
+
+
+def test_launch_sets_torchrun_environment(tmp_path):
+    code = ("import json, os, sys; keys = ['RANK', 'LOCAL_RANK', 'WORLD_SIZE', "
+            "'MASTER_ADDR', 'MASTER_PORT']; open(os.path.join(sys.argv[1], "
+            "os.environ['RANK'] + '.json'), 'w').write(json.dumps({k: os.environ[k] "
+            "for k in keys} | {'argv': sys.argv[2:]}))")
+    rc = launch_processes([sys.executable, "-c", code, str(tmp_path)], 3,
+                          timeout=60, rank_args=lambda r: [f"r{r}"])
+    assert rc == 0
+    envs = [json.loads((tmp_path / f"{r}.json").read_text()) for r in range(3)]
+    assert [e["RANK"] for e in envs] == ["0", "1", "2"]
+    assert [e["LOCAL_RANK"] for e in envs] == ["0", "1", "2"]
+    assert {e["WORLD_SIZE"] for e in envs} == {"3"}
+    assert {e["MASTER_ADDR"] for e in envs} == {"127.0.0.1"}
+    assert len({e["MASTER_PORT"] for e in envs}) == 1
+    assert int(envs[0]["MASTER_PORT"]) > 0
+    assert [e["argv"] for e in envs] == [["r0"], ["r1"], ["r2"]]
+
+
+def test_launch_timeout_stops_all(tmp_path):
+    with pytest.raises(DistributedError, match="timed out after 1 s"):
+        launch_processes([sys.executable, "-c", "import time; time.sleep(60)"], 2,
+                         timeout=1, grace=1)
+
+
+def test_relaunch_cli_rewrites_the_command(monkeypatch):
+    seen = {}
+
+    def fake(cmd, nproc, rank_args=None, **kw):
+        seen.update(cmd=cmd, nproc=nproc, extra=[rank_args(r) for r in range(nproc)])
+        return 0
+
+    monkeypatch.setattr(launch_mod, "launch_processes", fake)
+    assert relaunch_cli(["train", "--nproc", "2", "--epochs", "3",
+                         "--strategy=distributed"], 2) == 0
+    assert seen["cmd"] == [sys.executable, "-m", "leangnn", "train", "--epochs", "3",
+                           "--strategy", "distributed"]
+    assert seen["nproc"] == 2 and seen["extra"] == [[], ["--quiet"]]
+    with pytest.raises(ValueError, match="--strategy full"):
+        relaunch_cli(["train", "--nproc=2", "--strategy", "full"], 2)
+
+
+def test_init_without_launch_environment_says_how(monkeypatch):
+    for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(k, raising=False)
+    assert not dist.is_initialized()
+    with pytest.raises(DistributedError, match=r"RANK.*torchrun --nproc-per-node"):
+        init_distributed()
+    monkeypatch.setenv("RANK", "zero")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "1")
+    with pytest.raises(DistributedError, match=r"RANK='zero' is not an integer"):
+        init_distributed()
+
+
+def _nccl_graph_parallel(ctx, data):
+    from torch_geometric.nn.models import GCN
+
+    torch.manual_seed(0)
+    model = GCN(data.num_features, 8, 2, 2).to(ctx.device)
+    runner = GraphParallel(data, device=ctx.device)
+    loss, _ = runner.train_step(
+        model, data, lambda out, d: torch.nn.functional.cross_entropy(
+            out, d.y.to(out.device)))
+    return loss, {k: v.grad.cpu() for k, v in model.named_parameters()}
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available: "
+                    "the NCCL path needs a GPU per rank")
+def test_nccl_graph_parallel_equals_full_batch():
+    from torch_geometric.nn.models import GCN
+
+    from leangnn.graphs.synthetic import contextual_sbm
+
+    data = contextual_sbm(200, num_classes=2, avg_degree=5, in_channels=4, seed=0)
+    nproc = min(2, torch.cuda.device_count())
+    res = spawn(_nccl_graph_parallel, nproc, args=(data,), backend="nccl",
+                timeout=120, join_timeout=300)
+    torch.manual_seed(0)
+    model = GCN(data.num_features, 8, 2, 2)
+    loss = torch.nn.functional.cross_entropy(model(data.x, data.edge_index), data.y)
+    loss.backward()
+    for got_loss, grads in res:
+        assert got_loss == pytest.approx(float(loss), rel=1e-5)
+        for k, v in model.named_parameters():
+            torch.testing.assert_close(grads[k], v.grad, rtol=1e-5, atol=1e-6)
+
+
+def test_signal_names_are_readable():
+    assert launch_mod._describe(-signal.SIGKILL) == "was killed by signal SIGKILL"
+    assert launch_mod._describe(2) == "exited with status 2"
