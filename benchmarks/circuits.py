@@ -24,7 +24,12 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _report import README, results_path, write_json, write_section  # noqa: E402
+from _report import (  # noqa: E402
+    markdown_path,
+    results_path,
+    write_json,
+    write_section,
+)
 
 DEFAULT = ["iscas85/c7552", "iscas89/s38584", "epfl/multiplier", "itc99/b18",
            "itc99/b19"]
@@ -47,7 +52,7 @@ def main(argv=None) -> dict:
                     help="only re-render the README section from --out")
     args = ap.parse_args(argv)
     args.out = args.out or str(results_path("circuits.json", args.quick))
-    md_path = results_path("circuits.md", True) if args.quick else README
+    md_path = markdown_path("circuits", args.quick)
     if args.render:
         result = json.loads(Path(args.out).read_text())
         write_section("circuits", markdown(result), md_path)

@@ -11,8 +11,9 @@ Reproduces the claims of issue 3 side by side with the peers, in one run:
    ``GroupAddRev`` and ResGNN with the same conv, width, depth and groups,
    alternated round by round in one process; medians and ratios.
 3. **quality**: ``arrival`` trained on the default training circuits and
-   tested on circuits never seen (``leangnn.circuits.DEFAULT_SPLIT``) with the
-   :class:`leangnn.train.Trainer`; Pearson, Spearman, Kendall and MAE.
+   tested on circuits never seen (``leangnn.circuits.DEFAULT_SPLIT``) through
+   the one training loop, :class:`leangnn.train.Trainer` (in memory,
+   ``record=False``: no run directory); Pearson, Spearman, Kendall and MAE.
 4. **b19**: peak memory of GSRGNN on ``itc99/b19`` at growing depth, and the
    ResGNN per-layer slope, to bound the depth trainable within 8 GiB.
 
@@ -29,8 +30,13 @@ Usage::
 The full run's parts, measured on a shared 2-core CPU: memory ~50 min (the
 exact ``mmap`` allocator mode costs a page fault per block), speed ~15 min,
 quality ~45 min of CPU (10 models; the 128-layer one is a third of it), b19
-~35 min. The quality training could move into the lead's Trainer-driven
-``leangnn bench``; it already uses :class:`leangnn.train.Trainer`.
+~35 min.
+
+Sections 1, 2 and 4 time and measure single training steps (forward,
+backward, Adam) of models the Trainer does not build (PyG ``GroupAddRev``)
+one step at a time, alternating with the peers: that narrow step is
+:func:`train_step` here, with the Trainer's own task loss
+(:func:`leangnn.train.make_loss_fn`).
 """
 
 from __future__ import annotations
@@ -53,11 +59,21 @@ from torch_geometric.nn import GroupAddRev
 from leangnn.nn import GSRGNN, GSRBlock, ResGNN
 from leangnn.nn.group_sparse import resolve_k
 from leangnn.profile import SavedTensorsMeter, measure_in_subprocess
+from leangnn.train import make_loss_fn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _report import README, ROOT, results_path, write_json, write_section  # noqa: E402
+from _report import (  # noqa: E402
+    can_plot,
+    figure,
+    markdown_path,
+    results_path,
+    write_json,
+    write_section,
+)
 
 MiB = float(1 << 20)
+#: the Trainer's loss for ``arrival`` (MSE over every node of a circuit)
+_loss = make_loss_fn("regression")
 
 
 # --------------------------------------------------------------------------- #
@@ -134,9 +150,13 @@ def make_model(kind, in_channels, hidden, layers, groups, conv, sparsity, dropou
 
 
 def train_step(model, opt, data) -> float:
+    """One step (= one epoch on one circuit) of the Trainer's loop without
+    its bookkeeping: what the memory and speed sections time, alternating
+    models step by step, including ``GroupAddRev``, which the Trainer's model
+    registry does not build."""
     opt.zero_grad(set_to_none=True)
     out = model(data.x, data.edge_index)
-    loss = F.mse_loss(out.view(-1), data.y)
+    loss = _loss(out, data)
     loss.backward()
     opt.step()
     return float(loss.detach())
@@ -168,7 +188,7 @@ def _mem_run(state):
         if step == 0:
             with SavedTensorsMeter() as meter:
                 out = model(data.x, data.edge_index)
-                loss = F.mse_loss(out.view(-1), data.y)
+                loss = _loss(out, data)
             saved = meter.bytes
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -285,9 +305,10 @@ def bench_quality(args, log):
             task="arrival", strategy=strategy, model=name, conv=args.conv,
             num_layers=layers, hidden_channels=hidden, dropout=args.dropout,
             epochs=args.epochs, lr=args.lr, patience=args.patience, seed=args.seed,
-            device=args.device, num_groups=args.groups, sparsity=sparsity,
-            out=str(ROOT / "runs" / "bench-gsr" / spec.replace(":", "-")))
-        trainer = Trainer(cfg, progress=False)
+            device=args.device, num_groups=args.groups, sparsity=sparsity)
+        # In memory: the summary is all this section reads, and a fixed run
+        # directory would refuse the second run of the benchmark.
+        trainer = Trainer(cfg, progress=False, record=False)
         t0 = time.perf_counter()
         summary = trainer.fit()
         test = summary["metrics"]["test"]
@@ -559,32 +580,30 @@ def _target_key(check: str) -> str | None:
 
 
 def plot(res, path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    if not can_plot(path):
+        return
     modes = [m for m in MALLOC if any(r["malloc"] == m for r in res["memory"])]
-    fig, axes = plt.subplots(1, len(modes), figsize=(6 * len(modes), 4),
-                             squeeze=False)
-    for ax, malloc in zip(axes[0], modes):
-        for kind in ("gsr", "res", "rev"):
-            pts = sorted((r["layers"], r["peak_bytes"] / MiB) for r in res["memory"]
-                         if r["model"] == kind and r["malloc"] == malloc
-                         and not r.get("warmup"))
-            if pts:
-                ax.plot(*zip(*pts), marker="o", label=LABELS[kind])
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel("layers")
-        ax.set_ylabel("peak training memory (MiB, CPU RSS)")
-        ax.set_title(f"{res['args']['circuit']}, hidden {res['args']['hidden']}, "
-                     f"{res['args']['groups']} groups; malloc {malloc}")
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    with figure(path, 1, len(modes), figsize=(6 * len(modes), 4),
+                squeeze=False) as (_, axes):
+        for ax, malloc in zip(axes[0], modes):
+            _plot_memory(ax, res, malloc)
+
+
+def _plot_memory(ax, res, malloc):
+    for kind in ("gsr", "res", "rev"):
+        pts = sorted((r["layers"], r["peak_bytes"] / MiB) for r in res["memory"]
+                     if r["model"] == kind and r["malloc"] == malloc
+                     and not r.get("warmup"))
+        if pts:
+            ax.plot(*zip(*pts), marker="o", label=LABELS[kind])
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("layers")
+    ax.set_ylabel("peak training memory (MiB, CPU RSS)")
+    ax.set_title(f"{res['args']['circuit']}, hidden {res['args']['hidden']}, "
+                 f"{res['args']['groups']} groups; malloc {malloc}")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
 
 
 def parse_args(argv=None):
@@ -658,7 +677,7 @@ def parse_args(argv=None):
         args.sections = [s for s in args.sections if s != "b19"]
     # A quick run never overwrites the full results or the README.
     args.out = args.out or str(results_path("gsr.json", args.quick))
-    args.md = args.md or str(results_path("gsr.md", True) if args.quick else README)
+    args.md = args.md or str(markdown_path("gsr", args.quick))
     args.plot = args.plot or str(results_path("gsr_memory.png", args.quick))
     return args
 

@@ -24,22 +24,21 @@ Output on a 2-core CPU (CPU times; the "device" is a budgeted CPU pool):
 """
 
 import torch
-import torch.nn.functional as F
 
 from leangnn.graphs.synthetic import power_law_graph
 from leangnn.nn.models import build_model
 from leangnn.offload import OffloadEngine
 from leangnn.plan.vertex import full_batch_vertex_bytes
+from leangnn.train import make_loss_fn
 
 torch.set_num_threads(1)
 torch.manual_seed(0)
 data = power_law_graph(20_000, avg_degree=25, in_channels=64, seed=2)
+data.node_mask = data.train_mask  # the nodes the Trainer's loss covers
 model = build_model("gcn", 64, 64, 8, num_layers=3)
-
-
-def loss_fn(out, data):
-    return F.cross_entropy(out[data.train_mask], data.y[data.train_mask])
-
+# The Trainer's task loss. The engine is driven by hand here (the Trainer runs
+# it as ``--strategy offload``) to check its gradient against PyG's first.
+loss_fn = make_loss_fn("classification")
 
 need = full_batch_vertex_bytes(model, data.num_nodes)
 engine = OffloadEngine(model, data, device_budget=need // 4, num_parts=16, cache="st")

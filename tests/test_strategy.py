@@ -118,7 +118,7 @@ def test_registered_strategy_disappears_with_its_entry(echo_strategy, capsys):
 
     STRATEGIES.pop("echo")
     with pytest.raises(ConfigError, match="strategy: expected full, reversible, "
-                       "prune or offload, got 'echo'"):
+                       "prune.*, got 'echo'"):
         TrainConfig(strategy="echo")
     assert main(["train", "--strategy", "echo"]) == 2
     assert "invalid choice: 'echo'" in capsys.readouterr().err

@@ -56,6 +56,8 @@ _TRAIN_FLAGS = {  # flag -> config field
     "anchors": "num_anchors", "device_budget": "device_budget", "parts": "num_parts",
     "cache": "cache", "offload_mode": "offload_mode",
 }
+
+
 class UsageError(Exception):
     """A command line argparse cannot read (printed as one error line)."""
 
@@ -77,18 +79,14 @@ def _resumed_config(args, given: dict) -> TrainConfig:
     if not saved.is_file():
         raise FileNotFoundError(f"--resume: no run at {args.out} "
                                 f"({saved} is missing)")
-    base = TrainConfig.load(saved).to_dict()
+    base = TrainConfig.read(saved)
     changed = {k: v for k, v in given.items()
                if base.get(k) != v and k not in RESUMABLE}
     if changed:
         may = ", ".join(f"--{k}" for k in RESUMABLE if k != "out")
         raise ValueError(f"--resume: options {sorted(changed)} differ from the "
                          f"saved run; only {may} may change when resuming")
-    base.update(given)
-    try:
-        return TrainConfig.from_dict(base)
-    except ValueError as e:
-        raise ValueError(f"--resume {saved}: {e}") from None
+    return TrainConfig.load(saved, **given)
 
 
 def _check_out(out: str | None, force: bool) -> None:
@@ -232,9 +230,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
 
 
 def _one_line(e: BaseException) -> str:
-    text = " ".join(str(e).split())
-    if isinstance(e, MemoryError | OSError) and not text:
-        text = type(e).__name__
+    text = " ".join(str(e).split()) or type(e).__name__
     if isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError":
         text = f"out of memory: {text}"
     return text

@@ -14,10 +14,13 @@ from __future__ import annotations
 import functools
 import json
 import math
+import numbers
 import typing
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from .utils import parse_bytes
 
@@ -176,7 +179,9 @@ class TrainConfig:
         _choose("model", self.model, MODELS)
         _choose("task", self.task, TASKS)
         _choose("conv", self.conv, CONVS)
-        for name in ("cache", "offload_mode"):
+        # fields whose values a strategy registered (offload: cache, offload_mode)
+        constrained = {k for e in STRATEGIES.values() for k in e.choices}
+        for name in sorted(constrained & {f.name for f in fields(self)}):
             _choose(name, getattr(self, name), option_choices(name) or ())
         needs = STRATEGIES[self.strategy].requires
         missing = sorted(needs - MODELS[self.model].capabilities)
@@ -222,14 +227,25 @@ class TrainConfig:
 
         atomic_write_text(path, json.dumps(self.to_dict(), indent=2) + "\n")
 
-    @classmethod
-    def load(cls, path: str | Path) -> TrainConfig:
-        """Read a saved configuration; every error names ``path``."""
+    @staticmethod
+    def read(path: str | Path) -> dict[str, Any]:
+        """The JSON object saved at ``path``, unvalidated; errors name ``path``."""
         text = Path(path).read_text(errors="replace")
         try:
             d = json.loads(text)
         except json.JSONDecodeError as e:
             raise ConfigError(f"{path}: not a JSON config: {e}") from None
+        if not isinstance(d, dict):
+            raise ConfigError(f"{path}: expected a JSON object of config fields, "
+                              f"got {type(d).__name__}")
+        return d
+
+    @classmethod
+    def load(cls, path: str | Path, **overrides) -> TrainConfig:
+        """Read a saved configuration, with ``overrides`` applied before it is
+        validated (e.g. ``device="cpu"`` for a run saved on a GPU machine);
+        every error names ``path``."""
+        d = {**cls.read(path), **overrides}
         try:
             return cls.from_dict(d)
         except ValueError as e:
@@ -257,23 +273,23 @@ _WANT = {int: "an integer", float: "a number", str: "a string", bool: "true or f
 
 
 def _check_type(cfg: TrainConfig, name: str, hint: Any) -> None:
-    """``value`` must be one of the annotated types (``bool`` is no ``int``,
-    an ``int`` is a ``float``, floats are finite)."""
+    """The value of ``name`` must be one of the annotated types: ``bool`` is
+    no integer, an integer is a float, NumPy scalars count as Python ones,
+    and floats are finite."""
     value = getattr(cfg, name)
     types = typing.get_args(hint) or (hint,)
     if value is None:
         if type(None) not in types:
             _bad(name, value, _WANT[types[0]])
         return
-    if isinstance(value, bool):
-        ok = bool in types
-    elif isinstance(value, int):
-        ok = int in types or float in types
-        if ok and int not in types:
+    if isinstance(value, bool | np.bool_):
+        ok, value = bool in types, bool(value)
+    elif isinstance(value, numbers.Integral):
+        ok, value = int in types or float in types, int(value)
+        if int not in types:
             value = float(value)
-            setattr(cfg, name, value)
-    elif isinstance(value, float):
-        ok = float in types
+    elif isinstance(value, numbers.Real):
+        ok, value = float in types, float(value)
     else:
         ok = isinstance(value, str) and str in types
     if not ok:
@@ -281,6 +297,7 @@ def _check_type(cfg: TrainConfig, name: str, hint: Any) -> None:
         _bad(name, value, want + (" (or omitted)" if type(None) in types else ""))
     if isinstance(value, float) and not math.isfinite(value):
         _bad(name, value, "a finite number")
+    setattr(cfg, name, value)
 
 
 def _one_of(choices) -> str:

@@ -22,6 +22,7 @@ from .circuits import (
     TASKS,
     CircuitInfo,
     NetlistError,
+    circuit_overlap,
     load_suite,
     resolve,
 )
@@ -88,10 +89,6 @@ def _synthetic(spec: str, seed: int) -> GraphSplits:
                        [with_mask(g, g.test_mask)], "classification", c)
 
 
-def _names(infos: list[CircuitInfo]) -> set[str]:
-    return {i.name for i in infos}
-
-
 def check_datasets(cfg) -> dict[str, list[CircuitInfo]] | None:
     """Resolve the circuits ``cfg`` names, without loading them.
 
@@ -122,7 +119,7 @@ def check_datasets(cfg) -> dict[str, list[CircuitInfo]] | None:
         if names and not infos:
             raise ValueError(f"{option}: {names!r} names no circuit")
         out[key] = infos
-    overlap = _names(out["train"]) & _names(out["test"])
+    overlap = circuit_overlap(out["train"], out["test"])
     if overlap:
         raise ValueError(f"test_dataset: circuits {sorted(overlap)} are also in the "
                          "training set; a split by circuit needs them disjoint")

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch_geometric.nn.models import GCN, GIN, GraphSAGE
 
-from leangnn.graphs.partition import DstCSR
+from leangnn.graphs.sparse import DstCSR
 from leangnn.graphs.synthetic import power_law_graph
 from leangnn.nn.models import build_model
 from leangnn.offload.layerwise import LayerwiseModel

@@ -6,7 +6,8 @@ import pytest
 import torch
 from torch_geometric.utils import k_hop_subgraph
 
-from leangnn.graphs.partition import DstCSR, partition_graph
+from leangnn.graphs.partition import partition_graph
+from leangnn.graphs.sparse import DstCSR
 from leangnn.graphs.synthetic import power_law_graph
 from leangnn.offload.cache import INF_STEP
 from leangnn.offload.schedule import (

@@ -26,7 +26,7 @@ import numpy as np
 from .netlist import GATE_TYPES, TYPE_ID, Netlist
 from .simulate import Levels, levelize
 
-__all__ = ["cop_signal_probability"]
+__all__ = ["cop_signal_probability", "cop_parameters"]
 
 # Per gate type: how a fanin probability p enters the product (0: p,
 # 1: 1 - p, 2: 1 - 2p), and how the product P becomes the output
@@ -42,6 +42,18 @@ for _name, (_edge, _a, _b) in {
 }.items():
     _EDGE_MAP[TYPE_ID[_name]], _OUT_A[TYPE_ID[_name]] = _edge, _a
     _OUT_B[TYPE_ID[_name]] = _b
+
+
+def cop_parameters() -> np.ndarray:
+    """COP as ``p = a + b * prod(c + e * p_fanin)``: ``float64 [4, len(GATE_TYPES)]``
+    rows ``a, b, c, e`` per gate type (sources: ``a`` is the probability)."""
+    c = np.where(_EDGE_MAP == 0, 0.0, 1.0)
+    e = np.choose(_EDGE_MAP, [1.0, -1.0, -2.0])
+    a, b = _OUT_A.copy(), _OUT_B.copy()
+    for name, value in (("input", 0.5), ("ppi", 0.5), ("const0", 0.0),
+                        ("const1", 1.0)):
+        a[TYPE_ID[name]], b[TYPE_ID[name]] = value, 0.0
+    return np.stack([a, b, c, e])
 
 
 def cop_signal_probability(net: Netlist, levels: Levels | None = None,

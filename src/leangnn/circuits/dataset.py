@@ -261,9 +261,18 @@ def _file_digest(path: str, mtime_ns: int, size: int) -> str:
 
 
 def circuit_digest(info: CircuitInfo) -> str:
-    """Content hash of a circuit's netlist file (the identity of a circuit)."""
-    st = os.stat(info.path)
-    return _file_digest(info.path, st.st_mtime_ns, st.st_size)
+    """Content hash of a circuit's netlist file (the identity of a circuit).
+
+    Raises:
+        NetlistError: naming the file when it cannot be read.
+    """
+    try:
+        st = os.stat(info.path)
+        return _file_digest(info.path, st.st_mtime_ns, st.st_size)
+    except FileNotFoundError as e:
+        raise NetlistError("no such netlist file", info.path) from e
+    except OSError as e:
+        raise NetlistError(f"cannot read netlist ({e.strerror or e})", info.path) from e
 
 
 def circuit_overlap(a: Iterable, b: Iterable) -> list[str]:

@@ -36,10 +36,25 @@ __all__ = ["DAGNN", "AGGRS"]
 
 AGGRS = ("max", "sum", "mean", "attention")
 _NUM_GATE_TYPES = 12  # len(leangnn.circuits.GATE_TYPES), without importing circuits
+# The product channels' per-type scalars must travel O(1) (e.g. b from 1 to -1
+# for an inverter) while Adam moves a parameter about ``lr`` per step; storing
+# them divided by a gain lets them get there in tens, not thousands, of steps.
+_GAIN = 10.0
+
+
+def _segment_sum(v: Tensor, loc: Tensor, size: int) -> Tensor:
+    return v.new_zeros((size,) + v.shape[1:]).index_add_(0, loc, v)
 
 
 class _GRUCell:
-    """Per-level update: aggregate neighbour states, product channels, GRU."""
+    """Per-level update: aggregate neighbour states, product channels, GRU.
+
+    :meth:`step_backward` is the hand-written backward of :meth:`step`; the
+    sweep calls it instead of running autograd on every level, which costs
+    about 1 ms of engine overhead per level (8,685 levels on ``epfl/div``).
+    """
+
+    manual_backward = True
 
     def __init__(self, channels: int, aggr: str, typed: bool, num_types: int,
                  num_products: int):
@@ -49,45 +64,122 @@ class _GRUCell:
     def state_shapes(self) -> list[int]:
         return [self.c] + ([self.kp] if self.kp else [])
 
-    def step(self, gathered, node_inputs, loc, size, params):
+    def _parts(self, gathered, node_inputs, loc, size, params) -> dict:
         s_g = gathered[0]
         h, x, onehot, deg = node_inputs
         w_m, w_hh, b_hh, att, w_p, pa, pb, pc, pe = params
+        f: dict = {}
         if self.aggr == "max":
             m = s_g.new_zeros(size, self.c).index_reduce(
                 0, loc, s_g, "amax", include_self=False)
         elif self.aggr == "attention":
-            score = F.leaky_relu(s_g @ att[0] + (h @ att[1]).index_select(0, loc), 0.2)
+            pre = s_g @ att[0] + (h @ att[1]).index_select(0, loc)
+            score = F.leaky_relu(pre, 0.2)
             top = score.detach().new_full((size,), -torch.inf).index_reduce(
                 0, loc, score.detach(), "amax")
             w = (score - top.index_select(0, loc)).exp()
-            den = w.new_zeros(size).index_add(0, loc, w)
-            w = w / den.index_select(0, loc)
-            m = s_g.new_zeros(size, self.c).index_add(0, loc, s_g * w[:, None])
+            w = w / _segment_sum(w, loc, size).index_select(0, loc)
+            m = _segment_sum(s_g * w[:, None], loc, size)
+            f.update(pre=pre, w=w)
         else:
-            m = s_g.new_zeros(size, self.c).index_add(0, loc, s_g)
+            m = _segment_sum(s_g, loc, size)
             if self.aggr == "mean":
                 m = m / deg
+        f["m"] = m
         if self.typed:
             m = (onehot[:, :, None] * m[:, None, :]).reshape(size, -1)
+        f["mt"] = m
         gi = m @ w_m + x
-        out = []
         if self.kp:
             oh_e = onehot.index_select(0, loc)
-            vals = oh_e @ pc + (oh_e @ pe) * gathered[1]
+            ee = oh_e @ pe
+            vals = oh_e @ pc + ee * gathered[1]
             prod = vals.new_ones(size, self.kp).index_reduce(0, loc, vals, "prod")
+            b = onehot @ pb
+            pre_p = onehot @ pa + b * prod
             # COP values lie in [0, 1]; the clamp keeps deep sweeps from
             # compounding stray values into overflow.
-            p = (onehot @ pa + (onehot @ pb) * prod).clamp(0.0, 1.0)
+            p = pre_p.clamp(0.0, 1.0)
             gi = gi + p @ w_p
-            out.append(p)
+            f.update(oh_e=oh_e, ee=ee, vals=vals, prod=prod, b=b, pre_p=pre_p, p=p)
         gh = h @ w_hh + b_hh
         i_r, i_z, i_n = gi.chunk(3, 1)
         h_r, h_z, h_n = gh.chunk(3, 1)
         r = torch.sigmoid(i_r + h_r)
         z = torch.sigmoid(i_z + h_z)
         n = torch.tanh(i_n + r * h_n)
-        return [n + z * (h - n)] + out
+        f.update(r=r, z=z, n=n, h_n=h_n, out=n + z * (h - n))
+        return f
+
+    def step(self, gathered, node_inputs, loc, size, params):
+        f = self._parts(gathered, node_inputs, loc, size, params)
+        return [f["out"]] + ([f["p"]] if self.kp else [])
+
+    def step_backward(self, gathered, node_inputs, loc, size, params, grads):
+        """Gradients of :meth:`step` for ``grads`` of its outputs: lists for
+        ``gathered``, ``node_inputs`` and ``params`` (``None`` where unused)."""
+        f = self._parts(gathered, node_inputs, loc, size, params)
+        s_g = gathered[0]
+        h, _, onehot, deg = node_inputs
+        w_m, w_hh, _, att, w_p, *_ = params
+        g_out = grads[0]
+        r, z, n = f["r"], f["z"], f["n"]
+        d_n = g_out * (1 - z) * (1 - n * n)
+        d_r = d_n * f["h_n"] * r * (1 - r)
+        d_z = g_out * (h - n) * z * (1 - z)
+        d_gi = torch.cat([d_r, d_z, d_n], 1)
+        d_gh = torch.cat([d_r, d_z, d_n * r], 1)
+        g_h = g_out * z + d_gh @ w_hh.t()
+        g_par: list = [None] * 9
+        g_par[0] = f["mt"].t() @ d_gi
+        g_par[1] = h.t() @ d_gh
+        g_par[2] = d_gh.sum(0)
+        d_m = d_gi @ w_m.t()
+        if self.typed:
+            d_m = (d_m.view(size, self.g, self.c) * onehot[:, :, None]).sum(1)
+        g_gath: list = [None] * len(gathered)
+        if self.kp:
+            g_par[4] = f["p"].t() @ d_gi
+            pre_p = f["pre_p"]
+            d_pre = (grads[1] + d_gi @ w_p.t()) * ((pre_p >= 0) & (pre_p <= 1))
+            prod, vals = f["prod"], f["vals"]
+            g_par[5] = onehot.t() @ d_pre
+            g_par[6] = onehot.t() @ (d_pre * prod)
+            d_vals = (d_pre * f["b"]).index_select(0, loc) * _excluding(
+                vals, prod, loc, size)
+            g_par[7] = f["oh_e"].t() @ d_vals
+            g_par[8] = f["oh_e"].t() @ (d_vals * gathered[1])
+            g_gath[1] = d_vals * f["ee"]
+        d_me = d_m.index_select(0, loc)
+        if self.aggr == "max":
+            hit = (s_g == f["m"].index_select(0, loc)).to(s_g.dtype)
+            count = _segment_sum(hit, loc, size).index_select(0, loc)
+            g_gath[0] = hit * d_me / count
+        elif self.aggr == "attention":
+            w = f["w"]
+            d_w = (d_me * s_g).sum(1)
+            d_score = w * (d_w - _segment_sum(w * d_w, loc, size).index_select(0, loc))
+            d_pre_a = d_score * torch.where(f["pre"] > 0, 1.0, 0.2).to(s_g.dtype)
+            g_gath[0] = w[:, None] * d_me + d_pre_a[:, None] * att[0]
+            d_node = _segment_sum(d_pre_a, loc, size)
+            g_h = g_h + d_node[:, None] * att[1]
+            g_par[3] = torch.stack([s_g.t() @ d_pre_a, h.t() @ d_node])
+        elif self.aggr == "mean":
+            g_gath[0] = (d_m / deg).index_select(0, loc)
+        else:
+            g_gath[0] = d_me
+        return g_gath, [g_h, d_gi, None, None], g_par
+
+
+def _excluding(vals: Tensor, prod: Tensor, loc: Tensor, size: int) -> Tensor:
+    """Per edge, the product of the other values of its segment (zeros exact)."""
+    zero = vals == 0
+    safe = torch.where(zero, torch.ones_like(vals), vals)
+    nonzero_prod = vals.new_ones(size, vals.size(1)).index_reduce(
+        0, loc, safe, "prod").index_select(0, loc)
+    zeros = _segment_sum(zero.to(vals.dtype), loc, size).index_select(0, loc)
+    return torch.where(zero, torch.where(zeros == 1, nonzero_prod, 0.0),
+                       torch.where(zeros == 0, nonzero_prod / safe, 0.0))
 
 
 class DAGNN(torch.nn.Module):
@@ -132,8 +224,14 @@ class DAGNN(torch.nn.Module):
         timing_channels (int, optional): max-plus channels ``K``. (default: ``4``)
         product_channels (int, optional): product channels. (default: ``4``)
         quantiles (sequence of float, optional): per-graph quantiles of the
-            timing features the head also sees as offsets; empty to disable.
-            (default: ``(0.25, 0.5, 0.75)``)
+            timing features the head also sees as offsets, e.g.
+            ``(0.25, 0.5, 0.75)`` for slack quartile classes; empty to disable.
+            (default: ``()``)
+        product_init (str, optional): start of the product channels: ``"cop"``
+            (the COP formula of every gate type of
+            :data:`~leangnn.circuits.GATE_TYPES`, then learned) or ``"and"``.
+            (default: ``"cop"`` when ``gate_types`` has 12 columns, else
+            ``"and"``)
 
     Shapes:
         **input:** ``x [N, in_channels]``, ``edge_index [2, E]`` (fanin ->
@@ -147,7 +245,8 @@ class DAGNN(torch.nn.Module):
                  gate_types: int | Sequence[int] = _NUM_GATE_TYPES,
                  typed: bool = True, timing_channels: int = 4,
                  product_channels: int = 4,
-                 quantiles: Sequence[float] = (0.25, 0.5, 0.75)):
+                 quantiles: Sequence[float] = (),
+                 product_init: str | None = None):
         super().__init__()
         if aggr not in AGGRS:
             raise ValueError(f"aggr must be one of {AGGRS}, got {aggr!r}")
@@ -170,6 +269,14 @@ class DAGNN(torch.nn.Module):
         self.dropout, self.typed = dropout, typed
         self.gate_cols = cols
         self.quantiles = tuple(float(q) for q in quantiles)
+        if product_init is None:
+            product_init = "cop" if len(cols) == _NUM_GATE_TYPES else "and"
+        if product_init not in ("cop", "and") or (
+                product_init == "cop" and len(cols) != _NUM_GATE_TYPES):
+            raise ValueError(f"product_init must be 'and', or 'cop' with the "
+                             f"{_NUM_GATE_TYPES} gate-type columns of GATE_TYPES; "
+                             f"got {product_init!r} with {len(cols)} columns")
+        self.product_init = product_init
         g = max(len(cols), 1)
         c, k, kp = hidden_channels, timing_channels, product_channels
         self.k, self.kp = k, kp
@@ -218,10 +325,11 @@ class DAGNN(torch.nn.Module):
                 torch.nn.init.uniform_(p, -bound, bound)
         torch.nn.init.uniform_(self.w_p, -bound, bound)
         with torch.no_grad():
-            # a + b * prod(c + e p): start near AND (a=0, b=1, c=0, e=1), jittered
-            # per channel so the channels can specialise.
-            self.prod.copy_(torch.tensor([0.0, 1.0, 0.0, 1.0])[:, None, None])
-            self.prod.add_(0.1 * torch.randn_like(self.prod))
+            # a + b * prod(c + e p), jittered per channel so the channels can
+            # specialise. A deep product recursion started far from a useful
+            # gate function saturates (vanishing gradients), hence the COP start.
+            self.prod.copy_(self._product_start()[:, :, None])
+            self.prod.add_(0.05 * torch.randn_like(self.prod)).div_(_GAIN)
             # unit delay per gate: timing channels start as logic levels
             self.delay_type.weight.zero_()
             self.delay_type.bias.fill_(1.0)
@@ -233,6 +341,15 @@ class DAGNN(torch.nn.Module):
                     last = mlp.lins[-1] if isinstance(mlp, MLP) else mlp
                     last.weight.zero_()
                     last.bias.zero_()
+
+    def _product_start(self) -> Tensor:
+        """``[4, G]`` start values of ``(a, b, c, e)`` per gate type."""
+        g = self.prod.size(1)
+        if self.product_init == "and":
+            return torch.tensor([0.0, 1.0, 0.0, 1.0])[:, None].repeat(1, g)
+        from ..circuits.cop import cop_parameters
+
+        return torch.as_tensor(cop_parameters(), dtype=torch.float32)
 
     # ------------------------------------------------------------------ #
     def _onehot(self, x: Tensor) -> Tensor:
@@ -296,7 +413,7 @@ class DAGNN(torch.nn.Module):
 
     def _params(self, d: str) -> list[Tensor]:
         empty = self.w_p.new_zeros(0)
-        prod = list(self.prod) if d == "fwd" and self.kp else [empty] * 4
+        prod = list(self.prod * _GAIN) if d == "fwd" and self.kp else [empty] * 4
         return [self.w_m[d], self.w_hh[d], self.b_hh[d], self.att[d],
                 self.w_p if d == "fwd" and self.kp else empty, *prod]
 

@@ -26,6 +26,7 @@ final buffers plus the inputs: ``O(N x C)`` whatever the depth.
 
 from __future__ import annotations
 
+import warnings
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -35,6 +36,12 @@ import numpy as np
 import torch
 from torch import Tensor
 from torch.autograd import Function
+
+# index_reduce is the fastest segment max/prod on CPU (about 25% faster per
+# level than scatter_reduce with an expanded index); its "beta" notice is
+# noise for a caller that cannot act on it.
+warnings.filterwarnings("ignore", message=r"index_reduce\(\) is in beta",
+                        category=UserWarning)
 
 __all__ = ["LevelPlan", "LevelStep", "level_plan", "topological_levels", "max_plus",
            "cell_sweep", "SweepCell"]
@@ -296,7 +303,13 @@ def max_plus(d: Tensor, steps: tuple[LevelStep, ...]) -> Tensor:
 
 
 class SweepCell(Protocol):
-    """What :func:`cell_sweep` needs from a per-level update."""
+    """What :func:`cell_sweep` needs from a per-level update.
+
+    A cell may also define ``step_backward(gathered, node_inputs, loc, size,
+    params, grads) -> (grad_gathered, grad_node_inputs, grad_params)`` and set
+    ``manual_backward = True``; the sweep then calls it instead of recomputing
+    each level under autograd.
+    """
 
     def state_shapes(self) -> list[int]:
         """Widths of the state buffers the cell writes."""
@@ -346,7 +359,24 @@ class _CellSweep(Function):
                  for i, p in enumerate(params)]
         want_par = [i for i, p in enumerate(leaves) if p.requires_grad]
         want_in = [i for i, g in enumerate(g_in) if g is not None]
+        manual = getattr(ctx.cell, "manual_backward", False)
         for st in reversed(ctx.steps):
+            if manual:
+                gathered = [s.index_select(0, st.src) for s in states]
+                ins = [t.index_select(0, st.nodes) for t in node_inputs]
+                go = [g.index_select(0, st.nodes) for g in g_states]
+                r_gath, r_in, r_par = ctx.cell.step_backward(
+                    gathered, ins, st.loc, st.size, params, go)
+                for g, r in zip(g_states, r_gath):
+                    if r is not None:
+                        g.index_add_(0, st.src, r)
+                for g, r in zip(g_in, r_in):
+                    if g is not None and r is not None:
+                        g.index_add_(0, st.nodes, r)
+                for g, r in zip(g_par, r_par):
+                    if g is not None and r is not None:
+                        g.add_(r)
+                continue
             with torch.enable_grad():
                 gathered = [s.index_select(0, st.src).requires_grad_()
                             for s in states]

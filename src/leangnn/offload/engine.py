@@ -35,7 +35,8 @@ import torch
 from torch import Tensor
 from torch_geometric.data import Data
 
-from leangnn.graphs.partition import DstCSR, partition_graph
+from leangnn.graphs.partition import partition_graph
+from leangnn.graphs.sparse import DstCSR
 from leangnn.offload.budget import DeviceBudget
 from leangnn.offload.cache import DeviceCache
 from leangnn.offload.counters import OffloadCounters

@@ -30,7 +30,8 @@ import scipy.sparse as sp
 import torch
 from torch import Tensor
 
-from leangnn.graphs.partition import DstCSR, Partition
+from leangnn.graphs.partition import Partition
+from leangnn.graphs.sparse import DstCSR
 from leangnn.offload.cache import INF_STEP
 
 __all__ = ["Chunk", "ChunkBuilder", "overlap_order", "ExactSchedule",

@@ -27,7 +27,8 @@ import torch
 from leangnn.utils import format_bytes
 
 __all__ = ["FitEstimate", "parameter_count", "estimate", "available_bytes",
-           "check_fits", "check_graph_fits", "CSBM_BYTES_PER_NODE"]
+           "check_fits", "check_graph_fits", "CSBM_BYTES_PER_NODE",
+           "PROBE_IN_CHANNELS", "PROBE_OUT_CHANNELS"]
 
 #: lower bounds of the measured costs (see the module docstring)
 ACTIVATION_FLOATS_PER_LAYER = 2      # x N x C, plain autograd, per layer
@@ -35,6 +36,11 @@ REVERSIBLE_ACTIVATION_FLOATS = 4     # x N x C, whole reversible stack
 OPTIMIZER_COPIES = 4                 # parameter, gradient, two Adam moments
 MODULE_BYTES_PER_LAYER = 16 << 10    # Python objects of one layer's modules
 CSBM_BYTES_PER_NODE = 2048           # peak while generating a csbm graph
+#: input/output widths a model is counted with before the data is loaded: as
+#: wide as any bundled dataset's (circuits ~16 features, csbm 64; 8 classes),
+#: so models that check their input columns (e.g. gate types) accept them;
+#: the difference to the real widths is one encoder/head row per channel.
+PROBE_IN_CHANNELS, PROBE_OUT_CHANNELS = 64, 8
 
 
 @dataclass
@@ -86,7 +92,8 @@ def _count(cfg, num_layers: int, in_channels: int, out_channels: int) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def parameter_count(cfg, in_channels: int = 1, out_channels: int = 1) -> int:
+def parameter_count(cfg, in_channels: int = PROBE_IN_CHANNELS,
+                    out_channels: int = PROBE_OUT_CHANNELS) -> int:
     """Parameters of ``cfg``'s model, without building its ``num_layers`` layers.
 
     Counts models of 1-3 layers on the meta device and extrapolates linearly
@@ -110,7 +117,8 @@ def _csbm_defaults() -> tuple[float, int, int]:
 
 
 def estimate(cfg, num_nodes: int | None = None, num_edges: int | None = None,
-             in_channels: int = 1, out_channels: int = 1,
+             in_channels: int = PROBE_IN_CHANNELS,
+             out_channels: int = PROBE_OUT_CHANNELS,
              loaded: bool = True) -> FitEstimate:
     """Lower-bound memory estimate of training ``cfg`` on a graph of
     ``num_nodes`` nodes and ``num_edges`` edges (``None``: parameters only).
@@ -135,7 +143,9 @@ def estimate(cfg, num_nodes: int | None = None, num_edges: int | None = None,
         elif get_model(cfg.model).reversible:
             act = REVERSIBLE_ACTIVATION_FLOATS * n * c * 4
         else:
-            act = layers * ACTIVATION_FLOATS_PER_LAYER * n * c * 4
+            # L - 1: the first and last layers of the shallow baselines are
+            # narrower (input / output width), so only the hidden ones count.
+            act = (layers - 1) * ACTIVATION_FLOATS_PER_LAYER * n * c * 4
         data = num_nodes * in_channels * 4 + (num_edges or 0) * 16
         if not _is_cpu(cfg.device):
             graph = data

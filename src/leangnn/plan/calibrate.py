@@ -1,0 +1,340 @@
+"""Calibration: the allocator's overhead and the time of work, per machine kind.
+
+A dry run counts tensor bytes; what a run's meter reports is more on CPU
+(resident memory: glibc keeps freed heap, code pages, thread stacks; with its
+default dynamic mmap threshold about twice the tensor bytes, measured) and
+what a CUDA device holds is more too (the caching allocator reserves more
+than it hands out). A short calibration measures a few small real runs here
+(:func:`leangnn.plan.measure.measure_fresh`) beside their estimates and fits
+
+* memory: ``measured = scale x tensor_bytes + const`` (relative least
+  squares), and on CUDA ``reserved / allocated`` for budget checks;
+* time: ``epoch_seconds = a ops + b bytes_written + c flops`` (non-negative
+  least squares over the traced work), and for offload
+  ``k x that + per_job x jobs``.
+
+One JSON file per machine kind (CPU model and allocator setting, or GPU name)
+under ``cache_root("calibration")``; re-measure with
+``python -m leangnn.plan.calibrate [--device cuda] [--quick]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import sys
+import time
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from leangnn.utils import atomic_write_text, cache_root, format_bytes
+
+__all__ = ["Calibration", "machine_kind", "allocator_mode", "calibration_path",
+           "load_calibration", "calibrate", "fit_calibration", "CALIBRATION_RUNS",
+           "main"]
+
+#: small runs measured by :func:`calibrate` (quick: the first three)
+CALIBRATION_RUNS: list[dict[str, Any]] = [
+    dict(strategy="full", model="res", conv="sage", num_layers=4,
+         hidden_channels=32, dataset="csbm:20000"),
+    dict(strategy="reversible", model="gsr", conv="sage", num_layers=4,
+         num_groups=2, hidden_channels=32, dataset="csbm:20000"),
+    dict(strategy="full", model="gat", num_layers=2, hidden_channels=32,
+         dataset="csbm:10000"),
+    dict(strategy="full", model="res", conv="gcn", num_layers=4,
+         hidden_channels=32, dataset="csbm:20000"),
+    dict(strategy="full", model="sage", num_layers=3, hidden_channels=64,
+         dataset="csbm:40000"),
+    dict(strategy="prune", model="sage", num_layers=3, hidden_channels=64,
+         budget_ratio=0.3, dataset="csbm:40000"),
+    dict(strategy="offload", model="sage", num_layers=3, hidden_channels=32,
+         device_budget="12MiB", num_parts=8, dataset="csbm:20000"),
+]
+
+#: what an uncalibrated machine assumes (measured on a 2-core x86-64 CPU
+#: with glibc 2.36; tensor bytes are exact on CUDA and in mmap mode)
+_DEFAULT_SCALE = {"glibc-default": 1.9, "glibc-mmap": 1.0, "cuda-caching": 1.0,
+                  "system": 1.0}
+
+
+def allocator_mode(device: torch.device | str = "cpu") -> str:
+    """``cuda-caching``; on CPU ``glibc-mmap`` when ``MALLOC_MMAP_THRESHOLD_``
+    is set (resident memory follows live tensors), else ``glibc-default``
+    on Linux and ``system`` elsewhere."""
+    if torch.device(device).type == "cuda":
+        return "cuda-caching"
+    if not sys.platform.startswith("linux"):
+        return "system"
+    return "glibc-mmap" if os.environ.get("MALLOC_MMAP_THRESHOLD_") else \
+        "glibc-default"
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_kind(device: torch.device | str = "cpu") -> str:
+    """What a calibration is valid for: the GPU's name, or the CPU's model
+    and the allocator setting."""
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        name = torch.cuda.get_device_name(dev) if torch.cuda.is_available() \
+            else "unknown-gpu"
+    else:
+        name = f"{platform.machine()} {_cpu_name()}"
+    slug = re.sub(r"[^A-Za-z0-9.]+", "-", name).strip("-").lower()
+    return f"{dev.type}-{slug}-{allocator_mode(dev)}"
+
+
+def calibration_path(device: torch.device | str = "cpu") -> Path:
+    return cache_root("calibration") / f"{machine_kind(device)}.json"
+
+
+@dataclass
+class Calibration:
+    """Allocator overhead and time coefficients of one machine kind.
+
+    Attributes:
+        kind (str): :func:`machine_kind`.
+        allocator (str): :func:`allocator_mode`.
+        scale, const: measured run bytes ``= scale x tensor bytes + const``.
+        budget_scale (float): device memory held per byte measured (CUDA's
+            reserved over allocated; 1 on CPU).
+        per_op, per_byte, per_flop (float): seconds per traced op, byte
+            written and FLOP.
+        offload_scale, per_job (float): offload epoch ``= offload_scale x``
+            the full-batch time of its work ``+ per_job x jobs``.
+        calibrated (bool): measured here (``False``: defaults).
+        error (dict): median and worst relative error of the fit.
+        samples (list): the measurements fitted.
+    """
+
+    kind: str
+    allocator: str
+    scale: float = 1.0
+    const: float = 0.0
+    budget_scale: float = 1.0
+    per_op: float = 3e-5
+    per_byte: float = 1e-9
+    per_flop: float = 2e-10
+    offload_scale: float = 2.0
+    per_job: float = 2e-3
+    calibrated: bool = False
+    measured_at: str = ""
+    error: dict[str, float] = field(default_factory=dict)
+    samples: list[dict[str, Any]] = field(default_factory=list)
+
+    @classmethod
+    def default(cls, device: torch.device | str = "cpu") -> Calibration:
+        mode = allocator_mode(device)
+        return cls(machine_kind(device), mode, scale=_DEFAULT_SCALE.get(mode, 1.0))
+
+    # ------------------------------------------------------------ applying
+    def overhead(self, tensor_bytes: int) -> int:
+        """Allocator bytes on top of ``tensor_bytes`` (never below -it)."""
+        return max(-tensor_bytes, round((self.scale - 1.0) * tensor_bytes
+                                        + self.const))
+
+    def seconds(self, work: dict[str, float]) -> float | None:
+        """Epoch seconds of traced ``work`` (``None`` without any)."""
+        if not work or "ops" not in work:
+            return None
+        t = (self.per_op * work["ops"] + self.per_byte * work["written"]
+             + self.per_flop * work["flops"])
+        if "jobs" in work:
+            t = self.offload_scale * t + self.per_job * work["jobs"]
+        return float(t)
+
+    def apply(self, est) -> None:
+        """Fill ``est``'s allocator overhead and epoch time in place."""
+        est.overhead_bytes = self.overhead(est.step_bytes)
+        est.epoch_seconds = self.seconds(est.work)
+        if not self.calibrated:
+            hint = (f"uncalibrated ({self.kind}): run python -m "
+                    "leangnn.plan.calibrate")
+            est.note = f"{est.note}; {hint}" if est.note else hint
+
+    # ------------------------------------------------------------- storage
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Calibration:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+    def save(self, path: str | Path | None = None) -> Path:
+        path = Path(path) if path else cache_root("calibration") / f"{self.kind}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path, json.dumps(self.to_dict(), indent=1) + "\n")
+        return path
+
+
+def load_calibration(device: torch.device | str = "cpu") -> Calibration:
+    """This machine kind's stored calibration, else :meth:`Calibration.default`
+    (a damaged file is ignored)."""
+    path = calibration_path(device)
+    try:
+        return Calibration.from_dict(json.loads(path.read_text()))
+    except (OSError, ValueError, TypeError):
+        return Calibration.default(device)
+
+
+# ------------------------------------------------------------------- fitting
+def _relative_lstsq(a: np.ndarray, y: np.ndarray, nonneg: bool) -> np.ndarray:
+    w = 1.0 / np.maximum(y, 1e-12)
+    aw, yw = a * w[:, None], y * w
+    if nonneg:
+        from scipy.optimize import nnls
+
+        return nnls(aw, yw)[0]
+    return np.linalg.lstsq(aw, yw, rcond=None)[0]
+
+
+def _errors(pred: np.ndarray, y: np.ndarray) -> dict[str, float]:
+    rel = np.abs(pred - y) / np.maximum(y, 1)
+    return {"median": float(np.median(rel)), "worst": float(rel.max())}
+
+
+def fit_calibration(samples: list[dict[str, Any]], device="cpu") -> Calibration:
+    """Fit a :class:`Calibration` to measured ``samples`` (each with
+    ``tensor_bytes``, ``run_bytes``, ``work``, ``epoch_seconds`` and, on
+    CUDA, ``reserved_bytes`` / ``allocated_bytes``)."""
+    cal = Calibration.default(device)
+    cal.calibrated, cal.samples = True, samples
+    cal.measured_at = time.strftime("%Y-%m-%d %H:%M:%S")
+    x = np.array([s["tensor_bytes"] for s in samples], dtype=float)
+    y = np.array([s["run_bytes"] for s in samples], dtype=float)
+    if len(samples) >= 2:
+        cal.scale, cal.const = (float(v) for v in _relative_lstsq(
+            np.stack([x, np.ones_like(x)], 1), y, nonneg=False))
+    else:
+        cal.scale, cal.const = float(y[0] / max(x[0], 1)), 0.0
+    cal.error = _errors(cal.scale * x + cal.const, y)
+    reserved = [s["reserved_bytes"] / s["allocated_bytes"] for s in samples
+                if s.get("reserved_bytes") and s.get("allocated_bytes")]
+    if reserved:
+        cal.budget_scale = float(max(reserved))
+    _fit_time(cal, samples)
+    return cal
+
+
+def _fit_time(cal: Calibration, samples: list[dict[str, Any]]) -> None:
+    plain = [s for s in samples if s.get("work") and "jobs" not in s["work"]]
+    if len(plain) >= 3:
+        a = np.array([[s["work"]["ops"], s["work"]["written"], s["work"]["flops"]]
+                      for s in plain], dtype=float)
+        t = np.array([s["epoch_seconds"] for s in plain], dtype=float)
+        coef = _relative_lstsq(a, t, nonneg=True)
+        if coef.any():
+            cal.per_op, cal.per_byte, cal.per_flop = (float(c) for c in coef)
+        cal.error["time_median"] = _errors(a @ coef, t)["median"]
+    off = [s for s in samples if s.get("work") and "jobs" in s["work"]]
+    if off:
+        base = np.array([cal.per_op * s["work"]["ops"] + cal.per_byte
+                         * s["work"]["written"] + cal.per_flop * s["work"]["flops"]
+                         for s in off])
+        jobs = np.array([s["work"]["jobs"] for s in off], dtype=float)
+        t = np.array([s["epoch_seconds"] for s in off], dtype=float)
+        if len(off) >= 2:
+            k, j = _relative_lstsq(np.stack([base, jobs], 1), t, nonneg=True)
+        else:  # one run: keep the per-job default, scale the rest
+            j = cal.per_job
+            k = max(0.0, (t[0] - j * jobs[0]) / max(base[0], 1e-9))
+        cal.offload_scale, cal.per_job = float(k), float(j)
+
+
+# --------------------------------------------------------------- measuring
+def _sample(run: dict[str, Any], device: str, mmap: bool | None,
+            timeout: float | None) -> dict[str, Any]:
+    from leangnn.config import TrainConfig
+    from leangnn.data import load_graphs
+    from leangnn.plan.estimate import estimate_config
+    from leangnn.plan.measure import measure_fresh
+
+    cfg = TrainConfig(**{**run, "device": device})
+    est = estimate_config(cfg, load_graphs(cfg, progress=False))
+    mmap = allocator_mode(device) == "glibc-mmap" if mmap is None else mmap
+    m = measure_fresh(cfg, epochs=2, mmap=mmap, timeout=timeout)
+    out = {"config": run, "tensor_bytes": est.step_bytes, "run_bytes": m["run_bytes"],
+           "work": est.work, "epoch_seconds": min(m["epoch_seconds"]),
+           "estimate_seconds": est.estimate_seconds}
+    if m.get("reserved_bytes"):
+        out["reserved_bytes"] = m["reserved_bytes"]
+        out["allocated_bytes"] = m["run_bytes"] + m["baseline_bytes"]
+    return out
+
+
+def calibrate(device: str = "cpu", quick: bool = False, mmap: bool | None = None,
+              timeout: float | None = 900, save: bool = True,
+              progress: bool = True) -> Calibration:
+    """Measure :data:`CALIBRATION_RUNS` here, fit and (by default) store them.
+
+    Args:
+        device (str, optional): ``cpu`` or ``cuda[:i]``. (default: ``"cpu"``)
+        quick (bool, optional): the first three runs only. (default: ``False``)
+        mmap (bool, optional): measure CPU runs with glibc's fixed mmap
+            threshold; default: as this process is set up.
+        timeout (float, optional): seconds per run. (default: ``900``)
+        save (bool, optional): store it for this machine kind.
+    """
+    runs = CALIBRATION_RUNS[:3] if quick else CALIBRATION_RUNS
+    samples = []
+    for run in runs:
+        s = _sample(run, device, mmap, timeout)
+        samples.append(s)
+        if progress:
+            print(f"calibrate: {run['strategy']}/{run['model']} "
+                  f"L{run['num_layers']} {run['dataset']}: tensors "
+                  f"{format_bytes(s['tensor_bytes'])}, measured "
+                  f"{format_bytes(s['run_bytes'])}, {s['epoch_seconds']:.2f} s/epoch",
+                  file=sys.stderr, flush=True)
+    cal = fit_calibration(samples, device)
+    if mmap is not None and torch.device(device).type == "cpu":
+        cal.allocator = "glibc-mmap" if mmap else "glibc-default"
+        cal.kind = re.sub(r"glibc-(mmap|default)$", cal.allocator, cal.kind)
+    if save:
+        cal.save()
+    return cal
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m leangnn.plan.calibrate",
+        description="Measure this machine's allocator overhead and speed for "
+                    "the planner (a few short training runs).")
+    p.add_argument("--device", default="cpu", help="cpu or cuda[:i]")
+    p.add_argument("--quick", action="store_true", help="three runs only")
+    p.add_argument("--allocator", choices=["default", "mmap"], default=None,
+                   help="CPU: measure with glibc's default or a fixed mmap "
+                        "threshold (default: as this shell is set up)")
+    p.add_argument("--show", action="store_true",
+                   help="print the stored calibration and exit")
+    args = p.parse_args(argv)
+    if args.show:
+        print(json.dumps(load_calibration(args.device).to_dict(), indent=1))
+        return 0
+    mmap = None if args.allocator is None else args.allocator == "mmap"
+    cal = calibrate(args.device, args.quick, mmap)
+    print(f"{cal.kind}: run bytes = {cal.scale:.3f} x tensor bytes "
+          f"{cal.const / 2**20:+.1f} MiB (median error {cal.error['median']:.1%}, "
+          f"worst {cal.error['worst']:.1%}); stored in "
+          f"{cache_root('calibration') / (cal.kind + '.json')}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,362 @@
+"""Estimated peak memory and epoch time of one training configuration.
+
+The estimator of the planner (the question Betty answers for one aggregator
+with a formula, answered here for any PyG model by a dry run). Per strategy:
+
+* ``full`` / ``reversible``: one training step (forward, loss, backward,
+  clipping, Adam) of the model on the largest training graph under fake
+  tensors (:func:`~leangnn.plan.fake.trace_step`). A deep registered model is
+  traced at two small depths and every phase's peak extrapolated linearly in
+  depth (exact for models whose hidden layers repeat; tested), so the dry run
+  costs the same at 256 layers as at 8.
+* ``prune``: the core of the largest training graph is selected for real (the
+  importance and core selection are cheap), then the step is traced on it.
+* ``offload``: the engine's own accounting, replayed by a counting engine
+  (``virtual=True``): the device peak it charges, the host store it holds.
+
+Bytes are tensor bytes; :mod:`leangnn.plan.calibrate` adds the allocator's
+overhead measured on this machine (CPU resident memory, CUDA's caching
+allocator) and turns the traced work into seconds.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch_geometric.data import Data
+
+from leangnn.plan.fake import StepTrace, UnsupportedOpError, trace_step
+
+__all__ = ["Estimate", "depth_points", "estimate_model", "estimate_config",
+           "default_loss", "largest_graph", "EXTRAPOLATE_ABOVE"]
+
+#: registered models deeper than this are traced at :func:`depth_points`
+EXTRAPOLATE_ABOVE = 8
+
+
+@dataclass
+class Estimate:
+    """Estimated memory and time of training one configuration.
+
+    Attributes:
+        strategy (str): ``full``, ``reversible``, ``prune`` or ``offload``.
+        knobs (dict): the strategy's settings (depth, groups, core ratio, ...).
+        device (str): the training device.
+        step_bytes (int): tensor bytes one training step adds above the loaded
+            state (gradients, optimizer moments, activations, temporaries;
+            the graph too where a step copies it to a CUDA device).
+        model_bytes (int): parameters and buffers on the device.
+        graph_bytes (int): graph tensors resident on the device before the
+            step (the training graph on CPU, DPR's core).
+        overhead_bytes (int): calibrated allocator overhead on top.
+        host_bytes (int): host memory outside the device (offload's host
+            store on a CUDA run).
+        epoch_seconds (float, optional): estimated training epoch time.
+        method (str): how it was estimated (``fake``, ``fake+extrapolated``,
+            ``offload-accounting``, ``analytic``).
+        note (str): what the reader should know (fallbacks, assumptions).
+        estimate_seconds (float): what the estimate itself took.
+        work (dict): traced ops, bytes written and FLOPs of one epoch.
+        phases (dict): per-phase peak bytes of the step.
+    """
+
+    strategy: str
+    knobs: dict[str, Any]
+    device: str
+    step_bytes: int
+    model_bytes: int = 0
+    graph_bytes: int = 0
+    overhead_bytes: int = 0
+    host_bytes: int = 0
+    epoch_seconds: float | None = None
+    method: str = "fake"
+    note: str = ""
+    estimate_seconds: float = 0.0
+    work: dict[str, float] = field(default_factory=dict)
+    phases: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def run_bytes(self) -> int:
+        """What the Trainer's meter reports: the step's peak above the loaded
+        state, allocator overhead included."""
+        return self.step_bytes + self.overhead_bytes
+
+    @property
+    def peak_bytes(self) -> int:
+        """Device bytes the run needs in all (model, resident graph, step,
+        overhead); on CPU the host store of offload counts too."""
+        total = self.model_bytes + self.graph_bytes + self.run_bytes
+        return total + (self.host_bytes if torch.device(self.device).type == "cpu"
+                        else 0)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["run_bytes"], d["peak_bytes"] = self.run_bytes, self.peak_bytes
+        return d
+
+
+# ------------------------------------------------------------------ helpers
+def default_loss(data: Data) -> Callable[[Tensor, Data], Tensor]:
+    """Cross-entropy for integer labels, MSE otherwise, on ``node_mask``."""
+    import torch.nn.functional as F
+
+    classify = data.y is not None and not data.y.is_floating_point()
+
+    def loss_fn(out: Tensor, d: Data) -> Tensor:
+        y, mask = d.y, d.get("node_mask", None)
+        if mask is not None:
+            out, y = out[mask], y[mask]
+        if classify:
+            return F.cross_entropy(out, y.reshape(-1))
+        return F.mse_loss(out.reshape(-1), y.reshape(-1).to(out.dtype))
+
+    return loss_fn
+
+
+def largest_graph(graphs: list[Data]) -> Data:
+    """The training graph whose step needs the most (most nodes + edges)."""
+    return max(graphs, key=lambda g: int(g.num_nodes) + int(g.num_edges))
+
+
+def depth_points(num_layers: int) -> tuple[int, ...]:
+    """Depths a registered model is traced at: itself when shallow, else two
+    (4 and 8) to extrapolate from."""
+    if num_layers <= EXTRAPOLATE_ABOVE:
+        return (num_layers,)
+    return (EXTRAPOLATE_ABOVE // 2, EXTRAPOLATE_ABOVE)
+
+
+def _linear(points: list[tuple[int, float]], x: int) -> float:
+    (x0, y0), (x1, y1) = points
+    return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+
+
+def _combine(traces: dict[int, StepTrace], num_layers: int, model_bytes: dict
+             ) -> tuple[int, dict[str, int], dict[str, float], int]:
+    """Step peak, phase peaks, work and model bytes at ``num_layers``,
+    extrapolated per phase from the traced depths."""
+    if len(traces) == 1:
+        (t,) = traces.values()
+        (mb,) = model_bytes.values()
+        return (t.peak_bytes, {k: v["peak"] for k, v in t.phases.items()},
+                {"ops": t.ops, "written": t.written, "flops": t.flops}, mb)
+    depths = sorted(traces)
+    phases = {}
+    for name in traces[depths[0]].phases:
+        pts = [(d, traces[d].phases[name]["peak"]) for d in depths]
+        phases[name] = max(0, round(_linear(pts, num_layers)))
+    work = {k: max(0.0, _linear([(d, getattr(traces[d], k)) for d in depths],
+                                num_layers)) for k in ("ops", "written", "flops")}
+    mb = round(_linear([(d, model_bytes[d]) for d in depths], num_layers))
+    peak = max(phases.values()) if phases else 0
+    return peak, phases, work, mb
+
+
+def _model_bytes(model: torch.nn.Module) -> int:
+    seen = {}
+    for t in [*model.parameters(), *model.buffers()]:
+        seen[t.untyped_storage()._cdata] = t.untyped_storage().nbytes()
+    return sum(seen.values())
+
+
+def _resident_graph_bytes(data: Data, device: torch.device) -> int:
+    # On CPU the graph is loaded before a run's meter starts; a CUDA step
+    # copies it to the device inside the step (traced there).
+    if device.type != "cpu":
+        return 0
+    return sum(v.untyped_storage().nbytes() for v in data.to_dict().values()
+               if isinstance(v, Tensor))
+
+
+def _finish(est: Estimate, calibration, t0: float) -> Estimate:
+    if calibration is not None:
+        calibration.apply(est)
+    est.estimate_seconds = time.perf_counter() - t0
+    return est
+
+
+# ------------------------------------------------------------- user models
+def estimate_model(model: torch.nn.Module, data: Data, loss_fn: Callable | None = None,
+                   device: torch.device | str = "cpu", strategy: str = "full",
+                   step: Callable | None = None, lr: float = 1e-3,
+                   clip_norm: float | None = 1.0, calibration=None,
+                   knobs: dict | None = None) -> Estimate:
+    """Estimate training ``model`` on ``data`` full-batch (any PyG model).
+
+    Args:
+        model (Module): the model (not modified; its parameters are copied as
+            fake tensors).
+        data (Data): the graph (``x``, ``edge_index``, ``y``, optional
+            ``node_mask``/``edge_weight``).
+        loss_fn (callable, optional): ``loss_fn(out, data)``; default
+            :func:`default_loss`.
+        device (str, optional): the training device. (default: ``"cpu"``)
+        strategy (str, optional): the row's name. (default: ``"full"``)
+        step (callable, optional): ``step(model, data, loss_fn)`` doing
+            forward, loss and backward (e.g. a strategy's ``train_step``).
+        lr, clip_norm: the Trainer's Adam learning rate and clipping.
+        calibration (Calibration, optional): adds allocator overhead and time.
+        knobs (dict, optional): settings to show in the row.
+    """
+    t0 = time.perf_counter()
+    dev = torch.device(device)
+    trace = trace_step(model, data, loss_fn or default_loss(data), step, lr=lr,
+                       clip_norm=clip_norm, device=dev,
+                       round_to=512 if dev.type == "cuda" else 1)
+    peak, phases, work, mb = _combine({0: trace}, 0, {0: _model_bytes(model)})
+    est = Estimate(strategy, dict(knobs or {}), str(dev), peak, mb,
+                   _resident_graph_bytes(data, dev), work={**work, "graphs": 1},
+                   phases=phases)
+    return _finish(est, calibration, t0)
+
+
+# ------------------------------------------------------------ configurations
+def _build(cfg, in_channels: int, out_channels: int, num_layers: int):
+    from leangnn.nn.models import build_model
+
+    with torch.random.fork_rng(devices=[]):
+        return build_model(cfg.model, in_channels, cfg.hidden_channels, out_channels,
+                           num_layers, **cfg.model_options())
+
+
+def _knobs(cfg) -> dict[str, Any]:
+    k: dict[str, Any] = {"model": cfg.model, "num_layers": cfg.num_layers,
+                         "hidden_channels": cfg.hidden_channels}
+    if cfg.model in ("res", "gsr"):
+        k["conv"] = cfg.conv
+    if cfg.model == "gsr" or cfg.strategy == "reversible":
+        k["num_groups"] = cfg.num_groups
+    if cfg.strategy == "prune":
+        k["budget_ratio"] = cfg.budget_ratio
+    if cfg.strategy == "offload":
+        k.update(device_budget=cfg.device_budget, num_parts=cfg.num_parts,
+                 cache=cfg.cache)
+    return k
+
+
+def _scale_work(work: dict[str, float], big: Data, graphs: list[Data]) -> dict:
+    """Work of an epoch over ``graphs`` from the traced step on ``big``: ops
+    repeat per graph, bytes and FLOPs scale with the graph's size."""
+    size = int(big.num_nodes) + int(big.num_edges)
+    share = sum(int(g.num_nodes) + int(g.num_edges) for g in graphs) / max(1, size)
+    return {"ops": work["ops"] * len(graphs), "written": work["written"] * share,
+            "flops": work["flops"] * share, "graphs": len(graphs)}
+
+
+def _trace_config(cfg, data: Data, in_channels: int, out_channels: int, loss_fn,
+                  device: torch.device):
+    traces, model_bytes = {}, {}
+    for depth in depth_points(cfg.num_layers):
+        model = _build(cfg, in_channels, out_channels, depth)
+        model_bytes[depth] = _model_bytes(model)
+        traces[depth] = trace_step(model, data, loss_fn, lr=cfg.lr,
+                                   weight_decay=cfg.weight_decay,
+                                   clip_norm=cfg.clip_norm, device=device,
+                                   round_to=512 if device.type == "cuda" else 1)
+        del model
+    return _combine(traces, cfg.num_layers, model_bytes), len(traces) > 1
+
+
+def estimate_config(cfg, splits, device: torch.device | str | None = None,
+                    calibration=None, loss_fn: Callable | None = None) -> Estimate:
+    """Estimate training ``cfg`` (a :class:`~leangnn.config.TrainConfig`) on
+    the training graphs of ``splits`` (a :class:`~leangnn.data.GraphSplits`).
+
+    Falls back to the analytic lower bound of :mod:`leangnn.plan.fits` (and
+    says so in ``note``) when the model runs an op a dry run cannot follow.
+    """
+    t0 = time.perf_counter()
+    dev = torch.device(device or cfg.device)
+    big = largest_graph(splits.train)
+    loss_fn = loss_fn or default_loss(big)
+    knobs = _knobs(cfg)
+    if cfg.strategy == "offload":
+        return _finish(_offload(cfg, splits, big, dev, knobs, loss_fn), calibration,
+                       t0)
+    data, note, graph_bytes = big, "", _resident_graph_bytes(big, dev)
+    if cfg.strategy == "prune":
+        data, note = _core_graph(cfg, big, dev)
+        # the full graph stays loaded on the host, the core joins it
+        graph_bytes = _resident_graph_bytes(data, dev)
+        knobs["core_nodes"] = int(data.num_nodes)
+    try:
+        (peak, phases, work, mb), extrapolated = _trace_config(
+            cfg, data, splits.in_channels, splits.out_channels, loss_fn, dev)
+    except UnsupportedOpError as e:
+        return _finish(_analytic(cfg, splits, data, dev, knobs, str(e)), calibration,
+                       t0)
+    graphs = splits.train if cfg.strategy != "prune" else [data]
+    est = Estimate(cfg.strategy, knobs, str(dev), peak, mb, graph_bytes,
+                   method="fake+extrapolated" if extrapolated else "fake", note=note,
+                   work=_scale_work(work, data, graphs), phases=phases)
+    return _finish(est, calibration, t0)
+
+
+def _core_graph(cfg, data: Data, device: torch.device) -> tuple[Data, str]:
+    from leangnn.prune.dpr import DPRStrategy
+
+    strat = DPRStrategy.from_config(cfg)
+    strat.device = torch.device("cpu")  # the core is traced from host memory
+    with torch.random.fork_rng(devices=[]):
+        core = strat.prepare(data).train_data
+    return core, (f"core of {int(data.num_nodes)} nodes: {int(core.num_nodes)} "
+                  f"nodes, {int(core.num_edges)} edges")
+
+
+def _analytic(cfg, splits, data: Data, device: torch.device, knobs: dict,
+              why: str) -> Estimate:
+    from leangnn.plan.fits import estimate as lower_bound
+
+    fe = lower_bound(cfg, int(data.num_nodes), int(data.num_edges),
+                     splits.in_channels, splits.out_channels)
+    step = fe.activation_bytes + fe.parameter_bytes * 3 // 4
+    return Estimate(cfg.strategy, knobs, str(device), step, fe.parameter_bytes // 4,
+                    _resident_graph_bytes(data, device), method="analytic",
+                    note=f"dry run failed ({why}); analytic lower bound")
+
+
+def _offload(cfg, splits, big: Data, device: torch.device, knobs: dict,
+             loss_fn) -> Estimate:
+    from leangnn.offload import OffloadEngine, OffloadOptions
+    from leangnn.offload.strategy import DEFAULT_BUDGET
+
+    model = _build(cfg, splits.in_channels, splits.out_channels, cfg.num_layers)
+    budget = cfg.device_budget or DEFAULT_BUDGET
+    opts = OffloadOptions(budget, min(cfg.num_parts, int(big.num_nodes)), cfg.cache,
+                          cfg.offload_mode, device=device, virtual=True)
+    with torch.random.fork_rng(devices=[]):
+        eng = OffloadEngine(model, big, options=opts)
+        counters = eng.simulate(train=True)
+    params = _model_bytes(model)
+    x_bytes = big.x.untyped_storage().nbytes()
+    # The engine charges parameters, gradients and moments (resident) plus
+    # cache and workspace; the parameters are loaded before a run's meter.
+    device_step = max(0, counters.peak_device_bytes - params)
+    host = max(0, counters.peak_host_bytes - x_bytes)  # the features are loaded
+    knobs["chunks"] = eng.num_chunks
+    # The compute of an offloaded epoch is that of full-batch training plus
+    # the recomputation and the per-job work; time is fitted on both.
+    try:
+        (_, _, full, _), _ = _trace_config(cfg, big, splits.in_channels,
+                                           splits.out_channels, loss_fn, device)
+        work = _scale_work(full, big, splits.train)
+    except UnsupportedOpError:
+        work = {}
+    work.update(jobs=counters.jobs * len(splits.train),
+                traffic=counters.traffic_bytes,
+                computations=counters.vertex_layer_computations
+                + counters.vertex_layer_recomputations)
+    if device.type == "cpu":
+        # one memory: the host store and the "device" pool add up
+        return Estimate("offload", knobs, str(device), device_step + host, params,
+                        _resident_graph_bytes(big, device),
+                        method="offload-accounting", work=work,
+                        note="CPU device: host store and device pool share memory")
+    return Estimate("offload", knobs, str(device), device_step, params, 0,
+                    host_bytes=host + x_bytes, method="offload-accounting", work=work)
+

@@ -1,0 +1,358 @@
+"""Training steps under fake tensors: tensor bytes and work, with nothing allocated.
+
+The dry run of the planner. PyTorch's ``FakeTensorMode`` runs every op on
+shapes only; :class:`FakeTracker`, a ``TorchDispatchMode`` stacked on it,
+counts the bytes of the fake storages alive at every moment (allocated when an
+op returns a new storage, released by a ``weakref`` finalizer when the last
+tensor object on it dies, each storage once however many views share it), the
+peak per phase (forward, backward, optimizer), and the work (ops, bytes
+written, matmul FLOPs) the time estimate is fitted on. The same meter on real
+tensors is :class:`leangnn.profile.LiveBytesMeter`; the approach is that of
+PyTorch's ``torch.distributed._tools.MemTracker`` under ``FakeTensorMode``.
+
+Fake tensors have no values, so an op whose output *shape* depends on values
+(``nonzero``, boolean masks: PyG's ``add_remaining_self_loops`` in
+``GCNConv``/``GATConv``, a masked loss) cannot run on them. Graph structure is
+cheap, though: the tracker keeps the real value of every tensor derived from
+the graph's index tensors alone (edge indices, masks, degrees, RNG seeds) and
+runs those ops for real beside the fake ones, up to ``concrete_limit``
+elements per tensor, so data-dependent shapes come out exact. Feature-sized
+tensors stay fake.
+"""
+
+from __future__ import annotations
+
+import copy
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+from torch._subclasses.fake_tensor import (
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+    FakeCopyMode,
+    FakeTensor,
+    FakeTensorMode,
+)
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils.flop_counter import flop_registry
+from torch.utils.weak import WeakIdKeyDictionary
+from torch_geometric.data import Data
+
+__all__ = ["FakeTracker", "StepTrace", "UnsupportedOpError", "fake_model",
+           "fake_data", "trace_step"]
+
+aten = torch.ops.aten
+_DATA_DEPENDENT = (DynamicOutputShapeException, DataDependentOutputException)
+
+
+class UnsupportedOpError(RuntimeError):
+    """An op whose output depends on values that the dry run does not have."""
+
+
+def _key(t: Tensor) -> int:
+    return t.untyped_storage()._cdata
+
+
+class FakeTracker(TorchDispatchMode):
+    """Live bytes, per-phase peaks and work of the ops run inside it.
+
+    Enter it inside ``fake_mode`` (``with fake_mode, FakeTracker(fake_mode):``).
+
+    Args:
+        fake_mode (FakeTensorMode): the mode the tensors are fake in.
+        concrete_limit (int, optional): largest tensor (elements) whose real
+            value is kept beside the fake one. (default: ``1 << 24``)
+        round_to (int, optional): allocation granularity in bytes (512 for the
+            CUDA caching allocator). (default: ``1``)
+
+    Attributes:
+        live (int): bytes of tracked storages alive now.
+        peak (int): highest ``live``.
+        phases (dict): phase name -> ``{"start", "peak", "end"}`` bytes.
+        ops (int), written (int), flops (int): the work done.
+    """
+
+    def __init__(self, fake_mode: FakeTensorMode, concrete_limit: int = 1 << 24,
+                 round_to: int = 1):
+        super().__init__()
+        self.fake_mode, self.limit, self.round_to = fake_mode, concrete_limit, round_to
+        self.live = self.peak = 0
+        self.ops = self.written = self.flops = 0
+        self.phases: dict[str, dict[str, int]] = {}
+        self._phase: str | None = None
+        self._refs: dict[int, list[int]] = {}
+        self._real = WeakIdKeyDictionary()
+
+    # -------------------------------------------------------------- values
+    def concrete(self, fake: Tensor, real: Tensor) -> Tensor:
+        """Remember ``real`` as the value of ``fake`` (returns ``fake``)."""
+        if real.numel() <= self.limit:
+            self._real[fake] = real
+        return fake
+
+    def value(self, t):
+        """The real value of ``t`` (``None`` when it has none)."""
+        if not isinstance(t, Tensor):
+            return t
+        if not isinstance(t, FakeTensor):
+            return t  # a real tensor (e.g. ``torch.tensor(0.0)``) is its value
+        return self._real.get(t)
+
+    # -------------------------------------------------------------- phases
+    def phase(self, name: str) -> None:
+        """Start phase ``name`` (ends the previous one)."""
+        self._end_phase()
+        self._phase = name
+        self.phases[name] = {"start": self.live, "peak": self.live, "end": self.live}
+
+    def _end_phase(self) -> None:
+        if self._phase is not None:
+            self.phases[self._phase]["end"] = self.live
+        self._phase = None
+
+    def finish(self) -> None:
+        self._end_phase()
+
+    # ------------------------------------------------------------ dispatch
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        flat = tree_flatten((args, kwargs))[0]
+        tensors = [t for t in flat if isinstance(t, Tensor)]
+        reals = [self.value(t) for t in tensors]
+        known = all(r is not None for r in reals)
+        if func is aten._local_scalar_dense.default:
+            return self._scalar(tensors[0], reals[0])
+        try:
+            out = func(*args, **kwargs)
+        except _DATA_DEPENDENT:
+            out = self._data_dependent(func, args, kwargs, known)
+            real_out = None
+        else:
+            real_out = self._run_real(func, args, kwargs) if known else None
+        self._note(func, args, kwargs, tensors, out, real_out)
+        return out
+
+    def _scalar(self, t: Tensor, real: Tensor | None):
+        if real is not None:
+            with _disable_current_modes():
+                return real.item()
+        if t.dtype.is_floating_point or t.dtype.is_complex:
+            # A logged loss value (``float(loss)``): any number will do.
+            return 0.0
+        raise UnsupportedOpError(
+            "the model reads an integer value computed from features "
+            "(.item()/int() of a feature-dependent tensor); a dry run cannot")
+
+    def _run_real(self, func, args, kwargs):
+        if sum(t.numel() for t in tree_flatten((args, kwargs))[0]
+               if isinstance(t, Tensor)) > 4 * self.limit:
+            return None
+        cargs, ckwargs = tree_map(self.value, (args, kwargs))
+        with _disable_current_modes():
+            return func(*cargs, **ckwargs)
+
+    def _data_dependent(self, func, args, kwargs, known: bool):
+        if known:
+            real = self._run_real(func, args, kwargs)
+            if real is not None:
+                return tree_map(self._to_fake, real)
+        # A boolean mask index (``out[mask]``) with a known mask: the same
+        # op with the mask's integer indices has a static shape.
+        if func in (aten.index.Tensor, aten.index_put.default,
+                    aten.index_put_.default):
+            idx = list(args[1])
+            for i, m in enumerate(idx):
+                real = self.value(m) if isinstance(m, Tensor) else None
+                if m is not None and m.dtype == torch.bool and real is not None:
+                    with _disable_current_modes():
+                        (pos,) = real.reshape(-1).nonzero(as_tuple=True)
+                    if real.dim() != 1:
+                        break
+                    idx[i] = self._to_fake(pos)
+            else:
+                return func(args[0], idx, *args[2:], **kwargs)
+        raise UnsupportedOpError(
+            f"{func} has a value-dependent output shape on tensors computed from "
+            "features; a dry run cannot run it")
+
+    def _to_fake(self, real):
+        if not isinstance(real, Tensor):
+            return real
+        with _disable_current_modes():
+            fake = self.fake_mode.from_tensor(real)
+        return self.concrete(fake, real)
+
+    def _note(self, func, args, kwargs, tensors, out, real_out) -> None:
+        self.ops += 1
+        outs = [t for t in tree_flatten(out)[0] if isinstance(t, Tensor)]
+        reals = ([t for t in tree_flatten(real_out)[0] if isinstance(t, Tensor)]
+                 if real_out is not None else [None] * len(outs))
+        inputs = {_key(t) for t in tensors}
+        for t, r in zip(outs, reals):
+            if r is not None:
+                self.concrete(t, r)
+            elif t in self._real and _writes(func):
+                del self._real[t]  # mutated by a fake op: the value is stale
+            key = _key(t)
+            if key in inputs and key not in self._refs:
+                continue  # a view of (or in-place op on) an untracked tensor
+            self._track(t, key)
+        fn = flop_registry.get(func._overloadpacket)
+        if fn is not None:
+            self.flops += int(fn(*args, **kwargs, out_val=out))
+
+    def _track(self, t: Tensor, key: int) -> None:
+        ent = self._refs.get(key)
+        if ent is None:
+            nbytes = t.untyped_storage().nbytes()
+            r = self.round_to
+            nbytes = -(-nbytes // r) * r
+            self._refs[key] = [1, nbytes]
+            self.live += nbytes
+            self.written += nbytes
+            if self.live > self.peak:
+                self.peak = self.live
+            if self._phase is not None:
+                ph = self.phases[self._phase]
+                ph["peak"] = max(ph["peak"], self.live)
+        else:
+            ent[0] += 1
+        weakref.finalize(t, self._release, key)
+
+    def _release(self, key: int) -> None:
+        ent = self._refs.get(key)
+        if ent is None:
+            return
+        ent[0] -= 1
+        if ent[0] == 0:
+            del self._refs[key]
+            self.live -= ent[1]
+
+
+def _writes(func) -> bool:
+    schema = getattr(func, "_schema", None)
+    return schema is not None and any(
+        a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
+
+
+# ------------------------------------------------------------------ a step
+@dataclass
+class StepTrace:
+    """What one dry-run training step allocated and did.
+
+    Attributes:
+        peak_bytes (int): peak of the step's own tensors (gradients, optimizer
+            state, activations, temporaries) above the loaded state.
+        phases (dict): ``{"forward"|"backward"|"optimizer": {"start", "peak",
+            "end"}}`` bytes.
+        param_bytes (int): the model's parameters (and buffers).
+        data_bytes (int): the graph's tensors.
+        ops (int), written (int), flops (int): work of the step.
+    """
+
+    peak_bytes: int
+    phases: dict[str, dict[str, int]] = field(default_factory=dict)
+    param_bytes: int = 0
+    data_bytes: int = 0
+    ops: int = 0
+    written: int = 0
+    flops: int = 0
+
+
+def fake_model(model: torch.nn.Module, fake_mode: FakeTensorMode) -> torch.nn.Module:
+    """A copy of ``model`` whose parameters and buffers are fake tensors."""
+    with torch.random.fork_rng(devices=[]), FakeCopyMode(fake_mode):
+        return copy.deepcopy(model)
+
+
+def fake_data(data: Data, fake_mode: FakeTensorMode, tracker: FakeTracker,
+              device: torch.device | str | None = None) -> Data:
+    """A shallow copy of ``data`` with fake tensors that keep their real values
+    (up to the tracker's limit) for data-dependent shapes."""
+    out = copy.copy(data)
+    for key, value in data.to_dict().items():
+        if isinstance(value, Tensor):
+            with _disable_current_modes():
+                fake = fake_mode.from_tensor(value)
+            if device is not None and fake.device != torch.device(device):
+                with fake_mode:  # a CUDA run: the graph lives there
+                    fake = fake.to(device)
+            out[key] = tracker.concrete(fake, value)
+    return out
+
+
+def _data_bytes(data: Data) -> int:
+    return sum(v.untyped_storage().nbytes() for v in data.to_dict().values()
+               if isinstance(v, Tensor))
+
+
+def trace_step(model: torch.nn.Module, data: Data, loss_fn: Callable,
+               step: Callable | None = None, lr: float = 1e-3,
+               weight_decay: float = 0.0, clip_norm: float | None = 1.0,
+               device: torch.device | str = "cpu", round_to: int = 1,
+               concrete_limit: int | None = None) -> StepTrace:
+    """One training step of ``model`` on ``data`` under fake tensors.
+
+    The step is the Trainer's: ``zero_grad``, ``step(model, data, loss_fn)``
+    (forward, loss, backward; default plain full-batch), gradient clipping
+    and an Adam step from a fresh optimizer (so its moments are allocated
+    inside the step, as in a run's first epoch).
+
+    Args:
+        model (Module): the model (real or meta parameters; not modified).
+        data (Data): the graph (real tensors; not modified).
+        loss_fn (callable): ``loss_fn(out, data) -> scalar``.
+        step (callable, optional): e.g. ``strategy.train_step``.
+        lr, weight_decay, clip_norm: the optimizer's settings.
+        device: the device the step would run on.
+        round_to (int, optional): allocation granularity. (default: ``1``)
+        concrete_limit (int, optional): see :class:`FakeTracker`; default
+            ``4 (N + E) + 4096`` elements.
+
+    Raises:
+        UnsupportedOpError: an op the dry run cannot follow.
+    """
+    from leangnn.strategy import Strategy
+
+    dev = torch.device(device)
+    step = step or Strategy(dev).train_step
+    n, e = int(data.num_nodes or 0), int(data.num_edges or 0)
+    limit = concrete_limit or 4 * (n + e) + 4096
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+    tracker = FakeTracker(fake_mode, limit, round_to)
+    params = sum(t.untyped_storage().nbytes() for t in
+                 {_key(t): t for t in [*model.parameters(), *model.buffers()]}.values())
+    with torch.random.fork_rng(devices=[]):
+        fmodel = fake_model(model, fake_mode)
+        fmodel.train()
+        fdata = fake_data(data, fake_mode, tracker, dev)
+        foreach = True if dev.type == "cuda" else None
+        with fake_mode, tracker:
+            tracker.phase("forward")
+            opt = torch.optim.Adam(fmodel.parameters(), lr=lr,
+                                   weight_decay=weight_decay, foreach=foreach)
+            opt.zero_grad(set_to_none=True)
+            step(fmodel, fdata, _marking(loss_fn, tracker))
+            tracker.phase("optimizer")
+            if clip_norm:
+                torch.nn.utils.clip_grad_norm_(fmodel.parameters(), clip_norm,
+                                               foreach=foreach)
+            opt.step()
+            tracker.finish()
+            peak = tracker.peak
+            del opt
+    return StepTrace(peak, tracker.phases, params, _data_bytes(data), tracker.ops,
+                     tracker.written, tracker.flops)
+
+
+def _marking(loss_fn: Callable, tracker: FakeTracker) -> Callable:
+    """``loss_fn`` that starts the backward phase once the loss exists."""
+    def wrapped(out, data):
+        loss = loss_fn(out, data)
+        tracker.phase("backward")
+        return loss
+    return wrapped

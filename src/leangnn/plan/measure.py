@@ -1,0 +1,147 @@
+"""Real training epochs measured the way the Trainer measures them.
+
+What the planner's estimates are calibrated on and checked against: the
+Trainer's loop (``zero_grad``, ``strategy.train_step`` per training graph,
+gradient clipping, an Adam step) with the model, strategy and optimizer built
+as :class:`~leangnn.train.Trainer` builds them, after ``strategy.setup``.
+Memory is :class:`~leangnn.profile.MemoryMeter`'s peak above the loaded state
+(CPU: peak RSS; CUDA: ``max_memory_allocated``, plus ``max_memory_reserved``)
+over the first epoch, the one that also allocates the gradients and Adam
+moments; time is the second (warm) epoch. :func:`measure_fresh` runs it in a
+fresh interpreter, so nothing else is in the figure.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+from unittest import mock
+
+import torch
+
+__all__ = ["measure", "measure_fresh", "MMAP_ENV"]
+
+#: glibc settings under which a CPU's resident memory follows the live tensor
+#: bytes: every block of 64 KiB or more is mapped and unmapped on its own
+MMAP_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536"}
+
+
+def _epoch(model, strategy, optimizer, graphs, loss_fn, clip_norm) -> None:
+    model.train()
+    for g in graphs:
+        optimizer.zero_grad(set_to_none=True)
+        strategy.train_step(model, g, loss_fn)
+        if clip_norm:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
+        optimizer.step()
+
+
+def measure(cfg, splits=None, epochs: int = 2, live: bool = False) -> dict[str, Any]:
+    """Train ``cfg`` for ``epochs`` epochs (no validation, no files) and measure.
+
+    Args:
+        cfg (TrainConfig or dict): the run.
+        splits (GraphSplits, optional): graphs (default: ``cfg``'s).
+        epochs (int, optional): epochs; the first is measured for memory,
+            the last for time. (default: ``2``)
+        live (bool, optional): also count the first epoch's live tensor bytes
+            with :class:`~leangnn.profile.LiveBytesMeter` (slower; CPU).
+            (default: ``False``)
+
+    Returns:
+        ``{"run_bytes", "method", "baseline_bytes", "reserved_bytes",
+        "live_bytes", "epoch_seconds": [...], "setup_seconds"}``.
+    """
+    from leangnn.config import TrainConfig
+    from leangnn.data import load_graphs
+    from leangnn.nn.models import build_model
+    from leangnn.plan.estimate import default_loss, largest_graph
+    from leangnn.profile import LiveBytesMeter, MemoryMeter
+    from leangnn.strategy import build_strategy
+    from leangnn.utils import seed_everything
+
+    if isinstance(cfg, dict):
+        cfg = TrainConfig.from_dict(cfg)
+    t0 = time.perf_counter()
+    seed_everything(cfg.seed)
+    splits = splits or load_graphs(cfg, progress=False)
+    device = torch.device(cfg.device)
+    model = build_model(cfg.model, splits.in_channels, cfg.hidden_channels,
+                        splits.out_channels, cfg.num_layers,
+                        **cfg.model_options()).to(device)
+    strategy = build_strategy(cfg)
+    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr,
+                                 weight_decay=cfg.weight_decay)
+    loss_fn = default_loss(largest_graph(splits.train))
+    strategy.setup(model, splits.train)
+    setup_s = time.perf_counter() - t0
+    out: dict[str, Any] = {"setup_seconds": setup_s, "epoch_seconds": [],
+                           "live_bytes": None, "reserved_bytes": None}
+    for epoch in range(epochs):
+        meter = MemoryMeter(device).start() if epoch == 0 else None
+        lm = None
+        if epoch == 0 and live:
+            lm = LiveBytesMeter(exclude=[*model.parameters(), *_tensors(splits)])
+            lm.__enter__()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t = time.perf_counter()
+        try:
+            _epoch(model, strategy, optimizer, splits.train, loss_fn, cfg.clip_norm)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+        finally:
+            if lm is not None:
+                lm.__exit__(None, None, None)
+        out["epoch_seconds"].append(time.perf_counter() - t)
+        if meter is not None:
+            report = meter.stop()
+            out.update(run_bytes=report.peak_bytes, method=report.method,
+                       baseline_bytes=report.baseline_bytes)
+            if device.type == "cuda":
+                out["reserved_bytes"] = int(torch.cuda.max_memory_reserved(device))
+        if lm is not None:
+            out["live_bytes"] = lm.peak
+    return out
+
+
+def _tensors(splits) -> list:
+    return [v for g in splits.train for v in g.to_dict().values()
+            if isinstance(v, torch.Tensor)]
+
+
+def _setup(cfg: dict, epochs: int, live: bool, threads: int | None):
+    if threads:
+        torch.set_num_threads(threads)
+    return cfg, epochs, live
+
+
+def _run(state) -> dict:
+    cfg, epochs, live = state
+    return measure(cfg, epochs=epochs, live=live)
+
+
+def measure_fresh(cfg, epochs: int = 2, live: bool = False, mmap: bool = False,
+                  threads: int | None = None, timeout: float | None = None
+                  ) -> dict[str, Any]:
+    """:func:`measure` in a fresh interpreter (``spawn``), optionally with
+    glibc's fixed mmap threshold (:data:`MMAP_ENV`).
+
+    Raises:
+        RuntimeError: the run failed or was killed (e.g. out of memory).
+        TimeoutError: it took longer than ``timeout`` seconds.
+    """
+    from leangnn.profile import measure_in_subprocess
+
+    d = cfg if isinstance(cfg, dict) else cfg.to_dict()
+    env = dict(MMAP_ENV) if mmap else {}
+    with mock.patch.dict(os.environ, env):  # read by the child's glibc at start
+        if not mmap:
+            for k in MMAP_ENV:
+                os.environ.pop(k, None)
+        result, _ = measure_in_subprocess(
+            _setup, _run, {"cfg": d, "epochs": epochs, "live": live,
+                           "threads": threads}, device=d.get("device", "cpu"),
+            timeout=timeout)
+    return result

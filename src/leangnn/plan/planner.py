@@ -1,0 +1,490 @@
+"""The planner: "will it fit?" answered before training, and the pick.
+
+Users otherwise try, run out of memory, halve something and try again. For a
+memory budget the planner estimates every way leangnn can train a model
+(:mod:`leangnn.plan.estimate`: full batch, the reversible GSR stack at a few
+group counts, DPR's core at a few ratios, offload under the budget), adds the
+allocator overhead calibrated on this machine (:mod:`leangnn.plan.calibrate`)
+and picks: the fastest *exact* strategy that fits (full batch, then offload
+and reversible), a model change (``res`` -> its reversible twin ``gsr``) next,
+and the approximate DPR core only when nothing exact fits. In the spirit of
+Checkmate and PyTorch's ``activation_memory_budget`` (a budget in, a plan
+out), at the granularity of leangnn's strategies.
+
+Entry points: :func:`plan_config` (a :class:`~leangnn.config.TrainConfig`,
+for ``leangnn plan`` and ``--strategy auto``), :func:`plan` (any PyG model
+and ``Data``), :func:`fit` (plan, then train with the pick),
+:func:`choose`, :func:`format_table`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+import torch
+from torch_geometric.data import Data
+
+from leangnn.plan.calibrate import Calibration, load_calibration
+from leangnn.plan.estimate import (
+    Estimate,
+    default_loss,
+    estimate_config,
+    estimate_model,
+)
+from leangnn.utils import format_bytes, json_safe, parse_bytes
+
+__all__ = ["PlanRow", "PlanTable", "plan_config", "plan", "fit", "choose",
+           "format_table", "candidates", "GROUPS", "CORE_RATIOS", "OFFLOAD_PARTS"]
+
+GROUPS = (2, 4)               #: reversible group counts tried
+CORE_RATIOS = (0.5, 0.3, 0.1)  #: DPR core ratios tried
+OFFLOAD_PARTS = (8,)          #: offload METIS part counts tried
+
+#: preference among fitting rows, then speed: exact, model change, approximate
+_CLASS = {"exact": 0, "model change": 1, "approximate": 2}
+
+
+@dataclass
+class PlanRow:
+    """One candidate: a strategy with its knobs and its estimate.
+
+    Attributes:
+        strategy (str): the strategy.
+        knobs (dict): its settings (and the model's).
+        kind (str): ``exact``, ``model change`` or ``approximate``.
+        need_bytes (int | None): memory the run needs in all (``None``: the
+            row is not available, see ``why``).
+        fits (bool): ``need_bytes`` within the budget.
+        epoch_seconds (float | None): estimated epoch time.
+        why (str): why it was (not) chosen.
+        chosen (bool): the pick.
+        config (dict): the configuration fields this row sets.
+        estimate (Estimate | None): the estimate behind it.
+    """
+
+    strategy: str
+    knobs: dict[str, Any]
+    kind: str = "exact"
+    need_bytes: int | None = None
+    fits: bool = False
+    epoch_seconds: float | None = None
+    why: str = ""
+    chosen: bool = False
+    config: dict[str, Any] = field(default_factory=dict)
+    estimate: Estimate | None = None
+
+    @property
+    def label(self) -> str:
+        keys = [k for k in ("model", "num_layers", "num_groups", "budget_ratio",
+                            "device_budget", "num_parts") if k in self.knobs]
+        return f"{self.strategy}(" + ", ".join(
+            f"{k}={self.knobs[k]}" for k in keys) + ")"
+
+    def apply(self, cfg):
+        """``cfg`` (a TrainConfig) with this row's strategy and knobs."""
+        from leangnn.config import TrainConfig
+
+        d = cfg.to_dict()
+        d.update(self.config)
+        return TrainConfig.from_dict(d)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["estimate"] = None if self.estimate is None else self.estimate.to_dict()
+        d["label"] = self.label
+        return d
+
+
+@dataclass
+class PlanTable:
+    """The planner's answer: every candidate row and the pick.
+
+    Attributes:
+        rows (list of PlanRow): the candidates, in the order tried.
+        budget_bytes (int): the memory budget.
+        device (str): the training device.
+        calibration (str): the machine kind whose calibration was used
+            (``uncalibrated`` when none is stored).
+        seconds (float): what planning took.
+    """
+
+    rows: list[PlanRow]
+    budget_bytes: int
+    device: str
+    calibration: str = ""
+    seconds: float = 0.0
+
+    @property
+    def pick(self) -> PlanRow | None:
+        return next((r for r in self.rows if r.chosen), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        pick = self.pick
+        return json_safe({"budget_bytes": self.budget_bytes, "device": self.device,
+                          "calibration": self.calibration, "seconds": self.seconds,
+                          "pick": None if pick is None else pick.label,
+                          "rows": [r.to_dict() for r in self.rows]})
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=1)
+
+    def __str__(self) -> str:
+        return format_table(self)
+
+
+# ---------------------------------------------------------------- choosing
+def _mark(table: PlanTable) -> PlanTable:
+    """Fill ``fits`` / ``why`` / ``chosen`` of every row."""
+    for r in table.rows:
+        r.chosen = False
+        if r.need_bytes is not None:
+            r.fits = r.need_bytes <= table.budget_bytes
+    ok = [r for r in table.rows if r.fits]
+    if not ok:
+        for r in table.rows:
+            if r.need_bytes is not None:
+                r.why = (f"needs {format_bytes(r.need_bytes)} > budget "
+                         f"{format_bytes(table.budget_bytes)}")
+        return table
+    best = min(ok, key=lambda r: (_CLASS[r.kind], r.epoch_seconds
+                                  if r.epoch_seconds is not None else math.inf,
+                                  r.need_bytes))
+    best.chosen = True
+    for r in table.rows:
+        if r is best:
+            r.why = f"chosen: the fastest {r.kind} strategy that fits" if \
+                r.kind == "exact" else (
+                f"chosen: nothing exact fits; {r.kind}")
+        elif r.need_bytes is None:
+            continue
+        elif not r.fits:
+            r.why = (f"needs {format_bytes(r.need_bytes)} > budget "
+                     f"{format_bytes(table.budget_bytes)}")
+        elif _CLASS[r.kind] > _CLASS[best.kind]:
+            r.why = f"fits, but {r.kind} (an exact strategy fits)" \
+                if best.kind == "exact" else f"fits, but {r.kind}"
+        else:
+            r.why = "fits, but slower"
+    return table
+
+
+def choose(table: PlanTable) -> PlanRow:
+    """The pick of ``table``.
+
+    Raises:
+        ValueError: one line naming the smallest candidate and its need when
+            no candidate fits the budget.
+    """
+    pick = table.pick or _mark(table).pick
+    if pick is not None:
+        return pick
+    sized = [r for r in table.rows if r.need_bytes is not None]
+    if not sized:
+        raise ValueError("memory_budget: no strategy could be estimated ("
+                         + "; ".join(f"{r.label}: {r.why}" for r in table.rows) + ")")
+    low = min(sized, key=lambda r: r.need_bytes)
+    raise ValueError(
+        f"memory_budget={format_bytes(table.budget_bytes)} is below every "
+        f"candidate on {table.device}: the smallest, {low.label}, needs "
+        f"~{format_bytes(low.need_bytes)}")
+
+
+def format_table(table: PlanTable) -> str:
+    """The table as text: one row per candidate, then the pick."""
+    head = ["strategy", "knobs", "need", "fits", "epoch", "why"]
+    rows = []
+    for r in table.rows:
+        knobs = ", ".join(f"{k}={v}" for k, v in r.knobs.items()
+                          if k not in ("hidden_channels",))
+        rows.append([("* " if r.chosen else "  ") + r.strategy, knobs,
+                     "n/a" if r.need_bytes is None else format_bytes(r.need_bytes),
+                     "yes" if r.fits else "no",
+                     "n/a" if r.epoch_seconds is None else f"{r.epoch_seconds:.3g} s",
+                     r.why])
+    widths = [max(len(h), *(len(x[i]) for x in rows)) for i, h in enumerate(head)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(head, widths)).rstrip()]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(x, widths)).rstrip() for x in rows]
+    pick = table.pick
+    lines.append(f"budget {format_bytes(table.budget_bytes)} on {table.device} "
+                 f"({table.calibration}); planned in {table.seconds:.1f} s; pick: "
+                 + (pick.label if pick else "none fits"))
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- budgets
+def _budget(memory_budget, device: torch.device) -> int:
+    if memory_budget is not None:
+        return parse_bytes(memory_budget, "memory_budget")
+    from leangnn.plan.fits import available_bytes
+
+    have = available_bytes(device)
+    if have is None:
+        raise ValueError(f"memory_budget: free memory of {device} is unknown; "
+                         "pass a budget, e.g. memory_budget='4GiB'")
+    return have
+
+
+def _row(strategy: str, est: Estimate, cal: Calibration, kind: str,
+         config: dict) -> PlanRow:
+    need = math.ceil(est.peak_bytes * cal.budget_scale)
+    return PlanRow(strategy, dict(est.knobs), kind, need, False, est.epoch_seconds,
+                   est.note, config=config, estimate=est)
+
+
+def _unavailable(strategy: str, knobs: dict, why: str, kind: str = "exact") -> PlanRow:
+    return PlanRow(strategy, knobs, kind, None, False, None, why)
+
+
+# ------------------------------------------------------------ configurations
+def candidates(cfg, budget_bytes: int) -> list[tuple[str, dict, str]]:
+    """``(strategy, config fields, kind)`` of every row tried for ``cfg``."""
+    from leangnn.nn.models import get_model
+
+    entry = get_model(cfg.model)
+    out: list[tuple[str, dict, str]] = []
+    if entry.reversible:
+        for g in GROUPS:
+            if cfg.hidden_channels % g == 0:
+                out.append(("reversible", {"strategy": "reversible",
+                                           "model": cfg.model, "num_groups": g},
+                            "exact"))
+    else:
+        out.append(("full", {"strategy": "full", "model": cfg.model}, "exact"))
+        if cfg.model == "res":
+            for g in GROUPS:
+                if cfg.hidden_channels % g == 0:
+                    out.append(("reversible", {"strategy": "reversible",
+                                               "model": "gsr", "num_groups": g},
+                                "model change"))
+    if "layerwise" in entry.capabilities:
+        for parts in OFFLOAD_PARTS:
+            out.append(("offload", {"strategy": "offload", "model": cfg.model,
+                                    "device_budget": str(budget_bytes),
+                                    "num_parts": parts}, "exact"))
+    for ratio in CORE_RATIOS:
+        out.append(("prune", {"strategy": "prune", "model": cfg.model,
+                              "budget_ratio": ratio}, "approximate"))
+    return out
+
+
+def plan_config(cfg, splits, memory_budget=None, device=None,
+                calibration: Calibration | None = None) -> PlanTable:
+    """Plan ``cfg``'s model (its ``model``, ``num_layers``, ``hidden_channels``
+    and options; its ``strategy`` is ignored) on ``splits``' training graphs.
+
+    Args:
+        cfg (TrainConfig): the base configuration.
+        splits (GraphSplits): the loaded graphs.
+        memory_budget (int or str, optional): e.g. ``"4GiB"``; default: the
+            device's free memory now.
+        device (str, optional): default ``cfg.device``.
+        calibration (Calibration, optional): default: this machine's.
+
+    Returns:
+        PlanTable: rows marked, the pick ``chosen`` (none when nothing fits;
+        :func:`choose` then raises).
+    """
+    t0 = time.perf_counter()
+    dev = torch.device(device or cfg.device)
+    budget = _budget(memory_budget, dev)
+    cal = calibration or load_calibration(dev)
+    rows = []
+    for strategy, fields, kind in candidates(cfg, budget):
+        try:
+            c = replace(cfg, **fields, device=str(dev))
+        except ValueError as e:
+            rows.append(_unavailable(strategy, fields, str(e), kind))
+            continue
+        try:
+            est = estimate_config(c, splits, dev, cal)
+        except (ValueError, RuntimeError) as e:  # e.g. budget below one job
+            rows.append(_unavailable(strategy, {k: v for k, v in fields.items()
+                                                if k != "strategy"},
+                                     f"not possible: {str(e).splitlines()[0]}",
+                                     kind))
+            continue
+        rows.append(_row(strategy, est, cal, kind, fields))
+    table = PlanTable(rows, budget, str(dev),
+                      cal.kind if cal.calibrated else "uncalibrated")
+    _mark(table)
+    table.seconds = time.perf_counter() - t0
+    return table
+
+
+# ----------------------------------------------------------------- models
+def _is_layerwise(model: torch.nn.Module) -> str | None:
+    try:
+        from leangnn.offload import LayerwiseModel
+
+        LayerwiseModel(model)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+def plan(model: torch.nn.Module, data: Data, memory_budget="4GiB", loss_fn=None,
+         device="cpu", lr: float = 1e-3, clip_norm: float | None = 1.0,
+         calibration: Calibration | None = None) -> PlanTable:
+    """Plan training ``model`` on ``data`` (any PyG model) under a budget.
+
+    Rows: full batch; offload (PyG ``BasicGNN`` models) under the budget; the
+    DPR core at :data:`CORE_RATIOS`. A :class:`~leangnn.nn.models.GSRGNN`'s
+    full-batch row is its reversible training.
+
+    Args:
+        model (Module): the model; not modified.
+        data (Data): the graph (``x``, ``edge_index``, ``y``, optional
+            ``node_mask``).
+        memory_budget (int or str, optional): e.g. ``"4GiB"``; ``None``: the
+            device's free memory now. (default: ``"4GiB"``)
+        loss_fn (callable, optional): ``loss_fn(out, data)``; default
+            cross-entropy (integer ``y``) or MSE.
+        device (str, optional): the training device. (default: ``"cpu"``)
+        lr, clip_norm: Adam's learning rate and the clipping norm.
+        calibration (Calibration, optional): default: this machine's.
+
+    Example:
+        >>> table = plan(GraphSAGE(64, 128, 3, 8), data, "2GiB")
+        >>> print(table)          # rows, needs, fits, epoch times, the pick
+    """
+    t0 = time.perf_counter()
+    dev = torch.device(device)
+    budget = _budget(memory_budget, dev)
+    cal = calibration or load_calibration(dev)
+    loss_fn = loss_fn or default_loss(data)
+    name = type(model).__name__
+    reversible = hasattr(model, "stack") and hasattr(model.stack, "num_groups")
+    strategy = "reversible" if reversible else "full"
+    rows = [_row(strategy, estimate_model(model, data, loss_fn, dev, strategy,
+                                          lr=lr, clip_norm=clip_norm,
+                                          calibration=cal, knobs={"model": name}),
+                 cal, "exact", {"strategy": strategy})]
+    why = _is_layerwise(model)
+    knobs = {"model": name, "device_budget": budget, "num_parts": OFFLOAD_PARTS[0]}
+    if why is None:
+        try:
+            rows.append(_row("offload", _offload_model(model, data, loss_fn, dev,
+                                                       budget, cal, knobs),
+                             cal, "exact", {"strategy": "offload",
+                                            "device_budget": budget,
+                                            "num_parts": OFFLOAD_PARTS[0]}))
+        except (ValueError, RuntimeError) as e:
+            rows.append(_unavailable("offload", knobs, "not possible: "
+                                     + str(e).splitlines()[0]))
+    else:
+        rows.append(_unavailable("offload", knobs, f"not possible: {why}"))
+    for ratio in CORE_RATIOS:
+        core, note = _core(data, ratio)
+        est = estimate_model(model, core, loss_fn, dev, "prune", lr=lr,
+                             clip_norm=clip_norm, calibration=cal,
+                             knobs={"model": name, "budget_ratio": ratio,
+                                    "core_nodes": int(core.num_nodes)})
+        est.note = note
+        rows.append(_row("prune", est, cal, "approximate",
+                         {"strategy": "prune", "budget_ratio": ratio}))
+    table = PlanTable(rows, budget, str(dev),
+                      cal.kind if cal.calibrated else "uncalibrated")
+    _mark(table)
+    table.seconds = time.perf_counter() - t0
+    return table
+
+
+def _core(data: Data, ratio: float) -> tuple[Data, str]:
+    from leangnn.prune.dpr import DPRStrategy
+
+    with torch.random.fork_rng(devices=[]):
+        core = DPRStrategy(budget_ratio=ratio).prepare(data).train_data
+    return core, f"core: {int(core.num_nodes)} nodes, {int(core.num_edges)} edges"
+
+
+def _offload_model(model, data, loss_fn, device, budget, cal, knobs) -> Estimate:
+    from leangnn.offload import OffloadEngine, OffloadOptions
+
+    t0 = time.perf_counter()
+    opts = OffloadOptions(budget, min(OFFLOAD_PARTS[0], int(data.num_nodes)),
+                          device=device, virtual=True)
+    with torch.random.fork_rng(devices=[]):
+        counters = OffloadEngine(model, data, options=opts).simulate(train=True)
+    full = estimate_model(model, data, loss_fn, device)
+    params = full.model_bytes
+    work = {**full.work, "jobs": counters.jobs}
+    host = max(0, counters.peak_host_bytes - data.x.untyped_storage().nbytes())
+    dev_step = max(0, counters.peak_device_bytes - params)
+    cpu = device.type == "cpu"
+    est = Estimate("offload", dict(knobs), str(device),
+                   dev_step + (host if cpu else 0), params, full.graph_bytes if cpu
+                   else 0, host_bytes=0 if cpu else host, method="offload-accounting",
+                   work=work)
+    cal.apply(est)
+    est.estimate_seconds = time.perf_counter() - t0
+    return est
+
+
+def fit(model: torch.nn.Module, data: Data, loss_fn=None, strategy: str = "auto",
+        memory_budget="4GiB", epochs: int = 100, lr: float = 1e-3,
+        clip_norm: float | None = 1.0, device="cpu",
+        weight_decay: float = 0.0) -> dict[str, Any]:
+    """Train ``model`` on ``data`` through the strategy the planner picks.
+
+    Args:
+        model (Module): the model, trained in place.
+        data (Data): the graph.
+        loss_fn (callable, optional): ``loss_fn(out, data)``.
+        strategy (str, optional): ``auto`` (the pick of :func:`plan`) or a
+            row's strategy (``full``, ``reversible``, ``offload``, ``prune``;
+            its first row). (default: ``"auto"``)
+        memory_budget, device, lr, clip_norm: see :func:`plan`.
+        epochs (int, optional): epochs (one step each). (default: ``100``)
+
+    Returns:
+        ``{"plan": PlanTable, "row": the row used, "strategy": the Strategy,
+        "losses": [...]}``.
+
+    Raises:
+        ValueError: nothing fits the budget (one line naming the smallest
+            candidate), or ``strategy`` has no available row.
+    """
+    table = plan(model, data, memory_budget, loss_fn, device, lr, clip_norm)
+    if strategy == "auto":
+        row = choose(table)
+    else:
+        row = next((r for r in table.rows if r.strategy == strategy
+                    and r.need_bytes is not None), None)
+        if row is None:
+            raise ValueError(f"strategy: expected auto or one of "
+                             f"{sorted({r.strategy for r in table.rows})} with an "
+                             f"estimate, got {strategy!r}")
+    strat = _strategy(row, device)
+    loss_fn = loss_fn or default_loss(data)
+    model.to(device)
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr, weight_decay=weight_decay)
+    strat.setup(model, [data])
+    losses = []
+    model.train()
+    for _ in range(epochs):
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(strat.train_step(model, data, loss_fn))
+        if clip_norm:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
+        optimizer.step()
+    strat.fit_end(model, [data], loss_fn)
+    return {"plan": table, "row": row, "strategy": strat, "losses": losses}
+
+
+def _strategy(row: PlanRow, device):
+    if row.strategy == "offload":
+        from leangnn.offload import OffloadStrategy
+
+        return OffloadStrategy(device, row.config["device_budget"],
+                               row.config["num_parts"])
+    if row.strategy == "prune":
+        from leangnn.prune.dpr import DPRStrategy
+
+        return DPRStrategy(budget_ratio=row.config["budget_ratio"], device=device)
+    from leangnn.strategy import FullBatch
+
+    return FullBatch(device)

@@ -1,0 +1,212 @@
+"""DAGNN and level plans against networkx, static timing, finite differences."""
+
+from __future__ import annotations
+
+import networkx as nx
+import numpy as np
+import pytest
+import torch
+from torch.func import functional_call
+
+from leangnn.circuits import DelayModel, GATE_TYPES, load_circuit, read_netlist
+from leangnn.circuits import static_timing
+from leangnn.circuits.dataset import resolve
+from leangnn.nn.dag import AGGRS, DAGNN
+from leangnn.nn.levels import level_plan, max_plus
+from leangnn.profile import SavedTensorsMeter
+
+pytestmark = pytest.mark.filterwarnings("ignore:index_reduce")
+
+CIRCUITS = ["iscas85/c432", "iscas85/c6288", "epfl/router"]
+
+
+def _nx(edge_index: torch.Tensor, n: int) -> nx.DiGraph:
+    g = nx.DiGraph()
+    g.add_nodes_from(range(n))
+    g.add_edges_from(edge_index.t().tolist())
+    return g
+
+
+@pytest.mark.parametrize("name", CIRCUITS)
+def test_level_plan_matches_networkx(name):
+    data = load_circuit(name, "arrival")
+    n = data.num_nodes
+    g = _nx(data.edge_index, n)
+    gens = [sorted(gen) for gen in nx.topological_generations(g)]
+    plan = level_plan(data.edge_index, n, cache=False)
+    assert plan.depth == len(gens) - 1
+    want_level = np.empty(n, dtype=np.int64)
+    for lvl, gen in enumerate(gens):
+        want_level[gen] = lvl
+    np.testing.assert_array_equal(plan.level.numpy(), want_level)
+    assert torch.equal(plan.level, data.level)
+    for lvl, (fwd, rev) in enumerate(zip(plan.forward, reversed(plan.reverse))):
+        assert fwd.nodes.tolist() == gens[lvl] == rev.nodes.tolist()
+        assert torch.all(fwd.loc[1:] >= fwd.loc[:-1])  # grouped by destination
+        got = sorted(zip(fwd.src.tolist(), fwd.nodes[fwd.loc].tolist()))
+        assert got == sorted((u, v) for v in gens[lvl] for u in g.predecessors(v))
+        got = sorted(zip(rev.nodes[rev.loc].tolist(), rev.src.tolist()))
+        assert got == sorted((v, w) for v in gens[lvl] for w in g.successors(v))
+    assert torch.equal(plan.in_degree, torch.tensor([g.in_degree(v) for v in range(n)]))
+    # a given levelling is checked and used as is
+    given = level_plan(data.edge_index, n, level=data.level, cache=False)
+    assert torch.equal(given.level, plan.level)
+
+
+def test_level_plan_is_cached_per_edge_index():
+    data = load_circuit("iscas85/c432", "arrival")
+    ei = data.edge_index.clone()
+    first = level_plan(ei, data.num_nodes)
+    assert level_plan(ei, data.num_nodes) is first
+    assert level_plan(ei.clone(), data.num_nodes) is not first
+    ei[0, 0] = ei[0, 0]  # an in-place write bumps the version: rebuilt
+    assert level_plan(ei, data.num_nodes) is not first
+
+
+def test_cycles_and_bad_levels_are_named():
+    # 0 -> 1 -> 2 -> 0 is a cycle; 3 hangs below it
+    ei = torch.tensor([[0, 1, 2, 2], [1, 2, 0, 3]])
+    with pytest.raises(ValueError, match="3 nodes lie on directed cycles"):
+        level_plan(ei, 4, cache=False)
+    with pytest.raises(ValueError, match="not a DAG"):
+        DAGNN(4, 4, 1, gate_types=0)(torch.zeros(4, 4), ei)
+    dag = torch.tensor([[0, 1], [1, 2]])
+    with pytest.raises(ValueError, match="not a topological levelling"):
+        level_plan(dag, 3, level=torch.tensor([0, 1, 1]), cache=False)
+    with pytest.raises(ValueError, match="outside"):
+        level_plan(dag, 2, cache=False)
+
+
+def _set_delay_model(model: DAGNN, dm: DelayModel) -> None:
+    """Timing channel 0 := the DelayModel; head := arrival / longest path."""
+    with torch.no_grad():
+        model.delay_type.weight.zero_()
+        model.delay_type.bias.zero_()
+        for name, d in dm.intrinsic.items():
+            model.delay_type.weight[0, GATE_TYPES.index(name)] = d
+        model.delay_deg.zero_()
+        model.delay_deg[1, 0] = dm.fanout_coeff  # row 0: fanin, row 1: fanout
+        model.skip.weight.zero_()
+        model.skip.bias.zero_()
+        model.skip.weight[0, model.kp] = 1.0  # first timing feature: arrival / P
+
+
+@pytest.mark.parametrize("name", ["iscas85/c432", "iscas85/c6288", "iscas89/s27"])
+def test_timing_channel_reproduces_static_timing_exactly(name):
+    data = load_circuit(name, "arrival")
+    net = read_netlist(resolve(name)[0].path)
+    timing = static_timing(net, DelayModel())
+    model = DAGNN(data.num_features, 8, 1, reverse=True).double()
+    _set_delay_model(model, DelayModel())
+    x = data.x.double()
+    with torch.no_grad():
+        arrival, to_sink, delay = model.timing(x, data.edge_index)
+    assert torch.equal(arrival[:, 0], torch.as_tensor(timing.arrival))
+    # longest path through a node = period - slack (the reverse channel)
+    path = (arrival + to_sink - delay)[:, 0].numpy()
+    np.testing.assert_allclose(path, timing.period - timing.slack, rtol=0, atol=1e-9)
+    with torch.no_grad():
+        out = model(x, data.edge_index).view(-1)
+    torch.testing.assert_close(out, torch.as_tensor(timing.arrival / timing.period),
+                               rtol=1e-12, atol=1e-12)
+    # ... which is exactly the dataset's arrival label (up to its float32 cast)
+    torch.testing.assert_close(out.float(), data.y, rtol=0, atol=1e-6)
+
+
+def _random_dag(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    src, dst = [], []
+    for v in range(3, n):
+        k = int(torch.randint(1, 3, (1,), generator=g))
+        for u in torch.randperm(v, generator=g)[:k].tolist():
+            src.append(u)
+            dst.append(v)
+    types = torch.cat([torch.zeros(3, dtype=torch.long),
+                       torch.randint(4, 12, (n - 3,), generator=g)])
+    x = torch.cat([torch.nn.functional.one_hot(types, 12).double(),
+                   torch.randn(n, 3, generator=g, dtype=torch.double)], 1)
+    return x, torch.tensor([src, dst])
+
+
+@pytest.mark.parametrize("aggr", AGGRS)
+def test_gradients_match_finite_differences(aggr):
+    torch.manual_seed(0)
+    x, ei = _random_dag(9, seed=1)
+    model = DAGNN(15, 4, 2, aggr=aggr, rounds=2, timing_channels=2,
+                  product_channels=2,
+                  quantiles=(0.25, 0.75) if aggr == "max" else ()).double()
+    names = [k for k, _ in model.named_parameters()]
+    # random parameters: the unit-delay start ties every max (not differentiable)
+    params = [(p.detach() + 0.3 * torch.randn_like(p)).requires_grad_()
+              for p in model.parameters()]
+    feats = x[:, 12:].clone().requires_grad_()
+
+    def f(feats, *ps):
+        return functional_call(model, dict(zip(names, ps)),
+                               (torch.cat([x[:, :12], feats], 1), ei))
+
+    assert torch.autograd.gradcheck(f, (feats, *params), eps=1e-6, atol=1e-5,
+                                    fast_mode=True)
+
+
+def test_max_plus_gradient_shares_ties():
+    # node 2 = max(node 0, node 1) + d; equal arrivals split the gradient
+    plan = level_plan(torch.tensor([[0, 1], [2, 2]]), 3, cache=False)
+    d = torch.tensor([[1.0], [1.0], [2.0]], requires_grad=True)
+    t = max_plus(d, plan.reverse)  # reverse: t_0 = t_2 + d_0, t_1 = t_2 + d_1
+    t.sum().backward()
+    assert d.grad.view(-1).tolist() == [1.0, 1.0, 3.0]
+    d.grad = None
+    t = max_plus(d, plan.forward)  # forward: t_2 = max(t_0, t_1) + d_2
+    assert t.view(-1).tolist() == [1.0, 1.0, 3.0]
+    t[2].sum().backward()
+    assert d.grad.view(-1).tolist() == [0.5, 0.5, 1.0]
+
+
+def _chains(n: int, k: int) -> torch.Tensor:
+    """``k`` disjoint chains over ``n`` nodes (depth ``n / k - 1``)."""
+    length = n // k
+    src = [c * length + i for c in range(k) for i in range(length - 1)]
+    return torch.tensor([src, [s + 1 for s in src]])
+
+
+def test_saved_memory_does_not_grow_with_depth():
+    n, c = 600, 16
+    x = torch.randn(n, 15)
+    model = DAGNN(15, c, 1, rounds=2, reverse=True)
+    saved = {}
+    for k in (1, 30):  # depth 599 vs 19, same nodes, almost the same edges
+        with SavedTensorsMeter() as meter:
+            out = model(x, _chains(n, k))
+        saved[k] = meter.bytes
+        out.sum().backward()
+    assert saved[1] <= 1.02 * saved[30]
+    # O(rounds x N x C): a few dozen floats per node and channel, not depth x
+    assert saved[1] < 64 * n * c * 4
+
+
+def test_batched_graphs_are_normalised_per_graph():
+    torch.manual_seed(0)
+    a = load_circuit("iscas85/c432", "arrival")
+    b = load_circuit("epfl/ctrl", "arrival")
+    model = DAGNN(a.num_features, 8, 1).eval()
+    x = torch.cat([a.x, b.x])
+    ei = torch.cat([a.edge_index, b.edge_index + a.num_nodes], 1)
+    batch = torch.cat([torch.zeros(a.num_nodes, dtype=torch.long),
+                       torch.ones(b.num_nodes, dtype=torch.long)])
+    with torch.no_grad():
+        joint = model(x, ei, batch=batch)
+        apart = torch.cat([model(a.x, a.edge_index), model(b.x, b.edge_index)])
+    torch.testing.assert_close(joint, apart, rtol=1e-5, atol=1e-6)
+
+
+def test_bad_arguments_are_named():
+    with pytest.raises(ValueError, match="aggr"):
+        DAGNN(15, 8, 1, aggr="min")
+    with pytest.raises(ValueError, match="rounds"):
+        DAGNN(15, 8, 1, rounds=0)
+    with pytest.raises(ValueError, match="gate_types"):
+        DAGNN(4, 8, 1)
+    with pytest.raises(ValueError, match="product_init"):
+        DAGNN(15, 8, 1, gate_types=3, product_init="cop")
+    assert "aggr=max" in repr(DAGNN(15, 8, 1))
