@@ -28,8 +28,8 @@ layer, only the halo rows each rank needs (forward) and their gradients
 Timings on a shared 2-core CPU with P ranks of one thread each are not a
 speed-up claim; absolute times only mean something on real hardware.
 
-    python benchmarks/distributed.py            # full: 2M nodes counted, 200k run
-    python benchmarks/distributed.py --quick    # 100k counted, 20k run
+    python benchmarks/distributed.py            # full: 2M counted, 200k run (~40 min)
+    python benchmarks/distributed.py --quick    # 100k counted, 20k run (~3 min)
 
 Writes ``results/distributed.json`` and the ``distributed`` section of
 ``benchmarks/README.md`` (``--quick``: ``results/quick/``).

@@ -103,7 +103,7 @@ class _Phased(Strategy):
     def __init__(self, inner: Strategy, meter: PhaseMeter, decoder: bool = True):
         super().__init__(inner.device)
         self.inner, self.meter, self.decoder = inner, meter, decoder
-        self.name = inner.name
+        self.name, self.trains_at_fit_end = inner.name, inner.trains_at_fit_end
         self._train = ExitStack()
 
     def setup(self, model, train_graphs):

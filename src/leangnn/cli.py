@@ -1,4 +1,4 @@
-"""The ``leangnn`` command line: ``datasets`` and ``train``.
+"""The ``leangnn`` command line: ``datasets``, ``train``, ``predict``, ``evaluate``.
 
 Every error a user can cause (an unreadable option, a bad value, a malformed
 netlist, a missing run, a run too large for memory) is printed as one
@@ -138,6 +138,84 @@ def _train(args) -> int:
     return 0
 
 
+_PREDICT_SUFFIXES = (".csv", ".json")
+
+
+def _predict(args) -> int:
+    from .circuits import NetlistError, resolve
+    from .predict import (
+        UNITS,
+        format_table,
+        netlist_graph,
+        open_run,
+        prediction_table,
+        write_predictions,
+    )
+
+    out = Path(args.out) if args.out else None
+    if out is not None:
+        if out.suffix.lower() not in _PREDICT_SUFFIXES:
+            raise ValueError(f"--out: expected a .csv or .json file, got {args.out!r}")
+        if out.is_dir():
+            raise ValueError(f"--out: {args.out!r} is a directory")
+    try:
+        infos = resolve(args.netlists)
+    except NetlistError:
+        raise  # names its file already
+    except ValueError as e:
+        raise ValueError(f"NETLIST: {e}") from None
+    if not infos:
+        raise ValueError(f"NETLIST: {args.netlists!r} names no circuit")
+    run = open_run(args.run, args.device)
+    if not run.finished:
+        print(f"leangnn: note: {run.path} has no summary.json (run in progress or "
+              "stopped); using its latest checkpoint", file=sys.stderr)
+    cols, rows = None, []
+    for info in infos:
+        data, names = netlist_graph(info, run.config.level_feature)
+        cols, part = prediction_table(run, info.name, names, run.predict(data))
+        rows += part
+    if out is not None:
+        write_predictions(out, run, cols, rows)
+        print(f"leangnn predict: {len(rows)} nets of {len(infos)} circuit(s) -> "
+              f"{out}", file=sys.stderr)
+        return 0
+    print(f"# {run.describe()}")
+    print(f"# {run.task}: {UNITS.get(run.task, 'the label as trained')}")
+    print(format_table(cols, rows))
+    return 0
+
+
+def _evaluate(args) -> int:
+    from .circuits import NetlistError, resolve
+    from .predict import metrics_line, open_run
+
+    try:
+        infos = resolve(args.dataset)
+    except NetlistError:
+        raise  # names its file already
+    except ValueError as e:
+        raise ValueError(f"--dataset: {e}") from None
+    if not infos:
+        raise ValueError(f"--dataset: {args.dataset!r} names no circuit")
+    run = open_run(args.run, args.device)
+    if args.task is not None and args.task != run.task:
+        raise ValueError(f"--task: the run at {str(run.path)!r} was trained for "
+                         f"task {run.task!r}, got {args.task!r}")
+    if not run.finished:
+        print(f"leangnn: note: {run.path} has no summary.json (run in progress or "
+              "stopped); using its latest checkpoint", file=sys.stderr)
+    graphs = run.load(infos, progress=not (args.quiet or args.json))
+    metrics = run.evaluate(graphs)
+    if args.json:
+        print(json.dumps(metrics, indent=2))
+        return 0
+    nodes = sum(g.num_nodes for g in graphs)
+    print(f"leangnn evaluate: {metrics_line(metrics)} | {len(graphs)} circuit(s), "
+          f"{nodes:,} nodes | {run.describe()}")
+    return 0
+
+
 def _default(field: str) -> str:
     value = {f.name: f.default for f in fields(TrainConfig)}[field]
     return f"(default: {value})"
@@ -216,6 +294,30 @@ def build_parser() -> argparse.ArgumentParser:
       f"{_default('offload_mode')}")
     a("--quiet", action="store_true", help="no progress bars")
     t.set_defaults(func=_train)
+
+    pr = sub.add_parser("predict", help="apply a trained run to netlists (no labels "
+                        "needed): one row per net")
+    pr.add_argument("--run", required=True, help="the run directory (train --out)")
+    pr.add_argument("netlists", nargs="+", metavar="NETLIST",
+                    help="suite/name, suite or netlist file (.v, .bench, .aag, "
+                    ".aig, .blif)")
+    pr.add_argument("--out", help="write predictions to FILE.csv or FILE.json "
+                    "(default: a table on stdout)")
+    pr.add_argument("--device", default="cpu", help="cpu, cuda or cuda:i "
+                    "(default: cpu)")
+    pr.set_defaults(func=_predict)
+
+    e = sub.add_parser("evaluate", help="score a trained run on other circuits")
+    e.add_argument("--run", required=True, help="the run directory (train --out)")
+    e.add_argument("--dataset", required=True, help="circuits to score: suite/name, "
+                   "suite or path, comma-separated")
+    e.add_argument("--task", choices=list(TASKS), help="refuse unless the run was "
+                   "trained for this task (default: the run's task)")
+    e.add_argument("--json", action="store_true", help="print the metrics as JSON")
+    e.add_argument("--device", default="cpu", help="cpu, cuda or cuda:i "
+                   "(default: cpu)")
+    e.add_argument("--quiet", action="store_true", help="no progress bars")
+    e.set_defaults(func=_evaluate)
     return p
 
 

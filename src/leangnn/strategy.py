@@ -51,6 +51,9 @@ class Strategy:
     """
 
     name = "full"
+    #: whether :meth:`fit_end` trains state of its own (the trainer then
+    #: checkpoints that state once more, for predict/evaluate)
+    trains_at_fit_end = False
 
     def __init__(self, device: torch.device | str = "cpu"):
         self.device = torch.device(device)

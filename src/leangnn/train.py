@@ -27,7 +27,7 @@ from .nn.models import build_model
 from .plan.fits import check_fits
 from .profile import MemoryMeter, SavedTensorsMeter
 from .rundir import RunDir, environment
-from .strategy import build_strategy, node_mask
+from .strategy import Strategy, build_strategy, node_mask
 from .utils import (
     format_bytes,
     get_rng_state,
@@ -36,7 +36,7 @@ from .utils import (
     set_rng_state,
 )
 
-__all__ = ["Trainer", "build_strategy", "make_loss_fn", "RESUMABLE"]
+__all__ = ["Trainer", "build_strategy", "evaluate_graphs", "make_loss_fn", "RESUMABLE"]
 
 #: Config fields a resumed run may change; the others must match its checkpoint.
 RESUMABLE = ("epochs", "patience", "device", "out")
@@ -70,6 +70,29 @@ def _check_fits(cfg: TrainConfig, splits: GraphSplits) -> None:
 def _scored(g: Data) -> bool:
     mask = node_mask(g)
     return g.num_nodes > 0 and (mask is None or bool(mask.any()))
+
+
+def evaluate_graphs(model: torch.nn.Module, strategy: Strategy, graphs: list[Data],
+                    loss_fn, task_type: str) -> dict[str, float | None]:
+    """Metrics and mean per-graph loss of ``model`` served by ``strategy`` over
+    the (masked) nodes of ``graphs``, pooled; every value is ``None`` when the
+    graphs hold no node to score. The one evaluation of training, ``predict``
+    and ``evaluate``."""
+    model.eval()
+    preds, ys, losses = [], [], []
+    with torch.no_grad():
+        for g in filter(_scored, graphs):
+            out = strategy.predict(model, g).float().cpu()
+            losses.append(float(loss_fn(out, g)))
+            mask = node_mask(g)
+            preds.append(out if mask is None else out[mask])
+            ys.append(g.y if mask is None else g.y[mask])
+    if not ys:
+        empty = torch.empty(0)
+        return {**compute_metrics(empty, empty, task_type), "loss": None}
+    m = compute_metrics(torch.cat(preds), torch.cat(ys), task_type)
+    m["loss"] = float(np.mean(losses))
+    return m
 
 
 class Trainer:
@@ -118,24 +141,8 @@ class Trainer:
     def evaluate(self, graphs: list[Data]) -> dict[str, float | None]:
         """Metrics over all (masked) nodes of ``graphs``, pooled; every value
         is ``None`` when ``graphs`` hold no node to score."""
-        self.model.eval()
-        preds, ys, losses = [], [], []
-        with torch.no_grad():
-            for g in filter(_scored, graphs):
-                out = self.strategy.predict(self.model, g).float().cpu()
-                losses.append(float(self.loss_fn(out, g)))
-                mask = node_mask(g)
-                y = g.y if mask is None else g.y[mask]
-                preds.append(out if mask is None else out[mask])
-                ys.append(y)
-        if not ys:
-            empty = torch.empty(0)
-            m = compute_metrics(empty, empty, self.splits.task_type)
-            m["loss"] = None
-            return m
-        m = compute_metrics(torch.cat(preds), torch.cat(ys), self.splits.task_type)
-        m["loss"] = float(np.mean(losses))
-        return m
+        return evaluate_graphs(self.model, self.strategy, graphs, self.loss_fn,
+                               self.splits.task_type)
 
     def _state(self, epoch, best, best_state, bad, times) -> dict[str, Any]:
         # Tensors, numbers, strings and lists only: loadable with weights_only.
@@ -233,9 +240,21 @@ class Trainer:
         bar.close()
         peak = meter.stop()
         saved = self._saved_bytes()
+        final = None
+        if run.enabled and times and self.strategy.trains_at_fit_end:
+            # What --resume continues from: the last epoch's weights, before
+            # the best ones are loaded below (state_dict tensors alias them).
+            # (one entry of ``times`` per epoch run, resumed ones included)
+            final = self._state(len(times), best, best_state, bad, times)
+            final["model"] = {k: v.detach().clone() for k, v in final["model"].items()}
         if best_state is not None:
             self.model.load_state_dict(best_state)
         self.strategy.fit_end(self.model, self.splits.train, self.loss_fn)
+        if final is not None:
+            # fit_end may train more (DPR's decoder): predict/evaluate need that
+            # state, which the per-epoch checkpoints were written before.
+            final["fitted_strategy"] = self.strategy.state_dict()
+            run.save_checkpoint(final)
         summary = json_safe(self._summary(peak, saved, times, stopped))
         run.write_summary(summary)
         return summary

@@ -299,6 +299,8 @@ BAD = [
     (b"aag 1 1 0 0 0\n3\n", 2, "must be even"),
     (b"aag 1 1 0 0 0\n2 4\n", 2, "expected input 0 literal"),
     (b"aag 3 2 0 1 1\n2\n4\n6\n6 2 99\n", 5, "out of range"),
+    (b"aag 3 2 0 1 1\n2\n4\n6\n6 2 99999999999999999999\n", 5, "out of range"),
+    (b"aag 4 2 0 1 2\n2\n4\n6\n6 2 4\n\n8 6 2\n", 6, "AND gate 1"),
     (b"aag 3 2 0 1 1\n2\n4\n6\n6 2\n", 5, "AND gate 0"),
     (b"aag 3 2 0 1 1\n2\n4\n6\n6 2 -4\n", 5, "AND gate 0"),
     (b"aag 3 2 0 1 1\n2\n4\n6\n7 2 4\n", 5, "even"),
@@ -325,6 +327,19 @@ def test_malformed_input_names_file_and_line(data, line, message):
     err = info.value
     assert err.file == "bad.aig" and err.line == line, str(err)
     assert message in str(err) and str(err).startswith(f"bad.aig:{line}:")
+
+
+def test_whitespace_variants_read_the_same():
+    ref = parse_aiger(HALF_ADDER, "ha", "ha")
+    for variant in (HALF_ADDER.replace(b"\n", b"\r\n"),
+                    HALF_ADDER.replace(b"6 13 15", b"6\t13  15"),
+                    HALF_ADDER.replace(b"12 2 4", b"12\x0b2 4"),  # line-by-line path
+                    HALF_ADDER[:HALF_ADDER.index(b"i0")].rstrip(b"\n")):
+        net = parse_aiger(variant, "ha", "ha")
+        if b"i0" in variant:
+            _same(ref, net)
+        else:  # no symbol table, no final newline
+            assert net.num_nodes == ref.num_nodes and net.num_edges == ref.num_edges
 
 
 def test_read_aiger_files(tmp_path):

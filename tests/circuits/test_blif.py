@@ -298,7 +298,7 @@ def test_malformed_input_names_file_and_line(text, line, message):
 
 
 def test_read_blif_files(tmp_path):
-    with pytest.raises(NetlistError, match="no such BLIF file"):
+    with pytest.raises(NetlistError, match="no such netlist file"):
         read_blif(tmp_path / "missing.blif")
     p = tmp_path / "bin.blif"
     p.write_bytes(b"\xff\xfe\x00")

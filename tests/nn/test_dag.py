@@ -8,8 +8,13 @@ import pytest
 import torch
 from torch.func import functional_call
 
-from leangnn.circuits import DelayModel, GATE_TYPES, load_circuit, read_netlist
-from leangnn.circuits import static_timing
+from leangnn.circuits import (
+    GATE_TYPES,
+    DelayModel,
+    load_circuit,
+    read_netlist,
+    static_timing,
+)
 from leangnn.circuits.dataset import resolve
 from leangnn.nn.dag import AGGRS, DAGNN
 from leangnn.nn.levels import level_plan, max_plus

@@ -1,5 +1,8 @@
 """Real gate-level circuits as PyG graphs: parser, simulator, dataset."""
 
+from .aiger import parse_aiger, read_aiger
+from .blif import parse_blif, read_blif
+from .cop import cop_signal_probability
 from .dataset import (
     DEFAULT_SPLIT,
     SUITES,
@@ -35,4 +38,5 @@ __all__ = [
     "GATE_TYPES", "MAX_BUS_BITS", "NETLIST_SUFFIXES", "Netlist", "NetlistError",
     "parse_bench", "parse_verilog", "read_netlist", "read_text",
     "DelayModel", "Timing", "levelize", "signal_probability", "static_timing",
+    "parse_aiger", "read_aiger", "parse_blif", "read_blif", "cop_signal_probability",
 ]

@@ -19,8 +19,9 @@ input, a latch, a constant or already named by another output.
 Default names: ``i<k>`` for the k-th input, ``l<k>`` for the k-th latch,
 ``n<v>`` for the AND of variable ``v``, ``not_<x>`` for the inverter of ``x``.
 
-The reader is vectorised with numpy (binary delta decoding included), so it
-is linear-time: a 10^6-AND binary AIG reads in well under a second.
+The reader is vectorised with numpy (binary delta decoding and ASCII number
+parsing included), so it is linear-time: a 200k-AND AIG reads in 0.2 s
+(binary) / 0.35 s (ASCII) on a busy core, about 13x faster than pyaig.
 """
 
 from __future__ import annotations
@@ -72,6 +73,8 @@ class _Cursor:
             want = " or ".join(str(c) for c in counts)
             raise self.error(f"expected {what} ({want} unsigned integer(s))",
                              text=raw or b"<empty line>")
+        if any(len(t) > 10 for t in toks):  # literals are 32-bit
+            raise self.error(f"{what}: number out of range", text=raw)
         return [int(t) for t in toks]
 
 
@@ -104,22 +107,58 @@ def _header(cur: _Cursor) -> tuple[bool, list[int]]:
     return binary, sizes
 
 
+_POW10 = 10 ** np.arange(19, dtype=np.int64)
+_DIGIT = np.zeros(256, dtype=bool)
+_DIGIT[48:58] = True
+_ALLOWED = _DIGIT.copy()
+_ALLOWED[[9, 10, 13, 32]] = True  # tab, newline, carriage return, space
+
+
+def _uint_rows(buf: bytes, rows: int, width: int) -> np.ndarray | None:
+    """``rows`` lines of ``width`` unsigned integers, vectorised; ``None`` if
+    anything is off (the caller then re-reads line by line to name the line)."""
+    a = np.frombuffer(buf, dtype=np.uint8)
+    if not _ALLOWED[a].all():
+        return None
+    digit = _DIGIT[a]
+    edge = np.diff(digit.view(np.int8), prepend=np.int8(0), append=np.int8(0))
+    starts, ends = np.flatnonzero(edge == 1), np.flatnonzero(edge == -1) - 1
+    if starts.size != rows * width:
+        return None
+    lengths = ends - starts + 1
+    if lengths.max() > 18:
+        return None
+    line = np.searchsorted(np.flatnonzero(a == 10), starts)
+    if line[-1] >= rows or (np.bincount(line, minlength=rows) != width).any():
+        return None
+    pos = np.flatnonzero(digit)
+    weight = _POW10[np.repeat(ends, lengths) - pos]
+    offsets = np.cumsum(lengths) - lengths
+    vals = np.add.reduceat((a[pos] - 48).astype(np.int64) * weight, offsets)
+    return vals.reshape(rows, width)
+
+
 def _ascii_ands(cur: _Cursor, count: int) -> tuple[np.ndarray, int]:
     """``int64 [count, 3]`` rows ``lhs rhs0 rhs1`` and the line of the first."""
     first = cur.lineno + 1
     if count == 0:
         return np.zeros((0, 3), dtype=np.int64), first
-    chunk = cur.data[cur.pos:].split(b"\n", count)
-    lines = chunk[:count]
-    rows = [ln.split() for ln in lines]
-    flat = [t for r in rows for t in r]
-    if (len(lines) < count or len(flat) != 3 * count
-            or not b"".join(flat).isdigit() or any(len(r) != 3 for r in rows)):
-        for k in range(count):  # slow path: name the first bad line
-            cur.ints(f"AND gate {k} 'lhs rhs0 rhs1'", (3,))
-    cur.pos += sum(len(ln) + 1 for ln in lines)
+    rest = np.frombuffer(cur.data, dtype=np.uint8, offset=cur.pos)
+    newlines = np.flatnonzero(rest == 10)
+    if newlines.size >= count:
+        stop = int(newlines[count - 1]) + 1
+    elif newlines.size == count - 1 and rest.size > (newlines[-1] + 1 if
+                                                      newlines.size else 0):
+        stop = rest.size  # the last line has no newline
+    else:
+        stop = -1
+    rows = _uint_rows(cur.data[cur.pos:cur.pos + stop], count, 3) if stop > 0 else None
+    if rows is None:  # line by line: names the first bad line, if any
+        rows = [cur.ints(f"AND gate {k} 'lhs rhs0 rhs1'", (3,)) for k in range(count)]
+        return np.asarray(rows, dtype=np.int64), first
+    cur.pos += stop
     cur.lineno += count
-    return np.asarray([int(t) for t in flat], dtype=np.int64).reshape(count, 3), first
+    return rows, first
 
 
 def _binary_ands(cur: _Cursor, count: int, first_var: int) -> np.ndarray:
@@ -274,8 +313,8 @@ def parse_aiger(data: bytes, file: str | None = None, name: str = "aiger") -> Ne
 
     # --- AND gates
     if binary:
+        and_lines = np.full(n_and, cur.lineno + 1, dtype=np.int64)
         ands = _binary_ands(cur, n_and, n_in + n_latch + 1)
-        and_lines = np.full(n_and, cur.lineno, dtype=np.int64)
     else:
         ands, first = _ascii_ands(cur, n_and)
         and_lines = np.arange(first, first + n_and, dtype=np.int64)
@@ -291,64 +330,66 @@ def parse_aiger(data: bytes, file: str | None = None, name: str = "aiger") -> Ne
                             f"{max_lit}): {ands[k].tolist()}", int(and_lines[k]))
     syms = _symbols(cur, {b"i": n_in, b"l": n_latch, b"o": n_out, b"b": n_bad,
                           b"c": n_cons, b"j": n_just, b"f": n_fair})
-    return _assemble(cur, name, syms, np.asarray(def_vars, dtype=np.int64),
+    return _assemble(cur, name, syms, m, np.asarray(def_vars, dtype=np.int64),
                      np.asarray(def_lines, dtype=np.int64), n_in,
                      np.asarray(latch_next, dtype=np.int64),
                      np.asarray(latch_lines, dtype=np.int64), observed, ands,
                      and_lines)
 
 
-def _assemble(cur, name, syms, src_vars, src_lines, n_in, latch_next, latch_lines,
-              observed, ands, and_lines) -> Netlist:
+def _assemble(cur, name, syms, max_var, src_vars, src_lines, n_in, latch_next,
+              latch_lines, observed, ands, and_lines) -> Netlist:
     n_src, n_and = src_vars.size, ands.shape[0]
     n_var = n_src + n_and  # nodes 0..n_var-1: inputs, latches, ANDs in file order
     var_of_node = np.concatenate([src_vars, ands[:, 0] >> 1])
     line_of_node = np.concatenate([src_lines, and_lines])
-    order = np.argsort(var_of_node, kind="stable")
-    sorted_vars = var_of_node[order]
-    dup = np.flatnonzero(sorted_vars[1:] == sorted_vars[:-1])
-    if dup.size:
-        # Report the later definition of the first variable defined twice.
-        second = order[dup + 1]
-        k = int(second[np.argmin(line_of_node[second])])
-        raise cur.error(f"variable {var_of_node[k]} (literal {2 * var_of_node[k]}) is "
-                        "defined twice", int(line_of_node[k]))
-
     obs_lits = np.asarray([o[2] for o in observed], dtype=np.int64)
     obs_lines = np.asarray([o[3] for o in observed], dtype=np.int64)
     used = np.concatenate([ands[:, 1:].ravel(), latch_next, obs_lits])
     used_lines = np.concatenate([np.repeat(and_lines, 2), latch_lines, obs_lines])
-
-    def var_nodes(vars_: np.ndarray) -> np.ndarray:
-        pos = np.minimum(np.searchsorted(sorted_vars, vars_), max(n_var - 1, 0))
-        found = (sorted_vars[pos] == vars_) if n_var else np.zeros_like(vars_, bool)
-        return np.where(found, order[pos] if n_var else -1, -1)
-
     used_vars = used >> 1
-    used_nodes = var_nodes(used_vars)
+
+    # Index variables by a dense table (linear time); only sparse ASCII
+    # numbering, which the format allows, is compressed through a sort.
+    if max_var + 1 <= 8 * (n_var + 1):
+        def_ids, use_ids, size = var_of_node, used_vars, max_var + 1
+    else:
+        keys = np.unique(np.concatenate([[0], var_of_node, used_vars]))
+        def_ids, use_ids = np.searchsorted(keys, var_of_node), np.searchsorted(
+            keys, used_vars)
+        size = keys.size
+    if (np.bincount(def_ids, minlength=size) > 1).any():
+        # Report the earliest line that defines an already defined variable.
+        order = np.argsort(def_ids, kind="stable")
+        same = def_ids[order][1:] == def_ids[order][:-1]
+        later = order[1:][same]
+        k = int(later[np.argmin(line_of_node[later])])
+        raise cur.error(f"variable {var_of_node[k]} (literal {2 * var_of_node[k]}) is "
+                        "defined twice", int(line_of_node[k]))
+    node_of = np.full(size, -1, dtype=np.int64)
+    node_of[def_ids] = np.arange(n_var)
+    used_nodes = node_of[use_ids]
     undefined = np.flatnonzero((used_vars > 0) & (used_nodes < 0))
     if undefined.size:
         k = int(undefined[np.argmin(used_lines[undefined])])
         raise cur.error(f"literal {used[k]} uses variable {used_vars[k]}, which no "
                         "input, latch or AND defines", int(used_lines[k]))
 
-    # Shared inverters, one per distinct negated non-constant literal.
+    # Shared inverters, one per distinct negated non-constant literal, in
+    # variable order.
     neg = (used & 1 == 1) & (used_vars > 0)
-    not_vars = np.unique(used_vars[neg])
-    not_src = var_nodes(not_vars)
-    n_not = not_vars.size
+    inverted = np.zeros(size, dtype=bool)
+    inverted[use_ids[neg]] = True
+    not_rank = np.cumsum(inverted) - 1
+    not_src = node_of[np.flatnonzero(inverted)]
+    n_not = not_src.size
     has0, has1 = int((used == 0).any()), int((used == 1).any())
     const0 = n_var + n_not if has0 else -1
     const1 = n_var + n_not + has0 if has1 else -1
 
-    def lit_nodes(lits: np.ndarray, vnodes: np.ndarray) -> np.ndarray:
-        out = vnodes.copy()
-        negd = (lits & 1 == 1) & (lits > 1)
-        out[negd] = n_var + np.searchsorted(not_vars, lits[negd] >> 1)
-        out[lits == 0], out[lits == 1] = const0, const1
-        return out
-
-    nodes = lit_nodes(used, used_nodes)
+    nodes = used_nodes.copy()
+    nodes[neg] = n_var + not_rank[use_ids[neg]]
+    nodes[used == 0], nodes[used == 1] = const0, const1
     n_rhs, n_latch = 2 * n_and, latch_next.size
     and_fanin = nodes[:n_rhs]
     latch_d = nodes[n_rhs:n_rhs + n_latch]
@@ -396,6 +437,8 @@ def _assemble(cur, name, syms, src_vars, src_lines, n_in, latch_next, latch_line
     symbolic = np.concatenate([symbolic | claimed, np.ones(len(buf_src), bool)])
     names = _unique(names, symbolic)
 
+    if n_var + len(buf_src) == 0 and not (has0 or has1):
+        raise NetlistError("no gates/nets: the netlist is empty", cur.file, 1)
     t = TYPE_ID
     types = np.concatenate([
         np.full(n_in, t["input"], np.int8), np.full(n_src - n_in, t["ppi"], np.int8),
@@ -415,8 +458,17 @@ def _assemble(cur, name, syms, src_vars, src_lines, n_in, latch_next, latch_line
                    cur.file)
 
 
+_GENERATED = re.compile(r"[iln]\d+\Z|tie_[01]\Z|not_")
+
+
 def _unique(names: list[str], symbolic: np.ndarray) -> list[str]:
     """Make names unique; names from the symbol table win over generated ones."""
+    # Generated names are unique by construction, so only symbols that repeat
+    # or look generated can clash; checking just those keeps this linear-cheap.
+    symbols = [names[i] for i in np.flatnonzero(symbolic).tolist()]
+    if len(set(symbols)) == len(symbols) and not any(
+            _GENERATED.match(n) for n in symbols):
+        return names
     if len(set(names)) == len(names):
         return names
     taken: set[str] = set()

@@ -23,9 +23,10 @@ complemented inputs read one ``not`` node per net, shared by all covers.
 
 from __future__ import annotations
 
+import gc
 from pathlib import Path
 
-from .netlist import TYPE_ID, Netlist, NetlistError, _Builder
+from .netlist import TYPE_ID, Netlist, NetlistError, _Builder, read_text
 
 __all__ = ["read_blif", "parse_blif"]
 
@@ -44,7 +45,8 @@ _IGNORED = {".cname", ".attr", ".param", ".area", ".delay", ".wire_load_slope",
             ".default_output_required", ".default_input_drive",
             ".default_output_load", ".default_max_input_load"}
 _INVERT = {"and": "nand", "nand": "and", "or": "nor", "nor": "or", "xor": "xnor",
-           "xnor": "xor", "buf": "not", "not": "buf"}
+           "xnor": "xor", "buf": "not", "not": "buf", "const0": "const1",
+           "const1": "const0"}
 _LATCH_TYPES = {"fe", "re", "ah", "al", "as"}
 
 
@@ -79,6 +81,7 @@ class _Blif:
         self.records: list[tuple] = []  # (directive, tokens, offset, rows)
         self.reserved: set[str] = set()  # every net named in the file
         self.nots: dict[int, int] = {}  # net -> its shared inverter node
+        self.plans: dict[tuple, tuple] = {}  # cover rows -> (gate, terms)
 
     def error(self, message: str, offset: int, toks: list[str]):
         return self.b.error(message, offset, " ".join(toks))
@@ -154,37 +157,29 @@ class _Blif:
         self.b.flops.append((args[1], d, q))
 
     def names(self, args, offset, rows):
-        toks = [".names", *args]
         if not args:
-            raise self.error(".names needs at least an output net", offset, toks)
-        ins, out, k = args[:-1], args[-1], len(args) - 1
-        cubes, bits = [], set()
-        for row_off, row in rows:
-            plane = "".join(row[:-1]) if k else ""
-            if (len(plane) != k or len(row) < (2 if k else 1)
-                    or row[-1] not in ("0", "1")
-                    or plane.strip("01-")):
-                raise self.error(f"bad cover row for {k} input(s): expected "
-                                 f"{k} of '0 1 -' and an output bit 0 or 1",
-                                 row_off, row)
-            cubes.append(plane)
-            bits.add(row[-1])
-        if len(bits) > 1:
-            raise self.error(f"cover of {out!r} mixes on-set (1) and off-set (0) "
-                             "rows", offset, toks)
-        onset = bits != {"0"}
-        self.cover(out, [self.b.net(n, offset) for n in ins], cubes, onset, offset)
-
-    # ---------------------------------------------------------------- covers
-    def gate(self, out: str, gate: str, fanin: tuple[int, ...], onset: bool,
-             offset: int) -> int:
-        if not onset:
-            gate = _INVERT.get(gate) or {"const0": "const1",
-                                         "const1": "const0"}[gate]
-        i = self.b.drive(out, gate, fanin, offset)
+            raise self.error(".names needs at least an output net", offset,
+                             [".names"])
+        # Files repeat a handful of covers, so each distinct one is analysed
+        # once; this keeps a .names to a few dict lookups.
+        key = (len(args), tuple(tuple(r) for _, r in rows))
+        plan = self.plans.get(key)
+        if plan is None:
+            plan = self.plans[key] = self.plan(args, offset, rows)
+        gate, terms = plan
+        out = args[-1]
+        ins = [self.b.net(n, offset) for n in args[:-1]]
+        fanin = []
+        for c, term in enumerate(terms):
+            if term[0] is None:  # a literal
+                fanin.append(self.literal(ins[term[1]], term[2], offset))
+            else:  # an AND of the literals of one cube
+                cube = tuple(self.literal(ins[j], p, offset) for j, p in term[1])
+                fanin.append(self.b.drive(self.fresh(f"{out}_c{c}"), "and", cube,
+                                          offset))
+        i = self.b.drive(out, gate, tuple(fanin), offset)
         if gate == "not":
             self.nots.setdefault(fanin[0], i)
-        return i
 
     def literal(self, net: int, positive: bool, offset: int) -> int:
         if positive:
@@ -201,48 +196,55 @@ class _Blif:
             name, k = f"{base}_{k}", k + 1
         return name
 
-    def cover(self, out: str, ins: list[int], cubes: list[str], onset: bool,
-              offset: int) -> None:
-        """Gates computing ``out``; the cover's function is its exact value."""
-        if not cubes:
-            # An empty cover is constant 0 whatever its output column would be.
-            self.gate(out, "const0", (), True, offset)
-            return
-        lits = [[(ins[j], c == "1") for j, c in enumerate(cube) if c != "-"]
-                for cube in cubes]
-        if any(not cl for cl in lits):  # a cube without literals is always 1
-            self.gate(out, "const1", (), onset, offset)
-            return
-        if len(lits) == 1 or all(len(cl) == 1 for cl in lits):
-            flat = [lt for cl in lits for lt in cl]
-            single = len(lits) == 1  # one cube: AND of literals, else OR
-            if len(flat) == 1:
-                net, pos = flat[0]
-                self.gate(out, "buf" if pos else "not", (net,), onset, offset)
-            elif all(pos for _, pos in flat):
-                self.gate(out, "and" if single else "or",
-                          tuple(n for n, _ in flat), onset, offset)
-            elif not any(pos for _, pos in flat):
-                # De Morgan: AND of complements is NOR, OR of complements NAND.
-                self.gate(out, "nor" if single else "nand",
-                          tuple(n for n, _ in flat), onset, offset)
-            else:
-                fanin = tuple(self.literal(n, p, offset) for n, p in flat)
-                self.gate(out, "and" if single else "or", fanin, onset, offset)
-            return
-        parity = _parity_gate(cubes)
-        if parity is not None:
-            self.gate(out, parity, tuple(ins), onset, offset)
-            return
-        terms = []
-        for c, cl in enumerate(lits):
-            if len(cl) == 1:
-                terms.append(self.literal(*cl[0], offset))
-            else:
-                fanin = tuple(self.literal(n, p, offset) for n, p in cl)
-                terms.append(self.b.drive(self.fresh(f"{out}_c{c}"), "and", fanin,
-                                          offset))
-        self.gate(out, "or", tuple(terms), onset, offset)
+    def plan(self, args, offset, rows):
+        """Check a cover and turn it into ``(gate, terms)``.
+
+        A term is ``(None, j, positive)`` for the literal of input ``j``, or
+        ``("and", [(j, positive), ...])`` for a cube of several literals.
+        """
+        k = len(args) - 1
+        cubes, bits = [], set()
+        for row_off, row in rows:
+            plane = "".join(row[:-1]) if k else ""
+            if (len(plane) != k or len(row) < (2 if k else 1)
+                    or row[-1] not in ("0", "1") or plane.strip("01-")):
+                raise self.error(f"bad cover row for {k} input(s): expected "
+                                 f"{k} of '0 1 -' and an output bit 0 or 1",
+                                 row_off, row)
+            cubes.append(plane)
+            bits.add(row[-1])
+        if len(bits) > 1:
+            raise self.error(f"cover of {args[-1]!r} mixes on-set (1) and off-set "
+                             "(0) rows", offset, [".names", *args])
+        gate, terms = _cover(cubes)
+        if bits == {"0"} and cubes:  # an off-set: the complement of the cover
+            gate = _INVERT[gate]
+        return gate, terms
+
+
+def _cover(cubes: list[str]) -> tuple[str, list]:
+    """The on-set function of ``cubes`` as one gate over literal/cube terms."""
+    if not cubes:
+        return "const0", []
+    lits = [[(j, c == "1") for j, c in enumerate(cube) if c != "-"]
+            for cube in cubes]
+    if any(not cl for cl in lits):  # a cube without literals is always 1
+        return "const1", []
+    if len(lits) == 1 or all(len(cl) == 1 for cl in lits):
+        flat = [lt for cl in lits for lt in cl]
+        single = len(lits) == 1  # one cube: AND of literals, else OR
+        if len(flat) == 1:
+            return ("buf" if flat[0][1] else "not"), [(None, flat[0][0], True)]
+        if all(p for _, p in flat):
+            return ("and" if single else "or"), [(None, j, True) for j, _ in flat]
+        if not any(p for _, p in flat):
+            # De Morgan: AND of complements is NOR, OR of complements NAND.
+            return ("nor" if single else "nand"), [(None, j, True) for j, _ in flat]
+        return ("and" if single else "or"), [(None, j, p) for j, p in flat]
+    parity = _parity_gate(cubes)
+    if parity is not None:
+        return parity, [(None, j, True) for j in range(len(cubes[0]))]
+    return "or", [(None, *cl[0]) if len(cl) == 1 else ("and", cl) for cl in lits]
 
 
 def _parity_gate(cubes: list[str]) -> str | None:
@@ -275,7 +277,16 @@ def parse_blif(text: str, file: str | None = None, name: str = "blif") -> Netlis
     """
     if not text.strip():
         raise NetlistError("empty BLIF file", file, 1)
-    return _Blif(text, file).read(text, name)
+    # The reader allocates a few small containers per line; on large files the
+    # cyclic garbage collector's passes over them cost as much as the parsing
+    # itself, and nothing here makes cycles.
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _Blif(text, file).read(text, name)
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def read_blif(path: str | Path) -> Netlist:
@@ -288,11 +299,4 @@ def read_blif(path: str | Path) -> Netlist:
         A :class:`Netlist`.
     """
     path = Path(path)
-    if not path.is_file():
-        raise NetlistError("no such BLIF file", str(path))
-    try:
-        text = path.read_text()
-    except UnicodeDecodeError as e:
-        raise NetlistError(f"not a text file ({e.reason} at byte {e.start})",
-                           str(path)) from e
-    return parse_blif(text, str(path), path.stem)
+    return parse_blif(read_text(path), str(path), path.stem)

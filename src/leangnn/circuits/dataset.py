@@ -54,6 +54,8 @@ __all__ = [
     "circuit_stats",
     "CircuitDataset",
     "DEFAULT_SPLIT",
+    "circuit_graph",
+    "feature_names",
 ]
 
 #: task -> task type
@@ -383,26 +385,57 @@ def load_circuit(name: str | CircuitInfo, task: str = "arrival", *,
                              "use load_suite for several")
         info = infos[0]
     rec = _record(info, num_patterns, seed, cache)
-    types = rec["types"].long()
+    data = circuit_graph(rec["types"], rec["fanin_ptr"], rec["fanin_idx"],
+                         rec["outputs"], rec["level"], level_feature)
+    data.y = _labels(rec, task)
+    data.name = info.name
+    data.digest = rec["digest"]
+    return data
+
+
+def feature_names(level_feature: bool = False) -> list[str]:
+    """The node-feature layout of :func:`circuit_graph`, one name per column
+    of ``x``."""
+    names = [f"type={t}" for t in GATE_TYPES]
+    names += ["log1p_fanin", "log1p_fanout", "is_output"]
+    return names + (["level/depth"] if level_feature else [])
+
+
+def circuit_graph(types, fanin_ptr, fanin_idx, outputs, level,
+                  level_feature: bool = False) -> Data:
+    """A netlist's structure as an unlabelled PyG graph: the one feature
+    builder of training, ``predict`` and ``evaluate``.
+
+    Args:
+        types: ``[N]`` gate-type ids (:data:`GATE_TYPES`).
+        fanin_ptr, fanin_idx: CSR of each node's fanins (``[N + 1]``, ``[E]``).
+        outputs: ids of primary and pseudo outputs.
+        level: ``[N]`` logic levels.
+        level_feature (bool, optional): append level / depth to ``x``.
+            (default: ``False``)
+
+    Returns:
+        :class:`~torch_geometric.data.Data` with ``x [N, F]`` (columns named by
+        :func:`feature_names`), ``edge_index [2, E]`` (fanin -> gate),
+        ``level [N]`` and ``is_output [N]``.
+    """
+    as_long = lambda a: torch.as_tensor(np.asarray(a), dtype=torch.long)  # noqa: E731
+    types, ptr, idx = as_long(types), as_long(fanin_ptr), as_long(fanin_idx)
+    level = as_long(level)
     n = types.numel()
-    ptr, idx = rec["fanin_ptr"], rec["fanin_idx"]
     fanin = ptr.diff()
     dst = torch.repeat_interleave(torch.arange(n), fanin)
     fanout = torch.bincount(idx, minlength=n)
     is_output = torch.zeros(n, dtype=torch.bool)
-    is_output[rec["outputs"]] = True
+    is_output[as_long(outputs)] = True
     cols = [torch.nn.functional.one_hot(types, len(GATE_TYPES)).float(),
             torch.log1p(fanin.float())[:, None], torch.log1p(fanout.float())[:, None],
             is_output.float()[:, None]]
-    level = rec["level"]
     if level_feature:
         cols.append((level.float() / max(int(level.max()), 1))[:, None])
-    data = Data(x=torch.cat(cols, 1), edge_index=torch.stack([idx, dst]),
-                y=_labels(rec, task), num_nodes=n)
-    data.name = info.name
+    data = Data(x=torch.cat(cols, 1), edge_index=torch.stack([idx, dst]), num_nodes=n)
     data.level = level
     data.is_output = is_output
-    data.digest = rec["digest"]
     return data
 
 

@@ -17,6 +17,7 @@ peer also fails on its own, after the process group's timeout.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -182,8 +183,12 @@ def _spawn_entry(index: int, fn, nproc: int, store: str, backend: str,
         result = fn(ctx, *args)
         # Files, not a queue: a large result never blocks a rank on a pipe.
         torch.save(result, Path(out_dir) / f"rank{index}.pt")
-    except BaseException:
-        # A short traceback for the parent's error; torch prints it too.
+    except BaseException as e:
+        # When did it fail and why: the parent names the first failure, not a
+        # peer's later "connection closed" (torch reports whichever it sees).
+        first = (str(e).strip().splitlines() or [""])[0][:300]
+        (Path(out_dir) / f"rank{index}.err").write_text(json.dumps(
+            {"time": time.time(), "error": f"{type(e).__name__}: {first}"}))
         sys.stderr.write(f"[rank {index}] " + traceback.format_exc())
         raise
     finally:
@@ -230,21 +235,41 @@ def spawn(fn: Callable[..., Any], nproc: int, args: tuple = (), backend: str = "
                 if join_timeout is not None and time.monotonic() - start > join_timeout:
                     raise DistributedError(f"distributed job timed out after "
                                            f"{join_timeout:g} s; stopped all ranks")
-        except mp.ProcessExitedException as e:
-            raise DistributedError(
-                f"rank {e.error_index} of {nproc} {_describe(e.exit_code)}; stopped "
-                "the other ranks") from None
-        except mp.ProcessRaisedException as e:
-            last = str(e).strip().splitlines()[-1] if str(e).strip() else ""
-            raise DistributedError(f"rank {e.error_index} of {nproc} raised: {last}; "
-                                   "stopped the other ranks") from e
+        except (mp.ProcessExitedException, mp.ProcessRaisedException):
+            _terminate(ctx.processes)
+            raise _first_failure(ctx.processes, Path(tmp), nproc) from None
         finally:
-            for p in ctx.processes:
-                if p.is_alive():
-                    p.terminate()
-            for p in ctx.processes:
-                p.join(5)
-                if p.is_alive():
-                    p.kill()
+            _terminate(ctx.processes)
         return [torch.load(Path(tmp) / f"rank{r}.pt", weights_only=False)
                 for r in range(nproc)]
+
+
+def _terminate(procs) -> None:
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    for p in procs:
+        p.join(5)
+        if p.is_alive():
+            p.kill()
+            p.join()
+
+
+def _first_failure(procs, folder: Path, nproc: int) -> DistributedError:
+    """The failure that started it: a rank that died without raising (killed,
+    ``os._exit``), else the earliest exception; the watchdog's own SIGTERMs
+    are consequences."""
+    errors = {}
+    for r in range(nproc):
+        f = folder / f"rank{r}.err"
+        if f.is_file():
+            errors[r] = json.loads(f.read_text())
+    for r, p in enumerate(procs):
+        if p.exitcode not in (None, 0, -signal.SIGTERM) and r not in errors:
+            return DistributedError(f"rank {r} of {nproc} {_describe(p.exitcode)}; "
+                                    "stopped the other ranks")
+    if errors:
+        r = min(errors, key=lambda k: errors[k]["time"])
+        return DistributedError(f"rank {r} of {nproc} raised: {errors[r]['error']}; "
+                                "stopped the other ranks")
+    return DistributedError(f"a rank of {nproc} failed; stopped the other ranks")

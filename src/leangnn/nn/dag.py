@@ -42,6 +42,17 @@ _NUM_GATE_TYPES = 12  # len(leangnn.circuits.GATE_TYPES), without importing circ
 _GAIN = 10.0
 
 
+def _quantile_offsets(f: Tensor, q: Tensor) -> Tensor:
+    """``(f - quantile_q(f)) / spread`` per column and quantile, where the spread
+    is the range between the outer quantiles: scale-free, so a class boundary
+    at a quantile is at 0 with O(1) slopes whatever the circuit's spread. The
+    floor keeps a degenerate spread (most nodes on one level, e.g. a decoder)
+    from turning offsets of [0, 1] features into thousands."""
+    qs = torch.quantile(f, q, dim=0)  # [Q, F]
+    spread = (qs[-1] - qs[0]).clamp_min(0.05) if q.numel() > 1 else 1.0
+    return torch.cat([(f - v) / spread for v in qs], 1)
+
+
 def _segment_sum(v: Tensor, loc: Tensor, size: int) -> Tensor:
     return v.new_zeros((size,) + v.shape[1:]).index_add_(0, loc, v)
 
@@ -378,6 +389,10 @@ class DAGNN(torch.nn.Module):
         d = self.delay_type(onehot) + deg @ self.delay_deg
         if self.delay_mlp is not None:
             d = d + self.delay_mlp(h)
+        # Non-negative delays keep every channel within [0, its graph maximum],
+        # so the normalised features stay in [0, 1] whatever the training does
+        # to the delay weights (a negative delay could make the maximum tiny).
+        d = d.clamp_min(0.0)
         has_fanin = (plan.in_degree > 0).to(d.dtype)[:, None]
         arrival = max_plus(d * has_fanin, plan.forward)
         to_sink = max_plus(d, plan.reverse) if self.reverse else None
@@ -401,15 +416,13 @@ class DAGNN(torch.nn.Module):
             return f
         q = torch.tensor(self.quantiles, dtype=f.dtype, device=f.device)
         if batch is None:
-            offs = [f - qs for qs in torch.quantile(f, q, dim=0)]
-        else:
-            offs = [torch.empty_like(f) for _ in self.quantiles]
-            for b in torch.unique(batch).tolist():
-                sel = (batch == b).nonzero().view(-1)
-                fb = f.index_select(0, sel)
-                for o, qs in zip(offs, torch.quantile(fb, q, dim=0)):
-                    o.index_copy_(0, sel, fb - qs)
-        return torch.cat([f] + offs, 1)
+            return torch.cat([f, _quantile_offsets(f, q)], 1)
+        offs = torch.empty(f.size(0), f.size(1) * q.numel(), dtype=f.dtype,
+                           device=f.device)
+        for b in torch.unique(batch).tolist():
+            sel = (batch == b).nonzero().view(-1)
+            offs.index_copy_(0, sel, _quantile_offsets(f.index_select(0, sel), q))
+        return torch.cat([f, offs], 1)
 
     def _params(self, d: str) -> list[Tensor]:
         empty = self.w_p.new_zeros(0)

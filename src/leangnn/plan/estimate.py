@@ -337,7 +337,10 @@ def _offload(cfg, splits, big: Data, device: torch.device, knobs: dict,
     # The engine charges parameters, gradients and moments (resident) plus
     # cache and workspace; the parameters are loaded before a run's meter.
     device_step = max(0, counters.peak_device_bytes - params)
-    host = max(0, counters.peak_host_bytes - x_bytes)  # the features are loaded
+    # The features are loaded before the run; on a CPU "device" the host
+    # figure holds the cache pool too, which the device figure already has.
+    pool = eng.cache.nbytes if device.type == "cpu" else 0
+    host = max(0, counters.peak_host_bytes - x_bytes - pool)
     knobs["chunks"] = eng.num_chunks
     # The compute of an offloaded epoch is that of full-batch training plus
     # the recomputation and the per-job work; time is fitted on both.

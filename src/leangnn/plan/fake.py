@@ -13,16 +13,19 @@ PyTorch's ``torch.distributed._tools.MemTracker`` under ``FakeTensorMode``.
 Fake tensors have no values, so an op whose output *shape* depends on values
 (``nonzero``, boolean masks: PyG's ``add_remaining_self_loops`` in
 ``GCNConv``/``GATConv``, a masked loss) cannot run on them. Graph structure is
-cheap, though: the tracker keeps the real value of every tensor derived from
-the graph's index tensors alone (edge indices, masks, degrees, RNG seeds) and
-runs those ops for real beside the fake ones, up to ``concrete_limit``
-elements per tensor, so data-dependent shapes come out exact. Feature-sized
-tensors stay fake.
+cheap, though: the graph's tensors stay real, and so does every integer,
+boolean or one-element tensor computed from real tensors alone (edge indices
+with self loops, masks, counts, RNG seeds; up to ``concrete_limit`` elements),
+so data-dependent shapes of the graph come out exact. Feature-sized
+floating-point tensors are fake; an op whose shape depends on *their* values
+raises :class:`UnsupportedOpError` (the estimator then falls back to an
+analytic bound and says so).
 """
 
 from __future__ import annotations
 
 import copy
+import warnings
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -37,13 +40,12 @@ from torch._subclasses.fake_tensor import (
     FakeTensorMode,
 )
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
-from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
-from torch.utils.weak import WeakIdKeyDictionary
 from torch_geometric.data import Data
 
 __all__ = ["FakeTracker", "StepTrace", "UnsupportedOpError", "fake_model",
-           "fake_data", "trace_step"]
+           "trace_step"]
 
 aten = torch.ops.aten
 _DATA_DEPENDENT = (DynamicOutputShapeException, DataDependentOutputException)
@@ -61,11 +63,18 @@ class FakeTracker(TorchDispatchMode):
     """Live bytes, per-phase peaks and work of the ops run inside it.
 
     Enter it inside ``fake_mode`` (``with fake_mode, FakeTracker(fake_mode):``).
+    Tensors whose values are known stay *real*: the graph's tensors, and every
+    integer, boolean or one-element output of an op whose inputs are all
+    real (up to ``concrete_limit`` elements); the fake mode accepts them
+    beside fake ones. So data-dependent shapes of the graph are exact, and a
+    module-level cache filled during a dry run (e.g. a constant ``arange``)
+    holds a real tensor, not a fake one that would poison later real runs.
 
     Args:
-        fake_mode (FakeTensorMode): the mode the tensors are fake in.
-        concrete_limit (int, optional): largest tensor (elements) whose real
-            value is kept beside the fake one. (default: ``1 << 24``)
+        fake_mode (FakeTensorMode): the mode the tensors are fake in (built
+            with ``allow_non_fake_inputs=True``).
+        concrete_limit (int, optional): largest tensor (elements) computed
+            for real. (default: ``1 << 24``)
         round_to (int, optional): allocation granularity in bytes (512 for the
             CUDA caching allocator). (default: ``1``)
 
@@ -85,22 +94,6 @@ class FakeTracker(TorchDispatchMode):
         self.phases: dict[str, dict[str, int]] = {}
         self._phase: str | None = None
         self._refs: dict[int, list[int]] = {}
-        self._real = WeakIdKeyDictionary()
-
-    # -------------------------------------------------------------- values
-    def concrete(self, fake: Tensor, real: Tensor) -> Tensor:
-        """Remember ``real`` as the value of ``fake`` (returns ``fake``)."""
-        if real.numel() <= self.limit:
-            self._real[fake] = real
-        return fake
-
-    def value(self, t):
-        """The real value of ``t`` (``None`` when it has none)."""
-        if not isinstance(t, Tensor):
-            return t
-        if not isinstance(t, FakeTensor):
-            return t  # a real tensor (e.g. ``torch.tensor(0.0)``) is its value
-        return self._real.get(t)
 
     # -------------------------------------------------------------- phases
     def phase(self, name: str) -> None:
@@ -120,26 +113,25 @@ class FakeTracker(TorchDispatchMode):
     # ------------------------------------------------------------ dispatch
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        flat = tree_flatten((args, kwargs))[0]
-        tensors = [t for t in flat if isinstance(t, Tensor)]
-        reals = [self.value(t) for t in tensors]
-        known = all(r is not None for r in reals)
+        tensors = [t for t in tree_flatten((args, kwargs))[0]
+                   if isinstance(t, Tensor)]
+        known = not any(isinstance(t, FakeTensor) for t in tensors)
         if func is aten._local_scalar_dense.default:
-            return self._scalar(tensors[0], reals[0])
+            return self._scalar(tensors[0])
         try:
             out = func(*args, **kwargs)
         except _DATA_DEPENDENT:
             out = self._data_dependent(func, args, kwargs, known)
-            real_out = None
         else:
-            real_out = self._run_real(func, args, kwargs) if known else None
-        self._note(func, args, kwargs, tensors, out, real_out)
+            if known and _wants_value(out, self.limit):
+                out = self._real(func, args, kwargs)
+        self._note(func, args, kwargs, tensors, out)
         return out
 
-    def _scalar(self, t: Tensor, real: Tensor | None):
-        if real is not None:
+    def _scalar(self, t: Tensor):
+        if not isinstance(t, FakeTensor):
             with _disable_current_modes():
-                return real.item()
+                return t.item()
         if t.dtype.is_floating_point or t.dtype.is_complex:
             # A logged loss value (``float(loss)``): any number will do.
             return 0.0
@@ -147,56 +139,42 @@ class FakeTracker(TorchDispatchMode):
             "the model reads an integer value computed from features "
             "(.item()/int() of a feature-dependent tensor); a dry run cannot")
 
-    def _run_real(self, func, args, kwargs):
-        if sum(t.numel() for t in tree_flatten((args, kwargs))[0]
-               if isinstance(t, Tensor)) > 4 * self.limit:
-            return None
-        cargs, ckwargs = tree_map(self.value, (args, kwargs))
+    @staticmethod
+    def _real(func, args, kwargs):
         with _disable_current_modes():
-            return func(*cargs, **ckwargs)
+            return func(*args, **kwargs)
 
     def _data_dependent(self, func, args, kwargs, known: bool):
         if known:
-            real = self._run_real(func, args, kwargs)
-            if real is not None:
-                return tree_map(self._to_fake, real)
+            return self._real(func, args, kwargs)
         # A boolean mask index (``out[mask]``) with a known mask: the same
         # op with the mask's integer indices has a static shape.
         if func in (aten.index.Tensor, aten.index_put.default,
                     aten.index_put_.default):
             idx = list(args[1])
-            for i, m in enumerate(idx):
-                real = self.value(m) if isinstance(m, Tensor) else None
-                if m is not None and m.dtype == torch.bool and real is not None:
-                    with _disable_current_modes():
-                        (pos,) = real.reshape(-1).nonzero(as_tuple=True)
-                    if real.dim() != 1:
-                        break
-                    idx[i] = self._to_fake(pos)
-            else:
+            masks = [i for i, m in enumerate(idx) if isinstance(m, Tensor)
+                     and m.dtype == torch.bool]
+            if masks and all(not isinstance(idx[i], FakeTensor) and idx[i].dim() == 1
+                             for i in masks):
+                with _disable_current_modes():
+                    for i in masks:
+                        idx[i] = idx[i].nonzero(as_tuple=True)[0]
                 return func(args[0], idx, *args[2:], **kwargs)
         raise UnsupportedOpError(
             f"{func} has a value-dependent output shape on tensors computed from "
             "features; a dry run cannot run it")
 
-    def _to_fake(self, real):
-        if not isinstance(real, Tensor):
-            return real
-        with _disable_current_modes():
-            fake = self.fake_mode.from_tensor(real)
-        return self.concrete(fake, real)
-
-    def _note(self, func, args, kwargs, tensors, out, real_out) -> None:
+    def _note(self, func, args, kwargs, tensors, out) -> None:
         self.ops += 1
-        outs = [t for t in tree_flatten(out)[0] if isinstance(t, Tensor)]
-        reals = ([t for t in tree_flatten(real_out)[0] if isinstance(t, Tensor)]
-                 if real_out is not None else [None] * len(outs))
         inputs = {_key(t) for t in tensors}
-        for t, r in zip(outs, reals):
-            if r is not None:
-                self.concrete(t, r)
-            elif t in self._real and _writes(func):
-                del self._real[t]  # mutated by a fake op: the value is stale
+        # The fake mode computes on a memoised fake twin of each real input;
+        # a view of that twin allocates nothing either.
+        with _disable_current_modes():
+            inputs |= {_key(self.fake_mode.from_tensor(t)) for t in tensors
+                       if not isinstance(t, FakeTensor)}
+        for t in tree_flatten(out)[0]:
+            if not isinstance(t, Tensor):
+                continue
             key = _key(t)
             if key in inputs and key not in self._refs:
                 continue  # a view of (or in-place op on) an untracked tensor
@@ -233,10 +211,13 @@ class FakeTracker(TorchDispatchMode):
             self.live -= ent[1]
 
 
-def _writes(func) -> bool:
-    schema = getattr(func, "_schema", None)
-    return schema is not None and any(
-        a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
+def _wants_value(out, limit: int) -> bool:
+    # Values decide shapes only through integers and booleans (indices,
+    # masks, counts) and scalars (``.item()``); feature-sized floats such
+    # as GCN's edge norms stay fake, which saves computing them.
+    ts = [t for t in tree_flatten(out)[0] if isinstance(t, Tensor)]
+    return bool(ts) and all((not t.dtype.is_floating_point or t.numel() <= 1)
+                            and t.numel() <= limit for t in ts)
 
 
 # ------------------------------------------------------------------ a step
@@ -267,22 +248,6 @@ def fake_model(model: torch.nn.Module, fake_mode: FakeTensorMode) -> torch.nn.Mo
     """A copy of ``model`` whose parameters and buffers are fake tensors."""
     with torch.random.fork_rng(devices=[]), FakeCopyMode(fake_mode):
         return copy.deepcopy(model)
-
-
-def fake_data(data: Data, fake_mode: FakeTensorMode, tracker: FakeTracker,
-              device: torch.device | str | None = None) -> Data:
-    """A shallow copy of ``data`` with fake tensors that keep their real values
-    (up to the tracker's limit) for data-dependent shapes."""
-    out = copy.copy(data)
-    for key, value in data.to_dict().items():
-        if isinstance(value, Tensor):
-            with _disable_current_modes():
-                fake = fake_mode.from_tensor(value)
-            if device is not None and fake.device != torch.device(device):
-                with fake_mode:  # a CUDA run: the graph lives there
-                    fake = fake.to(device)
-            out[key] = tracker.concrete(fake, value)
-    return out
 
 
 def _data_bytes(data: Data) -> int:
@@ -326,17 +291,22 @@ def trace_step(model: torch.nn.Module, data: Data, loss_fn: Callable,
     tracker = FakeTracker(fake_mode, limit, round_to)
     params = sum(t.untyped_storage().nbytes() for t in
                  {_key(t): t for t in [*model.parameters(), *model.buffers()]}.values())
-    with torch.random.fork_rng(devices=[]):
+    with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+        # Layout bookkeeping (e.g. flat parameters) may read a fake tensor's
+        # data pointer, which is 0 and harmless here.
+        warnings.filterwarnings("ignore", message="Accessing the data pointer")
         fmodel = fake_model(model, fake_mode)
         fmodel.train()
-        fdata = fake_data(data, fake_mode, tracker, dev)
+        if next(fmodel.parameters()).device != dev:
+            with fake_mode:
+                fmodel.to(dev)
         foreach = True if dev.type == "cuda" else None
         with fake_mode, tracker:
             tracker.phase("forward")
             opt = torch.optim.Adam(fmodel.parameters(), lr=lr,
                                    weight_decay=weight_decay, foreach=foreach)
             opt.zero_grad(set_to_none=True)
-            step(fmodel, fdata, _marking(loss_fn, tracker))
+            step(fmodel, data, _marking(loss_fn, tracker))
             tracker.phase("optimizer")
             if clip_norm:
                 torch.nn.utils.clip_grad_norm_(fmodel.parameters(), clip_norm,

@@ -408,11 +408,14 @@ def _offload_model(model, data, loss_fn, device, budget, cal, knobs) -> Estimate
     opts = OffloadOptions(budget, min(OFFLOAD_PARTS[0], int(data.num_nodes)),
                           device=device, virtual=True)
     with torch.random.fork_rng(devices=[]):
-        counters = OffloadEngine(model, data, options=opts).simulate(train=True)
+        eng = OffloadEngine(model, data, options=opts)
+        counters = eng.simulate(train=True)
     full = estimate_model(model, data, loss_fn, device)
     params = full.model_bytes
     work = {**full.work, "jobs": counters.jobs}
-    host = max(0, counters.peak_host_bytes - data.x.untyped_storage().nbytes())
+    pool = eng.cache.nbytes if device.type == "cpu" else 0  # counted on both sides
+    host = max(0, counters.peak_host_bytes - data.x.untyped_storage().nbytes()
+               - pool)
     dev_step = max(0, counters.peak_device_bytes - params)
     cpu = device.type == "cpu"
     est = Estimate("offload", dict(knobs), str(device),

@@ -148,6 +148,7 @@ class DPRStrategy(Strategy):
     """
 
     name = "prune"
+    trains_at_fit_end = True  # the anchor decoder
 
     def __init__(self, config: DPRConfig | None = None,
                  device: torch.device | str = "cpu", **overrides):
