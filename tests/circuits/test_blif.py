@@ -302,7 +302,7 @@ def test_read_blif_files(tmp_path):
         read_blif(tmp_path / "missing.blif")
     p = tmp_path / "bin.blif"
     p.write_bytes(b"\xff\xfe\x00")
-    with pytest.raises(NetlistError, match="not a text file"):
+    with pytest.raises(NetlistError, match="not a UTF-8 text file"):
         read_blif(p)
     p = tmp_path / "inv.blif"
     p.write_text(".inputs a\n.outputs y\n.names a y\n0 1\n")

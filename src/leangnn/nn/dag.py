@@ -243,6 +243,10 @@ class DAGNN(torch.nn.Module):
             :data:`~leangnn.circuits.GATE_TYPES`, then learned) or ``"and"``.
             (default: ``"cop"`` when ``gate_types`` has 12 columns, else
             ``"and"``)
+        learn_products (bool, optional): train the product channels' per-type
+            scalars; ``False`` keeps them at ``product_init`` (with
+            ``"cop"``: exact COP probabilities as a fixed channel).
+            (default: ``True``)
 
     Shapes:
         **input:** ``x [N, in_channels]``, ``edge_index [2, E]`` (fanin ->
@@ -257,7 +261,7 @@ class DAGNN(torch.nn.Module):
                  typed: bool = True, timing_channels: int = 4,
                  product_channels: int = 4,
                  quantiles: Sequence[float] = (),
-                 product_init: str | None = None):
+                 product_init: str | None = None, learn_products: bool = True):
         super().__init__()
         if aggr not in AGGRS:
             raise ValueError(f"aggr must be one of {AGGRS}, got {aggr!r}")
@@ -310,7 +314,9 @@ class DAGNN(torch.nn.Module):
         self.att = torch.nn.ParameterDict(
             {d: torch.nn.Parameter(torch.empty(2, c)) for d in dirs})
         # product channels: p = a + b * prod(c + e * p_u), per gate type
-        self.prod = torch.nn.Parameter(torch.empty(4, g, kp))
+        self.prod = torch.nn.Parameter(torch.empty(4, g, kp),
+                                       requires_grad=learn_products)
+        self.learn_products = learn_products
         self.w_p = torch.nn.Parameter(torch.empty(kp, 3 * c))
         # delay = type one-hot @ W + fanin * w_fi + fanout * w_fo + b + MLP(h)
         self.delay_type = torch.nn.Linear(g, k)
@@ -339,8 +345,10 @@ class DAGNN(torch.nn.Module):
             # a + b * prod(c + e p), jittered per channel so the channels can
             # specialise. A deep product recursion started far from a useful
             # gate function saturates (vanishing gradients), hence the COP start.
+            # Channel 0 starts exactly at product_init, the others jittered.
             self.prod.copy_(self._product_start()[:, :, None])
-            self.prod.add_(0.05 * torch.randn_like(self.prod)).div_(_GAIN)
+            self.prod[:, :, 1:].add_(0.05 * torch.randn_like(self.prod[:, :, 1:]))
+            self.prod.div_(_GAIN)
             # unit delay per gate: timing channels start as logic levels
             self.delay_type.weight.zero_()
             self.delay_type.bias.fill_(1.0)
