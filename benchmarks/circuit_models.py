@@ -148,7 +148,10 @@ def aggregate(runs: list[dict]) -> list[dict]:
         agg = {"task": key[0], "split": key[1], "seeds": [r["seed"] for r in rs],
                "test": {k: _mean_std([r["test"][k] for r in rs])
                         for k in rs[0]["test"]},
-               "per_circuit": {}}
+               "per_circuit": {}, "options": rs[0]["options"],
+               "training": {k: rs[0][k] for k in ("hidden_channels", "num_layers",
+                                                   "lr", "epochs")},
+               "epochs_run": [r["epochs_run"] for r in rs]}
         for c in rs[0]["per_circuit"]:
             agg["per_circuit"][c] = {k: _mean_std([r["per_circuit"][c][k] for r in rs])
                                      for k in rs[0]["per_circuit"][c]}
@@ -245,20 +248,26 @@ def markdown(result: dict) -> str:
         "",
         "DAGNN (`leangnn.nn.dag`, propagation in topological order with max-plus "
         "timing and COP-style product channels) trained through the Trainer "
-        f"(`--strategy full`), hidden {hp['hidden']}, MLP layers {hp['layers']}, "
-        f"lr {hp['lr']}, up to {hp['epochs']} epochs (patience {hp['patience']}), "
-        f"seeds {hp['seeds']}; mean ± std over seeds; test circuits never seen "
-        f"in training. `{result['command']}`.",
+        f"(`--strategy full`, Adam, early stopping on validation loss with "
+        f"patience {hp['patience']}), seeds {hp['seeds']}; mean ± std over seeds; "
+        "test circuits never seen in training; one CPU thread. "
+        f"`{result['command']}`.",
         "",
-        "| task | split | pooled test | target |",
-        "|---|---|---|---|",
+        "| task | split | pooled test | target | DAGNN options | training | "
+        "s/epoch |",
+        "|---|---|---|---|---|---|---:|",
     ]
     for a in result.get("quality", []):
         t = a["test"]
         keys = ["accuracy"] if a["task"] == "critical" else ["pearson", "r2", "mae"]
+        opts = ", ".join(f"{k}={v}" for k, v in a["options"].items())
+        tr = a["training"]
         lines.append(f"| {a['task']} | {a['split']} | "
                      + ", ".join(f"{k} {_pm(t[k])}" for k in keys if k in t)
-                     + f" | {TARGETS[a['task']]} |")
+                     + f" | {TARGETS[a['task']]} | {opts} | hidden "
+                     f"{tr['hidden_channels']}, layers {tr['num_layers']}, lr "
+                     f"{tr['lr']}, epochs {tr['epochs']} (ran {a['epochs_run']}) | "
+                     f"{a['epoch_seconds_median']:.1f} |")
     for a in result.get("quality", []):
         lines += ["", f"**{a['task']}, {a['split']} split, per test circuit**", ""]
         cols = list(next(iter(a["per_circuit"].values())))
@@ -318,6 +327,7 @@ def main(argv=None) -> dict:
     md_path = markdown_path("circuit_models", args.quick)
     if args.render:
         result = json.loads(Path(args.out).read_text())
+        result["quality"] = aggregate(result.get("runs", []))
         write_section("circuit_models", markdown(result), md_path)
         return result
     torch.set_num_threads(args.threads)
@@ -339,6 +349,8 @@ def main(argv=None) -> dict:
                     log(f"{task} {split} seed {seed}: {r['test']} "
                         f"({r['epochs_run']} epochs, {r['wall_seconds']:.0f} s)")
                     runs.append(r)
+    done = {(r["task"], r["split"]) for r in runs}
+    kept = [r for r in prev.get("runs", []) if (r["task"], r["split"]) not in done]
     cmd = "python benchmarks/circuit_models.py " + shlex.join(
         sys.argv[1:] if argv is None else argv)
     result = {
@@ -351,8 +363,9 @@ def main(argv=None) -> dict:
                                              for k, v in TASK_OPTIONS.items()},
                             "task_training": TASK_TRAIN},
         "dag_registered_by_library": registered,
-        "quality": aggregate(runs) if runs else prev.get("quality", []),
-        "runs": runs or prev.get("runs", []),
+        # a rerun of some tasks / splits keeps the others' earlier results
+        "quality": aggregate(kept + runs),
+        "runs": kept + runs,
         "deep": bench_deep(args, log) if "deep" in args.parts
         else prev.get("deep", []),
     }

@@ -54,7 +54,8 @@ _TRAIN_FLAGS = {  # flag -> config field
     "groups": "num_groups", "sparsity": "sparsity",
     "flat_parameters": "flat_parameters", "budget_ratio": "budget_ratio",
     "anchors": "num_anchors", "device_budget": "device_budget", "parts": "num_parts",
-    "cache": "cache", "offload_mode": "offload_mode",
+    "cache": "cache", "offload_mode": "offload_mode", "dist_mode": "dist_mode",
+    "dist_timeout": "dist_timeout",
 }
 
 
@@ -116,6 +117,15 @@ def _train(args) -> int:
     from .data import check_datasets
     from .plan.fits import check_fits
 
+    if args.nproc is not None:
+        if args.nproc < 1:
+            raise ValueError(f"--nproc: expected a positive number of processes, "
+                             f"got {args.nproc}")
+        if "RANK" not in os.environ:  # the launcher itself, not one of its ranks
+            from .distributed.launch import relaunch_cli
+
+            return relaunch_cli(args.argv, args.nproc)
+
     given = {field: getattr(args, flag) for flag, field in _TRAIN_FLAGS.items()
              if getattr(args, flag) is not None}
     if args.resume and args.force:
@@ -134,7 +144,8 @@ def _train(args) -> int:
 
     trainer = Trainer(cfg, progress=not args.quiet)
     summary = trainer.fit(resume=args.resume, force=args.force)
-    print(f"leangnn train: {Trainer.summary_line(summary)}")
+    if trainer.strategy.is_main:  # one line per job, not one per rank
+        print(f"leangnn train: {Trainer.summary_line(summary)}")
     return 0
 
 
@@ -292,6 +303,14 @@ def build_parser() -> argparse.ArgumentParser:
     a("--offload-mode", choices=option_choices("offload_mode"),
       help="offload: exact engine or the subgraph-recompute baseline "
       f"{_default('offload_mode')}")
+    a("--dist-mode", choices=option_choices("dist_mode"),
+      help=f"distributed: graph parallel (one big graph split over the ranks), "
+      f"data parallel (graphs split over the ranks) or auto {_default('dist_mode')}")
+    a("--dist-timeout", type=float, help="distributed: seconds a rank waits for a "
+      f"dead or stuck peer before the job fails {_default('dist_timeout')}")
+    a("--nproc", type=int, help="run --strategy distributed on this many local "
+      "processes (or launch with torchrun --nproc-per-node P -m leangnn train "
+      "--strategy distributed ...)")
     a("--quiet", action="store_true", help="no progress bars")
     t.set_defaults(func=_train)
 
@@ -328,7 +347,10 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     keeps its traceback."""
     import torch
 
-    return (ValueError, OSError, MemoryError, torch.OutOfMemoryError)
+    from .distributed.runtime import DistributedError
+
+    return (ValueError, OSError, MemoryError, torch.OutOfMemoryError,
+            DistributedError)
 
 
 def _one_line(e: BaseException) -> str:
@@ -344,6 +366,7 @@ def main(argv: list[str] | None = None) -> int:
     errors = _user_errors()
     try:
         args = build_parser().parse_args(argv)
+        args.argv = list(sys.argv[1:] if argv is None else argv)
         return args.func(args)
     except KeyboardInterrupt:
         print("leangnn: interrupted", file=sys.stderr)

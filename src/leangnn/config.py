@@ -71,6 +71,10 @@ class TrainConfig:
         budget_ratio, num_anchors: prune (DPR) options.
         device_budget, num_parts, cache, offload_mode: offload options
             (``offload_mode="recompute"`` runs the subgraph-recompute baseline).
+        dist_mode, dist_backend, dist_timeout, dist_batch_size: distributed
+            options (``auto``/``graph``/``data`` parallel; gloo or nccl,
+            default by device; seconds a collective waits for a dead peer;
+            graphs per step in data mode, default the number of ranks).
     """
 
     dataset: str | None = None
@@ -101,6 +105,10 @@ class TrainConfig:
     num_parts: int = 8
     cache: str = "st"
     offload_mode: str = "exact"
+    dist_mode: str = "auto"
+    dist_backend: str | None = None
+    dist_timeout: float = 300.0
+    dist_batch_size: int | None = None
 
     def __post_init__(self):
         self.validate()
@@ -143,6 +151,13 @@ class TrainConfig:
             _bad("weight_decay", self.weight_decay, "a value >= 0")
         if self.clip_norm is not None and self.clip_norm < 0:
             _bad("clip_norm", self.clip_norm, "a norm >= 0 (0 disables clipping)")
+        if not self.dist_timeout > 0:
+            _bad("dist_timeout", self.dist_timeout, "seconds > 0")
+        if self.dist_batch_size is not None and self.dist_batch_size < 1:
+            _bad("dist_batch_size", self.dist_batch_size,
+                 "a positive integer (or omitted)")
+        if self.dist_backend not in (None, "gloo", "nccl"):
+            _bad("dist_backend", self.dist_backend, "gloo or nccl (or omitted)")
         if not 0.0 < self.budget_ratio <= 1.0:
             _bad("budget_ratio", self.budget_ratio, "a ratio in (0, 1]")
         if self.device_budget is not None and \

@@ -54,6 +54,8 @@ class Strategy:
     #: whether :meth:`fit_end` trains state of its own (the trainer then
     #: checkpoints that state once more, for predict/evaluate)
     trains_at_fit_end = False
+    #: whether this process writes the run directory (rank 0 of a job)
+    is_main = True
 
     def __init__(self, device: torch.device | str = "cpu"):
         self.device = torch.device(device)
@@ -75,6 +77,23 @@ class Strategy:
         loss = loss_fn(out, data.to(self.device))
         loss.backward()
         return float(loss.detach())
+
+    def epoch_start(self, epoch: int) -> None:
+        """An epoch's training steps begin (``epoch`` 0-based); default: nothing."""
+
+    def epoch_end(self, epoch: int) -> None:
+        """The epoch's training and optimizer steps ended; default: nothing."""
+
+    def epoch_batches(self, order: list[int]) -> list[list[int]]:
+        """Training-graph indices of each optimizer step (default: one each)."""
+        return [[i] for i in order]
+
+    def train_batch(self, model: torch.nn.Module, graphs: list[Data],
+                    loss_fn: LossFn) -> float:
+        """Forward, loss and backward of one optimizer step over ``graphs``."""
+        if len(graphs) != 1:
+            raise ValueError(f"{self.name}: one graph per step, got {len(graphs)}")
+        return self.train_step(model, graphs[0], loss_fn)
 
     def fit_end(self, model: torch.nn.Module, train_graphs: list[Data],
                 loss_fn: LossFn) -> None:
@@ -224,3 +243,7 @@ register_strategy("offload", "leangnn.offload:OffloadStrategy", default_model="s
                   choices={"cache": "leangnn.offload.cache:POLICIES",
                            "offload_mode": "leangnn.offload.engine:MODES"},
                   description="exact partitioned training beyond device memory")
+register_strategy("distributed", "leangnn.distributed.strategy:DistributedStrategy",
+                  default_model="res",
+                  choices={"dist_mode": ("auto", "graph", "data")},
+                  description="exact multi-process training on torch.distributed")

@@ -129,7 +129,12 @@ class Trainer:
         self.strategy = build_strategy(config)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=config.lr,
                                           weight_decay=config.weight_decay)
-        self.run = RunDir((config.out or self._default_out()) if record else None)
+        # In a multi-process job only rank 0 writes and shows progress; every
+        # rank still runs the loop, evaluation and summary (they are collective).
+        main = bool(getattr(self.strategy, "is_main", True))
+        self.progress = progress and main
+        self.run = RunDir((config.out or self._default_out())
+                          if record and main else None)
         self.out = self.run.path
 
     def _default_out(self) -> str:
@@ -203,6 +208,7 @@ class Trainer:
         run.write_config(cfg)
 
         self.strategy.setup(self.model, self.splits.train)
+        self.device = self.strategy.device  # a rank measures its own device
         if rng is not None:
             # After setup, as in an uninterrupted run, where setup came before
             # the epochs whose random streams the checkpoint continues.
@@ -264,14 +270,16 @@ class Trainer:
         order = torch.randperm(len(self.splits.train), generator=torch.Generator()
                                .manual_seed(self.cfg.seed * 100003 + epoch)).tolist()
         losses = []
-        for i in order:
+        self.strategy.epoch_start(epoch)
+        for batch in self.strategy.epoch_batches(order):
             self.optimizer.zero_grad(set_to_none=True)
-            losses.append(self.strategy.train_step(self.model, self.splits.train[i],
-                                                   self.loss_fn))
+            losses.append(self.strategy.train_batch(
+                self.model, [self.splits.train[i] for i in batch], self.loss_fn))
             if self.cfg.clip_norm:
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(),
                                                self.cfg.clip_norm)
             self.optimizer.step()
+        self.strategy.epoch_end(epoch)
         return float(np.mean(losses))
 
     def _saved_bytes(self) -> int | None:

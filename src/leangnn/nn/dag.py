@@ -312,7 +312,8 @@ class DAGNN(torch.nn.Module):
         self.b_hh = torch.nn.ParameterDict(
             {d: torch.nn.Parameter(torch.empty(3 * c)) for d in dirs})
         self.att = torch.nn.ParameterDict(
-            {d: torch.nn.Parameter(torch.empty(2, c)) for d in dirs})
+            {d: torch.nn.Parameter(torch.empty(2, c)) for d in dirs}
+            if aggr == "attention" else {})
         # product channels: p = a + b * prod(c + e * p_u), per gate type
         self.prod = torch.nn.Parameter(torch.empty(4, g, kp),
                                        requires_grad=learn_products)
@@ -337,9 +338,9 @@ class DAGNN(torch.nn.Module):
                   self.skip, *([self.delay_mlp] if self.delay_mlp else [])):
             m.reset_parameters()
         bound = 1.0 / c ** 0.5
-        for d in self.w_m:
-            for p in (self.w_m[d], self.w_hh[d], self.b_hh[d], self.att[d]):
-                torch.nn.init.uniform_(p, -bound, bound)
+        for p in (*self.w_m.values(), *self.w_hh.values(), *self.b_hh.values(),
+                  *self.att.values()):
+            torch.nn.init.uniform_(p, -bound, bound)
         torch.nn.init.uniform_(self.w_p, -bound, bound)
         with torch.no_grad():
             # a + b * prod(c + e p), jittered per channel so the channels can
@@ -435,7 +436,8 @@ class DAGNN(torch.nn.Module):
     def _params(self, d: str) -> list[Tensor]:
         empty = self.w_p.new_zeros(0)
         prod = list(self.prod * _GAIN) if d == "fwd" and self.kp else [empty] * 4
-        return [self.w_m[d], self.w_hh[d], self.b_hh[d], self.att[d],
+        return [self.w_m[d], self.w_hh[d], self.b_hh[d],
+                self.att[d] if d in self.att else empty,
                 self.w_p if d == "fwd" and self.kp else empty, *prod]
 
     def forward(self, x: Tensor, edge_index: Tensor, level: Tensor | None = None,

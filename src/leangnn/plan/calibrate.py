@@ -117,6 +117,9 @@ class Calibration:
             written and FLOP.
         offload_scale, per_job (float): offload epoch ``= offload_scale x``
             the full-batch time of its work ``+ per_job x jobs``.
+        offload_bytes_scale (float): measured over estimated bytes of offload
+            runs, whose estimate is the engine's budget accounting (an upper
+            bound by design: safety margins on every job's workspace).
         calibrated (bool): measured here (``False``: defaults).
         error (dict): median and worst relative error of the fit.
         samples (list): the measurements fitted.
@@ -132,6 +135,7 @@ class Calibration:
     per_flop: float = 2e-10
     offload_scale: float = 2.0
     per_job: float = 2e-3
+    offload_bytes_scale: float = 1.0
     calibrated: bool = False
     measured_at: str = ""
     error: dict[str, float] = field(default_factory=dict)
@@ -160,7 +164,11 @@ class Calibration:
 
     def apply(self, est) -> None:
         """Fill ``est``'s allocator overhead and epoch time in place."""
-        est.overhead_bytes = self.overhead(est.step_bytes)
+        if est.method == "offload-accounting":
+            est.overhead_bytes = round((self.offload_bytes_scale - 1.0)
+                                       * est.step_bytes)
+        else:
+            est.overhead_bytes = self.overhead(est.step_bytes)
         est.epoch_seconds = self.seconds(est.work)
         if not self.calibrated:
             hint = (f"uncalibrated ({self.kind}): run python -m "
@@ -216,14 +224,22 @@ def fit_calibration(samples: list[dict[str, Any]], device="cpu") -> Calibration:
     cal = Calibration.default(device)
     cal.calibrated, cal.samples = True, samples
     cal.measured_at = time.strftime("%Y-%m-%d %H:%M:%S")
-    x = np.array([s["tensor_bytes"] for s in samples], dtype=float)
-    y = np.array([s["run_bytes"] for s in samples], dtype=float)
-    if len(samples) >= 2:
+    plain = [s for s in samples if "jobs" not in s.get("work", {})]
+    off = [s for s in samples if "jobs" in s.get("work", {})]
+    x = np.array([s["tensor_bytes"] for s in plain], dtype=float)
+    y = np.array([s["run_bytes"] for s in plain], dtype=float)
+    if len(plain) >= 2:
         cal.scale, cal.const = (float(v) for v in _relative_lstsq(
             np.stack([x, np.ones_like(x)], 1), y, nonneg=False))
-    else:
+    elif plain:
         cal.scale, cal.const = float(y[0] / max(x[0], 1)), 0.0
-    cal.error = _errors(cal.scale * x + cal.const, y)
+    if off:
+        cal.offload_bytes_scale = float(np.median(
+            [s["run_bytes"] / max(s["tensor_bytes"], 1) for s in off]))
+    pred = [cal.scale * s["tensor_bytes"] + cal.const if "jobs" not in s["work"]
+            else cal.offload_bytes_scale * s["tensor_bytes"] for s in samples]
+    cal.error = _errors(np.array(pred), np.array([s["run_bytes"] for s in samples],
+                                                 dtype=float))
     reserved = [s["reserved_bytes"] / s["allocated_bytes"] for s in samples
                 if s.get("reserved_bytes") and s.get("allocated_bytes")]
     if reserved:

@@ -167,14 +167,14 @@ class FakeTracker(TorchDispatchMode):
     def _note(self, func, args, kwargs, tensors, out) -> None:
         self.ops += 1
         inputs = {_key(t) for t in tensors}
-        # The fake mode computes on a memoised fake twin of each real input;
-        # a view of that twin allocates nothing either.
-        with _disable_current_modes():
-            inputs |= {_key(self.fake_mode.from_tensor(t)) for t in tensors
-                       if not isinstance(t, FakeTensor)}
-        for t in tree_flatten(out)[0]:
-            if not isinstance(t, Tensor):
-                continue
+        outs = [t for t in tree_flatten(out)[0] if isinstance(t, Tensor)]
+        if any(isinstance(t, FakeTensor) for t in outs):
+            # The fake mode computes on a memoised fake twin of each real
+            # input; a view of that twin allocates nothing either.
+            with _disable_current_modes():
+                inputs |= {_key(self.fake_mode.from_tensor(t)) for t in tensors
+                           if not isinstance(t, FakeTensor)}
+        for t in outs:
             key = _key(t)
             if key in inputs and key not in self._refs:
                 continue  # a view of (or in-place op on) an untracked tensor

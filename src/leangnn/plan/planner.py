@@ -272,7 +272,8 @@ def candidates(cfg, budget_bytes: int) -> list[tuple[str, dict, str]]:
 
 
 def plan_config(cfg, splits, memory_budget=None, device=None,
-                calibration: Calibration | None = None) -> PlanTable:
+                calibration: Calibration | None = None,
+                strategies: tuple[str, ...] | None = None) -> PlanTable:
     """Plan ``cfg``'s model (its ``model``, ``num_layers``, ``hidden_channels``
     and options; its ``strategy`` is ignored) on ``splits``' training graphs.
 
@@ -283,6 +284,7 @@ def plan_config(cfg, splits, memory_budget=None, device=None,
             device's free memory now.
         device (str, optional): default ``cfg.device``.
         calibration (Calibration, optional): default: this machine's.
+        strategies (tuple of str, optional): only these strategies' rows.
 
     Returns:
         PlanTable: rows marked, the pick ``chosen`` (none when nothing fits;
@@ -294,6 +296,8 @@ def plan_config(cfg, splits, memory_budget=None, device=None,
     cal = calibration or load_calibration(dev)
     rows = []
     for strategy, fields, kind in candidates(cfg, budget):
+        if strategies is not None and strategy not in strategies:
+            continue
         try:
             c = replace(cfg, **fields, device=str(dev))
         except ValueError as e:
@@ -328,7 +332,8 @@ def _is_layerwise(model: torch.nn.Module) -> str | None:
 
 def plan(model: torch.nn.Module, data: Data, memory_budget="4GiB", loss_fn=None,
          device="cpu", lr: float = 1e-3, clip_norm: float | None = 1.0,
-         calibration: Calibration | None = None) -> PlanTable:
+         calibration: Calibration | None = None,
+         strategies: tuple[str, ...] | None = None) -> PlanTable:
     """Plan training ``model`` on ``data`` (any PyG model) under a budget.
 
     Rows: full batch; offload (PyG ``BasicGNN`` models) under the budget; the
@@ -346,6 +351,8 @@ def plan(model: torch.nn.Module, data: Data, memory_budget="4GiB", loss_fn=None,
         device (str, optional): the training device. (default: ``"cpu"``)
         lr, clip_norm: Adam's learning rate and the clipping norm.
         calibration (Calibration, optional): default: this machine's.
+        strategies (tuple of str, optional): only these strategies' rows
+            (``full`` stands for the model's own full-batch training).
 
     Example:
         >>> table = plan(GraphSAGE(64, 128, 3, 8), data, "2GiB")
@@ -359,12 +366,17 @@ def plan(model: torch.nn.Module, data: Data, memory_budget="4GiB", loss_fn=None,
     name = type(model).__name__
     reversible = hasattr(model, "stack") and hasattr(model.stack, "num_groups")
     strategy = "reversible" if reversible else "full"
-    rows = [_row(strategy, estimate_model(model, data, loss_fn, dev, strategy,
-                                          lr=lr, clip_norm=clip_norm,
-                                          calibration=cal, knobs={"model": name}),
-                 cal, "exact", {"strategy": strategy})]
-    why = _is_layerwise(model)
+    wanted = set(strategies or ("full", "reversible", "offload", "prune"))
+    if strategy in wanted or "full" in wanted:
+        rows = [_row(strategy, estimate_model(model, data, loss_fn, dev, strategy,
+                                              lr=lr, clip_norm=clip_norm,
+                                              calibration=cal,
+                                              knobs={"model": name}),
+                     cal, "exact", {"strategy": strategy})]
+    else:
+        rows = []
     knobs = {"model": name, "device_budget": budget, "num_parts": OFFLOAD_PARTS[0]}
+    why = _is_layerwise(model) if "offload" in wanted else "not requested"
     if why is None:
         try:
             rows.append(_row("offload", _offload_model(model, data, loss_fn, dev,
@@ -375,9 +387,9 @@ def plan(model: torch.nn.Module, data: Data, memory_budget="4GiB", loss_fn=None,
         except (ValueError, RuntimeError) as e:
             rows.append(_unavailable("offload", knobs, "not possible: "
                                      + str(e).splitlines()[0]))
-    else:
+    elif "offload" in wanted:
         rows.append(_unavailable("offload", knobs, f"not possible: {why}"))
-    for ratio in CORE_RATIOS:
+    for ratio in CORE_RATIOS if "prune" in wanted else ():
         core, note = _core(data, ratio)
         est = estimate_model(model, core, loss_fn, dev, "prune", lr=lr,
                              clip_norm=clip_norm, calibration=cal,
@@ -451,16 +463,24 @@ def fit(model: torch.nn.Module, data: Data, loss_fn=None, strategy: str = "auto"
         ValueError: nothing fits the budget (one line naming the smallest
             candidate), or ``strategy`` has no available row.
     """
-    table = plan(model, data, memory_budget, loss_fn, device, lr, clip_norm)
+    known = ("auto", "full", "reversible", "offload", "prune")
+    if strategy not in known:
+        raise ValueError(f"strategy: expected one of {known}, got {strategy!r}")
+    table = plan(model, data, memory_budget, loss_fn, device, lr, clip_norm,
+                 strategies=None if strategy == "auto" else (strategy,))
     if strategy == "auto":
         row = choose(table)
     else:
-        row = next((r for r in table.rows if r.strategy == strategy
-                    and r.need_bytes is not None), None)
-        if row is None:
-            raise ValueError(f"strategy: expected auto or one of "
-                             f"{sorted({r.strategy for r in table.rows})} with an "
-                             f"estimate, got {strategy!r}")
+        sized = [r for r in table.rows if r.need_bytes is not None]
+        if not sized:
+            raise ValueError(f"strategy={strategy!r} is not possible for this "
+                             f"model: {table.rows[0].why if table.rows else ''}")
+        row = min(sized, key=lambda r: r.need_bytes)
+        if not row.fits:
+            raise ValueError(
+                f"strategy={strategy!r}: {row.label} needs "
+                f"~{format_bytes(row.need_bytes)}, memory_budget is "
+                f"{format_bytes(table.budget_bytes)}")
     strat = _strategy(row, device)
     loss_fn = loss_fn or default_loss(data)
     model.to(device)

@@ -1,0 +1,367 @@
+"""Planner benchmark: estimated vs measured peak memory over many configurations.
+
+Every configuration (strategy, model, depth, width, graph) is estimated by
+the planner (:func:`leangnn.plan.estimate.estimate_config` with this
+machine's calibration) and trained for real for one epoch in a fresh
+interpreter (:func:`leangnn.plan.measure.measure_fresh`), one after the
+other. *Measured* is the direct measurement of that first training epoch the
+way the Trainer measures it: ``MemoryMeter``'s peak above the loaded state
+(data, model, ``strategy.setup``), i.e. CPU peak RSS (CUDA:
+``max_memory_allocated``), over ``zero_grad`` + ``strategy.train_step`` +
+clipping + Adam per training graph; validation is not run. CPU runs use
+glibc's fixed mmap threshold (``MALLOC_MMAP_THRESHOLD_=65536``), under
+which resident memory follows the live tensors; ``--allocators default``
+measures glibc's default too (reported separately, with its own
+calibration). The calibration is fitted on :data:`CALIBRATION_RUNS` (small
+synthetic graphs), never on the rows reported here.
+
+    python benchmarks/plan.py              # all rows (~1 h on 2 busy cores)
+    python benchmarks/plan.py --quick      # 4 rows, results/quick/
+    python benchmarks/plan.py --device cuda
+
+Writes ``results/plan.json``, ``results/plan_scatter.png`` and the ``plan``
+section of ``benchmarks/README.md``. Measurements already in the JSON for an
+unchanged configuration are reused (``--remeasure`` repeats them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _report import (  # noqa: E402
+    can_plot,
+    figure,
+    markdown_path,
+    results_path,
+    write_json,
+    write_section,
+)
+
+MiB = float(1 << 20)
+
+#: graphs: TrainConfig fields (val/test are tiny: measurements never use them)
+GRAPHS = {
+    "b19": dict(dataset="itc99/b19", val_dataset="iscas85/c17",
+                test_dataset="iscas85/c432"),
+    "multiplier": dict(dataset="epfl/multiplier", val_dataset="iscas85/c17",
+                       test_dataset="iscas85/c432"),
+    "sin": dict(dataset="epfl/sin", val_dataset="iscas85/c17",
+                test_dataset="iscas85/c432"),
+    "default": dict(dataset=None),  # the default split: 10 training circuits
+    "csbm100k": dict(dataset="csbm:100000"),
+    "csbm20k": dict(dataset="csbm:20000"),
+}
+
+
+def _c(graph, strategy, model, layers, hidden, **kw):
+    return {"graph": graph, "strategy": strategy, "model": model,
+            "num_layers": layers, "hidden_channels": hidden, **kw}
+
+
+#: the measured rows: every strategy; gsr/res/sage/gcn/gat; depths 2-256
+CONFIGS = [
+    _c("b19", "full", "sage", 2, 64),
+    _c("b19", "full", "gcn", 3, 32),
+    _c("b19", "full", "gat", 2, 32),
+    _c("b19", "full", "res", 4, 32, conv="sage"),
+    _c("b19", "reversible", "gsr", 16, 32, num_groups=2),
+    _c("b19", "reversible", "gsr", 256, 32, num_groups=2),
+    _c("b19", "prune", "sage", 3, 64, budget_ratio=0.3),
+    _c("b19", "offload", "sage", 2, 32, device_budget="64MiB"),
+    _c("multiplier", "full", "res", 8, 64, conv="sage"),
+    _c("multiplier", "full", "res", 4, 64, conv="gcn"),
+    _c("multiplier", "full", "res", 2, 32, conv="gat"),
+    _c("multiplier", "full", "res", 32, 32, conv="sage"),
+    _c("multiplier", "reversible", "gsr", 64, 64, num_groups=2),
+    _c("multiplier", "reversible", "gsr", 32, 64, num_groups=4, conv="gcn"),
+    _c("multiplier", "reversible", "gsr", 16, 32, num_groups=2, conv="gat"),
+    _c("multiplier", "full", "sage", 3, 64),
+    _c("multiplier", "full", "gcn", 2, 128),
+    _c("multiplier", "full", "gat", 3, 64),
+    _c("multiplier", "prune", "res", 16, 64, conv="sage", budget_ratio=0.3),
+    _c("multiplier", "prune", "sage", 2, 64, budget_ratio=0.5),
+    _c("multiplier", "offload", "sage", 3, 64, device_budget="32MiB"),
+    _c("multiplier", "offload", "gcn", 4, 64, device_budget="24MiB", num_parts=16),
+    _c("csbm100k", "full", "sage", 2, 32),
+    _c("csbm100k", "full", "gcn", 2, 32),
+    _c("csbm100k", "full", "res", 2, 32, conv="sage"),
+    _c("csbm100k", "reversible", "gsr", 4, 32, num_groups=2),
+    _c("csbm100k", "prune", "sage", 2, 32, budget_ratio=0.3),
+    _c("csbm100k", "offload", "sage", 2, 32, device_budget="256MiB"),
+    _c("csbm100k", "full", "gat", 2, 16),
+    _c("default", "full", "res", 128, 32, conv="sage"),
+    _c("default", "reversible", "gsr", 256, 64, num_groups=4),
+    _c("default", "full", "gcn", 2, 64),
+    _c("default", "prune", "sage", 3, 64, budget_ratio=0.3),
+    _c("sin", "full", "res", 64, 32, conv="gcn"),
+    _c("sin", "reversible", "gsr", 128, 32, num_groups=2),
+    _c("sin", "full", "sage", 2, 256),
+]
+
+QUICK = [
+    _c("csbm20k", "full", "res", 4, 32, conv="sage"),
+    _c("csbm20k", "reversible", "gsr", 16, 32, num_groups=2),
+    _c("csbm20k", "prune", "sage", 2, 32, budget_ratio=0.3),
+    _c("sin", "full", "gat", 2, 32),
+]
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def row_id(c: dict) -> str:
+    keys = [k for k in c if k not in ("graph", "strategy", "model")]
+    return f"{c['graph']}/{c['strategy']}/{c['model']}/" + ",".join(
+        f"{k}={c[k]}" for k in keys)
+
+
+def make_config(c: dict, device: str):
+    from leangnn.config import TrainConfig
+
+    fields = {k: v for k, v in c.items() if k != "graph"}
+    return TrainConfig(**GRAPHS[c["graph"]], **fields, epochs=1, device=device)
+
+
+def calibration(device: str, mmap: bool, recalibrate: bool, quick: bool):
+    from leangnn.plan.calibrate import calibrate, load_calibration
+    from leangnn.plan.measure import MMAP_ENV
+
+    for k, v in MMAP_ENV.items():
+        if mmap:
+            os.environ[k] = v  # selects this allocator's calibration kind
+        else:
+            os.environ.pop(k, None)
+    cal = load_calibration(device)
+    if recalibrate or not cal.calibrated:
+        log(f"calibrating {cal.kind} (a few short runs) ...")
+        cal = calibrate(device, quick=quick, mmap=mmap if device == "cpu" else None)
+    return cal
+
+
+def estimate_rows(configs, device: str, cal, splits_cache: dict) -> dict:
+    from leangnn.data import load_graphs
+    from leangnn.plan.estimate import estimate_config
+
+    out = {}
+    for c in configs:
+        cfg = make_config(c, device)
+        if c["graph"] not in splits_cache:
+            splits_cache.clear()  # one graph in memory at a time
+            splits_cache[c["graph"]] = load_graphs(cfg, progress=False)
+        est = estimate_config(cfg, splits_cache[c["graph"]], calibration=cal)
+        out[row_id(c)] = est
+        log(f"estimate {row_id(c)}: {est.run_bytes / MiB:.1f} MiB "
+            f"({est.method}, {est.estimate_seconds:.2f} s)")
+    return out
+
+
+def measure_rows(configs, device: str, mmap: bool, old: dict, remeasure: bool,
+                 timeout: float, save) -> dict:
+    from leangnn.plan.measure import measure_fresh
+
+    out = {}
+    for c in configs:
+        rid = row_id(c)
+        prev = old.get(rid)
+        if prev is not None and prev.get("config") == c and not remeasure:
+            out[rid] = prev
+            continue
+        cfg = make_config(c, device)
+        log(f"measure {rid} ({'mmap' if mmap else 'default'} allocator) ...")
+        try:
+            m = measure_fresh(cfg, epochs=1, mmap=mmap, timeout=timeout)
+            out[rid] = {"id": rid, "config": c, "run_bytes": m["run_bytes"],
+                        "method": m["method"], "epoch_seconds": m["epoch_seconds"][0],
+                        "setup_seconds": m["setup_seconds"],
+                        "reserved_bytes": m.get("reserved_bytes")}
+            log(f"  {m['run_bytes'] / MiB:.1f} MiB, {m['epoch_seconds'][0]:.2f} s")
+        except (RuntimeError, TimeoutError) as e:
+            out[rid] = {"id": rid, "config": c, "error": str(e).splitlines()[-1]}
+            log(f"  failed: {out[rid]['error']}")
+        save(out)
+    return out
+
+
+def compare(configs, ests: dict, meas: dict) -> list[dict]:
+    rows = []
+    for c in configs:
+        rid, est, m = row_id(c), ests[row_id(c)], meas.get(row_id(c), {})
+        r = {"id": rid, "config": c, "estimate": est.to_dict(),
+             "estimated_bytes": est.run_bytes, "tensor_bytes": est.step_bytes,
+             "measured_bytes": m.get("run_bytes"), "error": m.get("error"),
+             "estimate_seconds": est.estimate_seconds,
+             "epoch_seconds": m.get("epoch_seconds"),
+             "estimated_epoch_seconds": est.epoch_seconds}
+        if r["measured_bytes"]:
+            mb = r["measured_bytes"]
+            r["rel_error"] = (est.run_bytes - mb) / mb
+            r["tensor_rel_error"] = (est.step_bytes - mb) / mb
+            r["estimate_share_of_epoch"] = est.estimate_seconds / r["epoch_seconds"]
+        rows.append(r)
+    return rows
+
+
+def summarize(rows: list[dict]) -> dict:
+    ok = [r for r in rows if r.get("rel_error") is not None]
+    if not ok:
+        return {}
+    err = [abs(r["rel_error"]) for r in ok]
+    raw = [abs(r["tensor_rel_error"]) for r in ok]
+    share = [r["estimate_share_of_epoch"] for r in ok]
+    return {"rows": len(ok), "failed": len(rows) - len(ok),
+            "median_abs_error": statistics.median(err), "worst_abs_error": max(err),
+            "median_abs_error_uncalibrated": statistics.median(raw),
+            "worst_abs_error_uncalibrated": max(raw),
+            "median_estimate_share": statistics.median(share),
+            "worst_estimate_share": max(share),
+            "rows_over_10pct_of_epoch": sum(s > 0.1 for s in share),
+            "strategies": sorted({r["config"]["strategy"] for r in ok}),
+            "models": sorted({r["config"]["model"] for r in ok}),
+            "graphs": sorted({r["config"]["graph"] for r in ok}),
+            "depths": [min(r["config"]["num_layers"] for r in ok),
+                       max(r["config"]["num_layers"] for r in ok)]}
+
+
+def markdown(res: dict) -> str:
+    s, cal = res["summary"], res["calibration"]
+    out = ["## Planner: estimated vs measured peak memory", "",
+           f"`python benchmarks/plan.py` on {res['device']} ({cal['kind']}). "
+           "Each row: the planner's estimate (fake-tensor dry run, depth "
+           "extrapolation, offload's own accounting; plus the calibrated "
+           "allocator overhead) against one real training epoch in a fresh "
+           "interpreter: `MemoryMeter`'s peak above the loaded state (CPU peak "
+           "RSS with `MALLOC_MMAP_THRESHOLD_=65536`), the Trainer's loop without "
+           "validation. Calibration: "
+           f"run bytes = {cal['scale']:.3f} x tensor bytes "
+           f"{cal['const'] / MiB:+.1f} MiB, offload x{cal['offload_bytes_scale']:.3f}, "
+           "fitted on separate small synthetic runs.", ""]
+    if s:
+        out += [f"**{s['rows']} configurations** ({', '.join(s['strategies'])}; "
+                f"{', '.join(s['models'])}; depths {s['depths'][0]}-{s['depths'][1]};"
+                f" graphs {', '.join(s['graphs'])}): error median "
+                f"**{s['median_abs_error']:.1%}**, worst "
+                f"**{s['worst_abs_error']:.1%}** "
+                f"(tensor bytes alone: {s['median_abs_error_uncalibrated']:.1%} / "
+                f"{s['worst_abs_error_uncalibrated']:.1%}). The estimate takes "
+                f"{s['median_estimate_share']:.1%} of one real epoch at the median, "
+                f"{s['worst_estimate_share']:.0%} at worst "
+                f"({s['rows_over_10pct_of_epoch']} rows over 10%).", ""]
+    out += ["| configuration | estimated | measured | error | estimate s | epoch s |",
+            "|---|---:|---:|---:|---:|---:|"]
+    for r in res["rows"]:
+        meas = "failed" if r["measured_bytes"] is None else \
+            f"{r['measured_bytes'] / MiB:.1f} MiB"
+        err = "" if r.get("rel_error") is None else f"{r['rel_error']:+.1%}"
+        ep = "" if r["epoch_seconds"] is None else f"{r['epoch_seconds']:.2f}"
+        out.append(f"| {r['id']} | {r['estimated_bytes'] / MiB:.1f} MiB | {meas} | "
+                   f"{err} | {r['estimate_seconds']:.2f} | {ep} |")
+    for name, sec in res.get("allocators", {}).items():
+        ss, sc = sec["summary"], sec["calibration"]
+        if ss:
+            out += ["", f"glibc's {name} allocator (its own calibration, x"
+                    f"{sc['scale']:.2f} {sc['const'] / MiB:+.0f} MiB): "
+                    f"{ss['rows']} rows, error median {ss['median_abs_error']:.1%}"
+                    f", worst {ss['worst_abs_error']:.1%}; resident memory there "
+                    "depends on heap fragmentation, which tensor bytes do not "
+                    "determine."]
+    out += ["", "![estimate vs measurement](../results/plan_scatter.png)"]
+    return "\n".join(out)
+
+
+def plot(res: dict, path: Path) -> None:
+    if not can_plot(path):
+        return
+    rows = [r for r in res["rows"] if r.get("measured_bytes")]
+    with figure(path, 1, 1, figsize=(5.5, 5)) as (fig, ax):
+        for strat, mark in (("full", "o"), ("reversible", "s"), ("prune", "^"),
+                            ("offload", "D")):
+            sel = [r for r in rows if r["config"]["strategy"] == strat]
+            if sel:
+                ax.scatter([r["measured_bytes"] / MiB for r in sel],
+                           [r["estimated_bytes"] / MiB for r in sel], marker=mark,
+                           label=strat, alpha=0.8)
+        lo = min(min(r["measured_bytes"], r["estimated_bytes"]) for r in rows) / MiB
+        hi = max(max(r["measured_bytes"], r["estimated_bytes"]) for r in rows) / MiB
+        xs = [lo * 0.8, hi * 1.2]
+        ax.plot(xs, xs, "k-", lw=0.8, label="exact")
+        ax.fill_between(xs, [x * 0.85 for x in xs], [x * 1.15 for x in xs],
+                        color="grey", alpha=0.15, label="±15%")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("measured peak above loaded state (MiB)")
+        ax.set_ylabel("planner estimate (MiB)")
+        ax.set_title(f"planner on {res['device']}: {len(rows)} configurations")
+        ax.legend(fontsize=8)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="4 small rows")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--only", nargs="*", default=None,
+                    help="row ids (or substrings) to run")
+    ap.add_argument("--allocators", nargs="+", default=["mmap"],
+                    choices=["mmap", "default"],
+                    help="CPU allocator settings to measure (first: the headline)")
+    ap.add_argument("--default-rows", nargs="*", default=None,
+                    help="substrings selecting the rows measured with glibc's "
+                         "default allocator (default: all)")
+    ap.add_argument("--remeasure", action="store_true")
+    ap.add_argument("--recalibrate", action="store_true")
+    ap.add_argument("--timeout", type=float, default=1800)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+
+    configs = QUICK if args.quick else CONFIGS
+    if args.only:
+        configs = [c for c in configs if any(s in row_id(c) for s in args.only)]
+    out = Path(args.out) if args.out else results_path("plan.json", args.quick)
+    old = json.loads(out.read_text()) if out.is_file() else {}
+    cpu = args.device == "cpu"
+    allocators = args.allocators if cpu else ["cuda"]
+    res = {"device": args.device, "allocators": {}}
+    splits: dict = {}
+    for i, alloc in enumerate(allocators):
+        mmap = alloc == "mmap"
+        sel = configs if i == 0 or args.default_rows is None else [
+            c for c in configs if any(s in row_id(c) for s in args.default_rows)]
+        cal = calibration(args.device, mmap, args.recalibrate, args.quick)
+        key = f"measured_{alloc}"
+        prev = {r["id"]: r for r in old.get(key, [])}
+
+        def save(part, key=key, prev=prev):
+            old[key] = list({**prev, **part}.values())
+            write_json(out, old)
+
+        meas = measure_rows(sel, args.device, mmap, prev, args.remeasure,
+                            args.timeout, save)
+        ests = estimate_rows(sel, args.device, cal, splits)
+        rows = compare(sel, ests, meas)
+        section = {"calibration": cal.to_dict(), "rows": rows,
+                   "summary": summarize(rows)}
+        if i == 0:
+            res.update(section)
+        else:
+            res["allocators"][alloc] = section
+    res.update({key: old[key] for key in old if key.startswith("measured_")})
+    write_json(out, res)
+    s = res["summary"]
+    if s:
+        log(f"{s['rows']} rows: median error {s['median_abs_error']:.1%}, worst "
+            f"{s['worst_abs_error']:.1%}; estimate/epoch median "
+            f"{s['median_estimate_share']:.1%}")
+    write_section("plan", markdown(res), markdown_path("plan", args.quick))
+    plot(res, results_path("plan_scatter.png", args.quick))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,92 @@
+"""Calibration: the fit recovers known coefficients; storage per machine kind."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from leangnn.plan.calibrate import (
+    Calibration,
+    allocator_mode,
+    calibration_path,
+    fit_calibration,
+    load_calibration,
+    machine_kind,
+)
+from leangnn.plan.estimate import Estimate
+
+
+def _samples(scale, const, per_op, per_byte, per_flop):
+    rng = np.random.default_rng(0)
+    out = []
+    for i in range(6):
+        t = float(rng.uniform(1e6, 1e9))
+        work = {"ops": float(rng.integers(100, 5000)), "written": float(t * 3),
+                "flops": float(rng.uniform(1e8, 1e11)), "graphs": 1}
+        sec = per_op * work["ops"] + per_byte * work["written"] + \
+            per_flop * work["flops"]
+        out.append({"tensor_bytes": t, "run_bytes": scale * t + const,
+                    "work": work, "epoch_seconds": sec})
+    return out
+
+
+def test_fit_recovers_memory_and_time_coefficients():
+    cal = fit_calibration(_samples(1.3, 5e6, 2e-5, 1e-9, 3e-10))
+    assert cal.calibrated
+    assert cal.scale == pytest.approx(1.3, rel=1e-6)
+    assert cal.const == pytest.approx(5e6, rel=1e-4)
+    assert cal.error["worst"] < 1e-6
+    assert (cal.per_op, cal.per_byte, cal.per_flop) == pytest.approx(
+        (2e-5, 1e-9, 3e-10), rel=1e-4)
+
+
+def test_offload_samples_get_their_own_byte_scale():
+    samples = _samples(1.0, 0.0, 2e-5, 1e-9, 3e-10)
+    off = dict(samples[0], work={**samples[0]["work"], "jobs": 40},
+               run_bytes=0.8 * samples[0]["tensor_bytes"])
+    cal = fit_calibration([*samples, off])
+    assert cal.scale == pytest.approx(1.0) and cal.offload_bytes_scale == \
+        pytest.approx(0.8)
+    est = Estimate("offload", {}, "cpu", step_bytes=1000, method="offload-accounting",
+                   work={"ops": 10, "written": 0, "flops": 0, "jobs": 5})
+    cal.apply(est)
+    assert est.run_bytes == 800
+    assert est.epoch_seconds == pytest.approx(
+        cal.offload_scale * 10 * cal.per_op + 5 * cal.per_job)
+
+
+def test_apply_adds_overhead_and_time():
+    cal = Calibration("k", "glibc-mmap", scale=2.0, const=10.0, per_op=1.0,
+                      per_byte=0.0, per_flop=0.0, calibrated=True)
+    est = Estimate("full", {}, "cpu", step_bytes=100, model_bytes=7, graph_bytes=3,
+                   work={"ops": 4, "written": 0, "flops": 0})
+    cal.apply(est)
+    assert est.overhead_bytes == 110 and est.run_bytes == 210
+    assert est.peak_bytes == 220 and est.epoch_seconds == 4.0
+    assert est.note == ""
+    Calibration.default().apply(est)
+    assert "uncalibrated" in est.note
+
+
+def test_machine_kind_names_the_allocator(monkeypatch):
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
+    default = machine_kind("cpu")
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "65536")
+    assert allocator_mode("cpu") in ("glibc-mmap", "system")
+    assert machine_kind("cpu") != default or allocator_mode("cpu") == "system"
+    assert machine_kind("cpu").startswith("cpu-")
+
+
+def test_store_and_load_per_machine_kind(tmp_path, monkeypatch):
+    monkeypatch.setenv("LEANGNN_CACHE", str(tmp_path))
+    assert not load_calibration("cpu").calibrated  # nothing stored: defaults
+    cal = fit_calibration(_samples(1.1, 0.0, 1e-5, 1e-9, 1e-10))
+    path = cal.save()
+    assert path == calibration_path("cpu") and path.parent == tmp_path / "calibration"
+    back = load_calibration("cpu")
+    assert back.calibrated and back.scale == pytest.approx(cal.scale)
+    assert json.loads(path.read_text())["kind"] == machine_kind("cpu")
+    path.write_text("{not json")
+    assert not load_calibration("cpu").calibrated  # damaged: defaults, no crash

@@ -1,0 +1,135 @@
+"""Per-strategy estimates: depth extrapolation against a direct dry run, the
+DPR core against a dry run on the core, offload against its engine."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from leangnn.config import TrainConfig
+from leangnn.data import GraphSplits, with_mask
+from leangnn.graphs.synthetic import contextual_sbm
+from leangnn.nn.models import build_model
+from leangnn.plan.estimate import (
+    EXTRAPOLATE_ABOVE,
+    default_loss,
+    depth_points,
+    estimate_config,
+    estimate_model,
+)
+from leangnn.plan.fake import trace_step
+from leangnn.prune.dpr import DPRStrategy
+
+
+@pytest.fixture(scope="module")
+def splits():
+    g = contextual_sbm(300, avg_degree=6.0, in_channels=8, seed=3)
+    c = int(g.y.max()) + 1
+    return GraphSplits([with_mask(g, g.train_mask)], [with_mask(g, g.val_mask)],
+                       [with_mask(g, g.test_mask)], "classification", c)
+
+
+def test_depth_points():
+    assert depth_points(3) == (3,)
+    assert depth_points(EXTRAPOLATE_ABOVE) == (EXTRAPOLATE_ABOVE,)
+    deep = depth_points(256)
+    assert len(deep) == 2 and max(deep) <= EXTRAPOLATE_ABOVE
+
+
+@pytest.mark.parametrize("strategy,model,extra", [
+    ("full", "res", {"conv": "sage"}),
+    ("reversible", "gsr", {"conv": "gcn", "num_groups": 2, "dropout": 0.1}),
+    ("full", "gat", {}),
+])
+def test_extrapolated_depth_equals_direct_dry_run(splits, strategy, model, extra,
+                                                  monkeypatch):
+    from leangnn.plan import estimate as E
+
+    # traced at depths 2 and 4, extrapolated to 7
+    monkeypatch.setattr(E, "EXTRAPOLATE_ABOVE", 4)
+    depth = 7
+    cfg = TrainConfig(strategy=strategy, model=model, num_layers=depth,
+                      hidden_channels=8, **extra)
+    est = estimate_config(cfg, splits)
+    assert est.method == "fake+extrapolated"
+    torch.manual_seed(0)
+    direct = build_model(model, splits.in_channels, 8, splits.out_channels, depth,
+                         **cfg.model_options())
+    trace = trace_step(direct, splits.train[0], default_loss(splits.train[0]),
+                       lr=cfg.lr, clip_norm=cfg.clip_norm)
+    assert est.step_bytes == pytest.approx(trace.peak_bytes, rel=1e-3)
+    params = sum(p.numel() * p.element_size() for p in direct.parameters())
+    assert est.model_bytes == params
+    # the loaded state on CPU: the training graph
+    g = splits.train[0]
+    assert est.graph_bytes == sum(v.untyped_storage().nbytes()
+                                  for v in g.to_dict().values()
+                                  if isinstance(v, torch.Tensor))
+    assert est.peak_bytes == est.model_bytes + est.graph_bytes + est.run_bytes
+
+
+def test_prune_estimates_the_core(splits):
+    cfg = TrainConfig(strategy="prune", model="sage", num_layers=2,
+                      hidden_channels=16, budget_ratio=0.4)
+    est = estimate_config(cfg, splits)
+    core = DPRStrategy(budget_ratio=0.4).prepare(splits.train[0]).train_data
+    assert est.knobs["core_nodes"] == core.num_nodes < splits.train[0].num_nodes
+    model = build_model("sage", splits.in_channels, 16, splits.out_channels, 2)
+    ref = trace_step(model, core, default_loss(core), lr=cfg.lr,
+                     clip_norm=cfg.clip_norm)
+    assert est.step_bytes == ref.peak_bytes
+    full = estimate_config(TrainConfig(strategy="full", model="sage", num_layers=2,
+                                       hidden_channels=16), splits)
+    assert est.step_bytes < full.step_bytes
+
+
+@pytest.mark.slow  # the engine calibrates its workspace with real probe jobs
+def test_offload_uses_the_engines_accounting(splits):
+    from leangnn.offload import OffloadEngine, OffloadOptions
+
+    cfg = TrainConfig(strategy="offload", model="sage", num_layers=2,
+                      hidden_channels=16, device_budget="2MiB", num_parts=4)
+    est = estimate_config(cfg, splits)
+    assert est.method == "offload-accounting"
+    torch.manual_seed(0)
+    model = build_model("sage", splits.in_channels, 16, splits.out_channels, 2)
+    g = splits.train[0]
+    eng = OffloadEngine(model, g, options=OffloadOptions("2MiB", 4))
+    eng.train_step(default_loss(g), g)
+    c = eng.last_train
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    x = g.x.untyped_storage().nbytes()
+    # on a CPU "device", host store and device pool are one memory
+    assert est.step_bytes == (c.peak_device_bytes - params) + (
+        c.peak_host_bytes - x - eng.cache.nbytes)
+    assert est.work["jobs"] == c.jobs
+
+
+def test_user_model_and_custom_loss(splits):
+    from torch_geometric.nn import GraphSAGE
+
+    g = splits.train[0]
+    model = GraphSAGE(g.num_features, 16, 2, 4)
+
+    def loss_fn(out, data):
+        return out.pow(2).mean()
+
+    est = estimate_model(model, g, loss_fn)
+    ref = trace_step(model, g, loss_fn)
+    assert est.step_bytes == ref.peak_bytes and est.method == "fake"
+    assert est.to_dict()["peak_bytes"] == est.peak_bytes
+
+
+def test_unsupported_model_falls_back_to_the_analytic_bound(splits, monkeypatch):
+    from leangnn.plan import estimate as E
+    from leangnn.plan.fake import UnsupportedOpError
+
+    def fail(*a, **k):
+        raise UnsupportedOpError("aten.nonzero: value-dependent")
+
+    monkeypatch.setattr(E, "trace_step", fail)
+    cfg = TrainConfig(strategy="full", model="sage", num_layers=2,
+                      hidden_channels=16)
+    est = estimate_config(cfg, splits)
+    assert est.method == "analytic" and "dry run failed" in est.note
+    assert est.step_bytes > 0

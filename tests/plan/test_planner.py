@@ -1,0 +1,121 @@
+"""The planner: rows, the pick, its errors and training through the pick."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch_geometric.nn import GCN
+
+from leangnn.config import TrainConfig
+from leangnn.data import GraphSplits, with_mask
+from leangnn.graphs.synthetic import contextual_sbm
+from leangnn.plan.calibrate import Calibration
+from leangnn.plan.estimate import default_loss, estimate_config
+from leangnn.plan.planner import choose, fit, format_table, plan, plan_config
+
+#: tensor bytes as measured (no allocator overhead), so needs are exact sums
+EXACT = Calibration("test", "glibc-mmap", calibrated=True)
+
+
+@pytest.fixture(scope="module")
+def splits():
+    g = contextual_sbm(400, avg_degree=8.0, in_channels=8, seed=4)
+    c = int(g.y.max()) + 1
+    return GraphSplits([with_mask(g, g.train_mask)], [with_mask(g, g.val_mask)],
+                       [with_mask(g, g.test_mask)], "classification", c)
+
+
+@pytest.fixture(scope="module")
+def res_cfg():
+    return TrainConfig(model="res", num_layers=6, hidden_channels=16)
+
+
+@pytest.fixture(scope="module")
+def roomy(res_cfg, splits):
+    return plan_config(res_cfg, splits, "1GiB", calibration=EXACT,
+                       strategies=("full", "reversible"))
+
+
+def test_rows_carry_the_estimates(roomy, res_cfg, splits):
+    rows = {(r.strategy, r.knobs.get("num_groups")): r for r in roomy.rows}
+    assert set(rows) == {("full", None), ("reversible", 2), ("reversible", 4)}
+    full = rows["full", None]
+    ref = estimate_config(res_cfg, splits, calibration=EXACT)
+    assert full.need_bytes == ref.peak_bytes and full.kind == "exact"
+    gsr = rows["reversible", 2]
+    assert gsr.kind == "model change" and gsr.config["model"] == "gsr"
+    # reversible activations do not grow with depth: it needs less
+    assert gsr.need_bytes < full.need_bytes
+
+
+def test_pick_prefers_exact_then_fastest(roomy):
+    pick = roomy.pick
+    assert pick is not None and pick.strategy == "full" and pick.chosen
+    assert choose(roomy) is pick
+    assert all(r.why for r in roomy.rows)
+    text = format_table(roomy)
+    assert text.count("\n") == len(roomy.rows) + 1 and "pick: full(" in text
+    d = json.loads(roomy.to_json())
+    assert d["pick"] == pick.label and len(d["rows"]) == 3
+    assert d["rows"][0]["estimate"]["step_bytes"] > 0
+
+
+def test_tight_budget_picks_what_fits(roomy, res_cfg, splits):
+    needs = {(r.strategy, r.knobs.get("num_groups")): r.need_bytes
+             for r in roomy.rows}
+    budget = (needs["reversible", 2] + needs["full", None]) // 2
+    table = plan_config(res_cfg, splits, budget, calibration=EXACT,
+                        strategies=("full", "reversible"))
+    pick = choose(table)
+    assert pick.strategy == "reversible" and pick.need_bytes <= budget
+    assert not next(r for r in table.rows if r.strategy == "full").fits
+    cfg = pick.apply(res_cfg)
+    assert (cfg.strategy, cfg.model) == ("reversible", "gsr")
+    assert cfg.num_layers == res_cfg.num_layers
+
+
+def test_budget_below_every_candidate_is_one_line(roomy, res_cfg, splits):
+    smallest = min(r.need_bytes for r in roomy.rows)
+    table = plan_config(res_cfg, splits, smallest - 1, calibration=EXACT,
+                        strategies=("full", "reversible"))
+    assert table.pick is None
+    with pytest.raises(ValueError) as e:
+        choose(table)
+    msg = str(e.value)
+    assert "\n" not in msg and "smallest" in msg and "reversible(" in msg
+    with pytest.raises(ValueError, match="memory_budget"):
+        plan_config(res_cfg, splits, "lots", calibration=EXACT)
+
+
+def test_prune_rows_shrink_with_the_core(res_cfg, splits):
+    table = plan_config(res_cfg.__class__(model="sage", num_layers=2,
+                                          hidden_channels=16), splits, "1GiB",
+                        calibration=EXACT, strategies=("full", "prune"))
+    prune = [r for r in table.rows if r.strategy == "prune"]
+    needs = [r.need_bytes for r in sorted(prune, key=lambda r:
+                                          -r.knobs["budget_ratio"])]
+    assert needs == sorted(needs, reverse=True) and len(needs) == 3
+    assert table.pick.strategy == "full"  # exact beats approximate
+    assert all(r.kind == "approximate" for r in prune)
+
+
+def test_plan_and_fit_a_user_model(splits):
+    g = splits.train[0]
+    torch.manual_seed(0)
+    model = GCN(g.num_features, 16, 2, splits.out_channels)
+    table = plan(model, g, "1GiB", calibration=EXACT,
+                 strategies=("full", "prune"))
+    assert [r.strategy for r in table.rows] == ["full", "prune", "prune", "prune"]
+    assert table.pick.strategy == "full"
+    loss_fn = default_loss(g)
+    before = float(loss_fn(model(g.x, g.edge_index), g))
+    out = fit(model, g, strategy="full", memory_budget="1GiB", epochs=20, lr=0.02)
+    assert out["row"].strategy == "full" and len(out["losses"]) == 20
+    after = float(loss_fn(model(g.x, g.edge_index), g))
+    assert after < before
+    with pytest.raises(ValueError, match="needs"):
+        fit(model, g, strategy="full", memory_budget=1024, epochs=1)
+    with pytest.raises(ValueError, match="strategy"):
+        fit(model, g, strategy="fastest", epochs=1)
