@@ -55,7 +55,7 @@ splits = GraphSplits(train=[data], val=[], test=[], task_type="regression",
 with tempfile.TemporaryDirectory() as tmp:
     cfg = TrainConfig(task="arrival", strategy="reversible", model="gsr",
                       num_layers=256, hidden_channels=64, num_groups=4, sparsity=8,
-                      epochs=3, lr=1e-3, patience=0, out=tmp)
+                      epochs=3, lr=1e-4, patience=0, out=tmp)
     summary = Trainer(cfg, splits, progress=False).fit()
     for rec in RunDir(tmp).read_metrics():
         print(f"epoch {rec['epoch']} loss {rec['train_loss']:.4f} "

@@ -79,11 +79,10 @@ def csbm_nodes(spec: str) -> int:
 
 def _synthetic(spec: str, seed: int) -> GraphSplits:
     from .graphs.synthetic import contextual_sbm
-    from .plan.fits import check_graph_fits
 
-    n = csbm_nodes(spec)
-    check_graph_fits(n)
-    g = contextual_sbm(n, seed=seed)
+    # Whether the graph fits in memory is checked by the planner before this
+    # (leangnn.plan.fits.check_fits, called by the CLI and the Trainer).
+    g = contextual_sbm(csbm_nodes(spec), seed=seed)
     c = int(g.y.max()) + 1
     return GraphSplits([with_mask(g, g.train_mask)], [with_mask(g, g.val_mask)],
                        [with_mask(g, g.test_mask)], "classification", c)

@@ -58,7 +58,7 @@ def make_loss_fn(task_type: str):
     return loss_fn
 
 
-def _check_fits(cfg: TrainConfig, splits: GraphSplits) -> None:
+def _check_fits(cfg: TrainConfig, splits: GraphSplits | None) -> None:
     # The estimate must not shift the seeded streams the model is drawn from.
     rng = get_rng_state()
     try:
@@ -117,6 +117,8 @@ class Trainer:
             raise ValueError(f"device: {config.device!r} requested but CUDA is not "
                              "available on this machine")
         seed_everything(config.seed)
+        if splits is None:
+            _check_fits(config, None)  # e.g. a csbm:N graph that cannot be built
         self.splits = splits or load_graphs(config, progress=progress)
         if not self.splits.train:
             raise ValueError("dataset: no training graphs")
