@@ -26,15 +26,14 @@ All models have the same width (hidden 64, 2 layers). Convs aggregate through
 a ``torch.sparse_csr`` adjacency for every method (no ``[E, C]`` message
 tensor), so memory is compared at its best for each.
 
-Full-batch, DSpar and DPR train through the one training loop,
+Every method trains through the one training loop,
 :class:`leangnn.train.Trainer` (in memory, ``record=False``), configured as
 the benchmark intends: Adam without weight decay, a fixed number of epochs
 (no validation graphs, so no early stopping and no best-state restore), no
 gradient clipping; each method is the Trainer's strategy, its hooks measured
 as phases (``prep``: setup, ``train``: the epochs, ``decoder``: fit_end).
-Sampled GraphSAGE makes many optimizer steps per epoch (one per mini-batch),
-which the Trainer's one-step-per-graph loop does not do: its loop stays here,
-with the Trainer's loss (:func:`leangnn.train.make_loss_fn`).
+Sampled GraphSAGE takes an optimizer step per sampled mini-batch through the
+Trainer's batch hooks (``epoch_start`` / ``epoch_batches`` / ``train_batch``).
 
     python benchmarks/dpr.py --quick        # small graphs, ~5 min on 2 cores
     python benchmarks/dpr.py                # full: circuits (664k nodes) + CSBM 200k
@@ -92,30 +91,26 @@ _loss = make_loss_fn("classification")  # the Trainer's: cross-entropy on node_m
 
 
 # ------------------------------------------------------------------- training
-class _Phased(Strategy):
+class _Phased:
     """``inner`` with the Trainer's calls to it measured as phases of ``meter``.
 
     ``prep`` is :meth:`setup`; ``train`` runs from the end of setup to
     :meth:`fit_end` (the Trainer's epochs); ``decoder`` is :meth:`fit_end`,
-    skipped when ``decoder`` is ``False``.
+    skipped when ``decoder`` is ``False``. Every other hook and attribute is
+    ``inner``'s.
     """
 
     def __init__(self, inner: Strategy, meter: PhaseMeter, decoder: bool = True):
-        super().__init__(inner.device)
         self.inner, self.meter, self.decoder = inner, meter, decoder
-        self.name, self.trains_at_fit_end = inner.name, inner.trains_at_fit_end
         self._train = ExitStack()
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
 
     def setup(self, model, train_graphs):
         with self.meter.phase("prep"):
             self.inner.setup(model, train_graphs)
         self._train.enter_context(self.meter.phase("train"))
-
-    def forward(self, model, data):
-        return self.inner.forward(model, data)
-
-    def train_step(self, model, data, loss_fn):
-        return self.inner.train_step(model, data, loss_fn)
 
     def fit_end(self, model, train_graphs, loss_fn):
         self._train.close()
@@ -123,17 +118,49 @@ class _Phased(Strategy):
             with self.meter.phase("decoder"):
                 self.inner.fit_end(model, train_graphs, loss_fn)
 
+
+class _SampledSage(Strategy):
+    """GraphSAGE mini-batch training (Hamilton et al., NeurIPS 2017) on the
+    Trainer's batch hooks: an epoch is one optimizer step per batch of
+    ``batch_size`` training seeds with their sampled ``fanouts``-neighbourhood
+    (:func:`~leangnn.prune.baselines.neighbor_batches`, shuffled), over the
+    one training graph; :meth:`predict` is all-node sampled inference."""
+
+    name = "full"
+
+    def __init__(self, fanouts: list[int], batch_size: int, serve_batch: int,
+                 seed: int = 0):
+        super().__init__("cpu")
+        self.fanouts, self.batch_size = fanouts, batch_size
+        self.serve_batch, self.seed = serve_batch, seed
+
+    def setup(self, model, train_graphs):
+        self.data = train_graphs[0]
+        self.seeds = self.data.train_mask.nonzero().view(-1)
+        # Builds the sampler (pure torch: kept on the graph), so the prep
+        # phase holds its cost.
+        next(iter(neighbor_batches(self.data, self.seeds[:1], self.fanouts, 1,
+                                   False, self.seed)))
+
+    def epoch_start(self, epoch):
+        self._batches = neighbor_batches(self.data, self.seeds, self.fanouts,
+                                         self.batch_size, True, self.seed)
+
+    def epoch_batches(self, order):
+        # Each step trains on graph order[0] (the only one): train_batch
+        # draws the step's mini-batch of it.
+        return [order[:1]] * -(-self.seeds.numel() // self.batch_size)
+
+    def train_batch(self, model, graphs, loss_fn):
+        b, d = next(self._batches), self.data
+        out = model(d.x[b.n_id], b.edge_index)[:b.batch_size]
+        loss = loss_fn(out, Data(y=d.y[b.n_id[:b.batch_size]]))
+        loss.backward()
+        return float(loss.detach())
+
     def predict(self, model, data):
-        return self.inner.predict(model, data)
-
-    def state_dict(self):
-        return self.inner.state_dict()
-
-    def load_state_dict(self, state):
-        self.inner.load_state_dict(state)
-
-    def summary(self):
-        return self.inner.summary()
+        return sampled_inference(model, data, self.fanouts, self.serve_batch,
+                                 self.seed)
 
 
 def _fit(strategy: Strategy, data: Data, p: dict, ph: PhaseMeter,
@@ -150,17 +177,10 @@ def _fit(strategy: Strategy, data: Data, p: dict, ph: PhaseMeter,
                       clip_norm=None, patience=0, seed=p["seed"])
     splits = GraphSplits(train=[data], val=[], test=[], task_type="classification",
                          out_channels=int(data.y.max()) + 1)
-    trainer = Trainer(cfg, splits, progress=False, record=False)
-    # The Trainer builds a strategy from the config's fields; the benchmark's
-    # carries options the config does not have (sparse adjacency, DSpar
-    # ratio, decoder epochs, ...), so it replaces that one.
-    trainer.strategy = _Phased(strategy, ph, decoder)
-    # The Trainer's saved-for-backward probe (strategy "full": one forward
-    # without backward) is no figure of this benchmark, and under
-    # saved_tensors_hooks the activations it saved stay alive afterwards (a
-    # reference cycle through the saved outputs), which would be charged to
-    # the inference phase: the probe is skipped.
-    trainer._saved_bytes = lambda: None
+    # The benchmark's strategies carry options the config has no field for
+    # (sparse adjacency, DSpar ratio, decoder epochs, ...): passed as objects.
+    trainer = Trainer(cfg, splits, progress=False, record=False,
+                      strategy=_Phased(strategy, ph, decoder))
     trainer.fit()
     trainer.model.eval()
     return trainer.model
@@ -278,26 +298,11 @@ def _run_dpr(data: Data, p: dict) -> dict:
 
 
 def _run_sage(data: Data, p: dict) -> dict:
-    # Mini-batch training (an optimizer step per sampled batch) is the one
-    # loop the Trainer does not run; the loss is still the Trainer's.
-    ph, model = PhaseMeter(), _model(data, p)
-    opt = torch.optim.Adam(model.parameters(), lr=p["lr"])
-    train = data.train_mask.nonzero().view(-1)
-    with ph.phase("prep"):
-        next(iter(neighbor_batches(data, train[:1], p["fanouts"], 1, False,
-                                   p["seed"])))
-    with ph.phase("train"):
-        model.train()
-        for _ in range(p["sage_epochs"]):
-            for b in neighbor_batches(data, train, p["fanouts"], p["batch_size"],
-                                      True, p["seed"]):
-                opt.zero_grad(set_to_none=True)
-                out = model(data.x[b.n_id], b.edge_index)[:b.batch_size]
-                _loss(out, Data(y=data.y[b.n_id[:b.batch_size]])).backward()
-                opt.step()
+    ph = PhaseMeter()
+    strat = _SampledSage(p["fanouts"], p["batch_size"], p["serve_batch"], p["seed"])
+    model = _fit(strat, data, {**p, "epochs": p["sage_epochs"]}, ph, decoder=False)
     with ph.phase("infer"):
-        out = sampled_inference(model, data, p["fanouts"], p["serve_batch"],
-                                p["seed"])
+        out = strat.predict(model, data)
     return {"acc": _acc(out, data), "phases": ph.records,
             "train_peak_mib": ph.peak("train"),
             "overall_peak_mib": ph.peak(*ph.records),
@@ -624,9 +629,9 @@ def markdown(results: dict) -> str:
         "process (the 2 cores are shared with other work), "
         f"{results['wall_s'] / 60:.1f} min. GraphSAGE (PyG), hidden {p['hidden']}, "
         f"{p['layers']} layers, Adam lr {p['lr']}, fixed epochs (per graph below), "
-        "no early stopping, no gradient clipping, same seed; full-batch, DSpar "
-        "and DPR train through `leangnn.train.Trainer`, sampled GraphSAGE in its "
-        "own mini-batch loop; every method aggregates through a "
+        "no early stopping, no gradient clipping, same seed, every method "
+        "trained by `leangnn.train.Trainer` (sampled GraphSAGE through its "
+        "mini-batch hooks); every method aggregates through a "
         "`torch.sparse_csr` adjacency (int32 indices), none builds an `[E, C]` "
         f"message tensor. DPR: r = {p['r']}, k = {p['k']} anchors "
         "(absorbing 2-step personalized PageRank), PageRank importance, component "

@@ -59,6 +59,7 @@ from torch_geometric.nn import GroupAddRev
 from leangnn.nn import GSRGNN, GSRBlock, ResGNN
 from leangnn.nn.group_sparse import resolve_k
 from leangnn.profile import SavedTensorsMeter, measure_in_subprocess
+from leangnn.strategy import FullBatch
 from leangnn.train import make_loss_fn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -72,8 +73,10 @@ from _report import (  # noqa: E402
 )
 
 MiB = float(1 << 20)
-#: the Trainer's loss for ``arrival`` (MSE over every node of a circuit)
+#: the Trainer's loss for ``arrival`` (MSE over every node of a circuit) and
+#: its full-batch step (``--strategy full`` / ``reversible``)
 _loss = make_loss_fn("regression")
+_FULL = FullBatch()
 
 
 # --------------------------------------------------------------------------- #
@@ -151,15 +154,14 @@ def make_model(kind, in_channels, hidden, layers, groups, conv, sparsity, dropou
 
 def train_step(model, opt, data) -> float:
     """One step (= one epoch on one circuit) of the Trainer's loop without
-    its bookkeeping: what the memory and speed sections time, alternating
-    models step by step, including ``GroupAddRev``, which the Trainer's model
+    its bookkeeping (the full-batch strategy's forward, loss and backward,
+    then Adam): what the memory and speed sections time, alternating models
+    step by step, including ``GroupAddRev``, which the Trainer's model
     registry does not build."""
     opt.zero_grad(set_to_none=True)
-    out = model(data.x, data.edge_index)
-    loss = _loss(out, data)
-    loss.backward()
+    loss = _FULL.train_step(model, data, _loss)
     opt.step()
-    return float(loss.detach())
+    return loss
 
 
 # --------------------------------------------------------------------------- #
@@ -187,7 +189,7 @@ def _mem_run(state):
         t0 = time.perf_counter()
         if step == 0:
             with SavedTensorsMeter() as meter:
-                out = model(data.x, data.edge_index)
+                out = _FULL.forward(model, data)
                 loss = _loss(out, data)
             saved = meter.bytes
             opt.zero_grad(set_to_none=True)

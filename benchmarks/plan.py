@@ -156,7 +156,11 @@ def estimate_rows(configs, device: str, cal, splits_cache: dict) -> dict:
         if c["graph"] not in splits_cache:
             splits_cache.clear()  # one graph in memory at a time
             splits_cache[c["graph"]] = load_graphs(cfg, progress=False)
-        est = estimate_config(cfg, splits_cache[c["graph"]], calibration=cal)
+        try:
+            est = estimate_config(cfg, splits_cache[c["graph"]], calibration=cal)
+        except (ValueError, RuntimeError) as e:
+            log(f"estimate {row_id(c)} failed: {e}")
+            continue
         out[row_id(c)] = est
         log(f"estimate {row_id(c)}: {est.run_bytes / MiB:.1f} MiB "
             f"({est.method}, {est.estimate_seconds:.2f} s)")
@@ -193,6 +197,8 @@ def measure_rows(configs, device: str, mmap: bool, old: dict, remeasure: bool,
 def compare(configs, ests: dict, meas: dict) -> list[dict]:
     rows = []
     for c in configs:
+        if row_id(c) not in ests:
+            continue
         rid, est, m = row_id(c), ests[row_id(c)], meas.get(row_id(c), {})
         r = {"id": rid, "config": c, "estimate": est.to_dict(),
              "estimated_bytes": est.run_bytes, "tensor_bytes": est.step_bytes,
@@ -216,6 +222,8 @@ def summarize(rows: list[dict]) -> dict:
     err = [abs(r["rel_error"]) for r in ok]
     raw = [abs(r["tensor_rel_error"]) for r in ok]
     share = [r["estimate_share_of_epoch"] for r in ok]
+    terr = [abs(r["estimated_epoch_seconds"] - r["epoch_seconds"]) / r["epoch_seconds"]
+            for r in ok if r.get("estimated_epoch_seconds")]
     return {"rows": len(ok), "failed": len(rows) - len(ok),
             "median_abs_error": statistics.median(err), "worst_abs_error": max(err),
             "median_abs_error_uncalibrated": statistics.median(raw),
@@ -223,6 +231,7 @@ def summarize(rows: list[dict]) -> dict:
             "median_estimate_share": statistics.median(share),
             "worst_estimate_share": max(share),
             "rows_over_10pct_of_epoch": sum(s > 0.1 for s in share),
+            "median_abs_epoch_time_error": statistics.median(terr) if terr else None,
             "strategies": sorted({r["config"]["strategy"] for r in ok}),
             "models": sorted({r["config"]["model"] for r in ok}),
             "graphs": sorted({r["config"]["graph"] for r in ok}),
@@ -230,7 +239,7 @@ def summarize(rows: list[dict]) -> dict:
                        max(r["config"]["num_layers"] for r in ok)]}
 
 
-def markdown(res: dict) -> str:
+def markdown(res: dict, md_path: Path, plot_path: Path) -> str:
     s, cal = res["summary"], res["calibration"]
     out = ["## Planner: estimated vs measured peak memory", "",
            f"`python benchmarks/plan.py` on {res['device']} ({cal['kind']}). "
@@ -253,16 +262,20 @@ def markdown(res: dict) -> str:
                 f"{s['worst_abs_error_uncalibrated']:.1%}). The estimate takes "
                 f"{s['median_estimate_share']:.1%} of one real epoch at the median, "
                 f"{s['worst_estimate_share']:.0%} at worst "
-                f"({s['rows_over_10pct_of_epoch']} rows over 10%).", ""]
-    out += ["| configuration | estimated | measured | error | estimate s | epoch s |",
-            "|---|---:|---:|---:|---:|---:|"]
+                f"({s['rows_over_10pct_of_epoch']} rows over 10%). Epoch time "
+                f"estimates (traced work x calibrated speed): median error "
+                f"{s['median_abs_epoch_time_error'] or 0:.0%}.", ""]
+    out += ["| configuration | estimated | measured | error | estimate s | epoch s "
+            "| est. epoch s |", "|---|---:|---:|---:|---:|---:|---:|"]
     for r in res["rows"]:
         meas = "failed" if r["measured_bytes"] is None else \
             f"{r['measured_bytes'] / MiB:.1f} MiB"
         err = "" if r.get("rel_error") is None else f"{r['rel_error']:+.1%}"
         ep = "" if r["epoch_seconds"] is None else f"{r['epoch_seconds']:.2f}"
+        eep = "" if r["estimated_epoch_seconds"] is None else \
+            f"{r['estimated_epoch_seconds']:.2f}"
         out.append(f"| {r['id']} | {r['estimated_bytes'] / MiB:.1f} MiB | {meas} | "
-                   f"{err} | {r['estimate_seconds']:.2f} | {ep} |")
+                   f"{err} | {r['estimate_seconds']:.2f} | {ep} | {eep} |")
     for name, sec in res.get("allocators", {}).items():
         ss, sc = sec["summary"], sec["calibration"]
         if ss:
@@ -272,7 +285,8 @@ def markdown(res: dict) -> str:
                     f", worst {ss['worst_abs_error']:.1%}; resident memory there "
                     "depends on heap fragmentation, which tensor bytes do not "
                     "determine."]
-    out += ["", "![estimate vs measurement](../results/plan_scatter.png)"]
+    rel = os.path.relpath(plot_path, Path(md_path).parent)
+    out += ["", f"![estimate vs measurement]({rel})"]
     return "\n".join(out)
 
 
@@ -317,7 +331,12 @@ def main(argv=None) -> int:
     ap.add_argument("--remeasure", action="store_true")
     ap.add_argument("--recalibrate", action="store_true")
     ap.add_argument("--timeout", type=float, default=1800)
-    ap.add_argument("--out", default=None)
+    ap.add_argument("--out", default=None, help="default: results/plan.json "
+                    "(results/quick/plan.json with --quick)")
+    ap.add_argument("--md", default=None, help="default: the plan section of "
+                    "benchmarks/README.md (results/quick/plan.md with --quick)")
+    ap.add_argument("--plot", default=None, help="default: "
+                    "results/plan_scatter.png (results/quick/ with --quick)")
     args = ap.parse_args(argv)
 
     configs = QUICK if args.quick else CONFIGS
@@ -358,8 +377,11 @@ def main(argv=None) -> int:
         log(f"{s['rows']} rows: median error {s['median_abs_error']:.1%}, worst "
             f"{s['worst_abs_error']:.1%}; estimate/epoch median "
             f"{s['median_estimate_share']:.1%}")
-    write_section("plan", markdown(res), markdown_path("plan", args.quick))
-    plot(res, results_path("plan_scatter.png", args.quick))
+    md = Path(args.md) if args.md else markdown_path("plan", args.quick)
+    png = Path(args.plot) if args.plot else results_path("plan_scatter.png",
+                                                         args.quick)
+    write_section("plan", markdown(res, md, png), md)
+    plot(res, png)
     return 0
 
 

@@ -5,7 +5,8 @@ holds do not grow with depth; the same parameters under plain autograd
 (``disable=True``) keep every layer's activations. The 256-layer model then
 trains for a few epochs through the leangnn Trainer (one epoch = one Adam step
 on the circuit), as ``leangnn train --strategy reversible --model gsr --layers
-256 --sparsity 8 --epochs 3`` would.
+256 --groups 4 --sparsity 8 --epochs 3 --lr 1e-4 --dataset epfl/multiplier``
+would (without the CLI's validation and test circuits).
 
     python examples/gsr_deep.py
 
@@ -15,7 +16,13 @@ Output on a shared 2-core CPU (1 thread, other jobs running; CPU times):
     GSRGNN L=256  reversible    saved for backward    46.0 MiB
     GSRGNN L=16   plain autograd saved for backward   567.0 MiB
     GSRGNN L=64   plain autograd saved for backward  2193.2 MiB
-    RESULTS_PLACEHOLDER
+    epoch 1 loss 0.0663 (29.2 s)
+    epoch 2 loss 0.0335 (31.3 s)
+    epoch 3 loss 0.0244 (39.1 s)
+    Trainer: saved for backward 46.3 MiB, training loop peak 175.2 MiB (cpu_peak_rss)
+
+(The peak is process RSS under glibc's default allocator, so it varies from
+run to run by tens of MiB; the saved-for-backward bytes do not.)
 """
 
 import tempfile
@@ -53,6 +60,7 @@ splits = GraphSplits(train=[data], val=[], test=[], task_type="regression",
                      out_channels=1)
 # A throw-away run directory: its metrics.jsonl has the per-epoch losses.
 with tempfile.TemporaryDirectory() as tmp:
+    # lr 1e-4: at 1e-3 the first Adam step through 256 layers overshoots.
     cfg = TrainConfig(task="arrival", strategy="reversible", model="gsr",
                       num_layers=256, hidden_channels=64, num_groups=4, sparsity=8,
                       epochs=3, lr=1e-4, patience=0, out=tmp)

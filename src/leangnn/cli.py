@@ -55,7 +55,8 @@ _TRAIN_FLAGS = {  # flag -> config field
     "flat_parameters": "flat_parameters", "budget_ratio": "budget_ratio",
     "anchors": "num_anchors", "device_budget": "device_budget", "parts": "num_parts",
     "cache": "cache", "offload_mode": "offload_mode", "dist_mode": "dist_mode",
-    "dist_timeout": "dist_timeout",
+    "dist_timeout": "dist_timeout", "aggr": "aggr", "rounds": "rounds",
+    "reverse": "reverse",
 }
 
 
@@ -228,7 +229,14 @@ def _evaluate(args) -> int:
 
 
 def _default(field: str) -> str:
+    from .config import SIZE_DEFAULTS
+    from .nn.models import MODELS
+
     value = {f.name: f.default for f in fields(TrainConfig)}[field]
+    if field in SIZE_DEFAULTS:
+        own = ", ".join(f"{m}: {e.defaults[field]}" for m, e in MODELS.items()
+                        if field in e.defaults)
+        return f"(default: {SIZE_DEFAULTS[field]}" + (f"; {own})" if own else ")")
     return f"(default: {value})"
 
 
@@ -263,6 +271,15 @@ def build_parser() -> argparse.ArgumentParser:
       f"{defaults})")
     a("--conv", choices=list(CONVS),
       help=f"conv inside deep models {_default('conv')}")
+    from .nn.dag import AGGRS
+
+    a("--aggr", choices=list(AGGRS), help="dag model: fanin aggregator "
+      f"{_default('aggr')}")
+    a("--rounds", type=int, help="dag model: forward (+ reverse) passes "
+      f"{_default('rounds')}")
+    a("--reverse", action=argparse.BooleanOptionalAction, default=None,
+      help="dag model: reverse pass over fanouts (default: the task's: on for "
+      "arrival and critical, off for signal_prob)")
     a("--layers", type=int, help=f"number of layers {_default('num_layers')}")
     a("--hidden", type=int, help=f"hidden channels {_default('hidden_channels')}")
     a("--dropout", type=float, help=f"dropout {_default('dropout')}")

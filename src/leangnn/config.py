@@ -24,13 +24,17 @@ import numpy as np
 
 from .utils import parse_bytes
 
-__all__ = ["TrainConfig", "ConfigError", "MODEL_OPTIONS", "MAX_PARAMETERS"]
+__all__ = ["TrainConfig", "ConfigError", "MODEL_OPTIONS", "MAX_PARAMETERS",
+           "SIZE_DEFAULTS"]
 
 #: the fields every model gets through :func:`leangnn.nn.models.build_model`
 #: (each model takes the ones its constructor names)
-MODEL_OPTIONS = ("dropout", "conv", "num_groups", "sparsity", "flat_parameters")
+MODEL_OPTIONS = ("dropout", "conv", "num_groups", "sparsity", "flat_parameters",
+                 "aggr", "rounds", "reverse", "task")
 #: more parameters than this is a typo on any machine (16 TB of state)
 MAX_PARAMETERS = 10**12
+#: sizes of a run whose model registered none (see ``register_model(defaults=)``)
+SIZE_DEFAULTS = {"num_layers": 8, "hidden_channels": 64, "epochs": 60}
 _MAX_SEED = 2**32
 _MAX_BUDGET = 1 << 60
 
@@ -57,6 +61,9 @@ class TrainConfig:
             ``gat``; default per strategy; see
             :func:`leangnn.nn.models.register_model`).
         conv: conv inside deep models (``sage``, ``gcn``, ``gat``, ``graph``).
+        aggr, rounds, reverse: DAG model (``dag``) options: fanin aggregator
+            (``max``, ``sum``, ``mean``, ``attention``), forward(+reverse)
+            rounds, reverse pass over fanouts (default: the task's).
         num_layers, hidden_channels, dropout: model shape.
         epochs, lr, weight_decay, clip_norm, patience: optimisation; ``clip_norm``
             ``0`` or ``None`` disables clipping; ``patience`` epochs without
@@ -84,10 +91,13 @@ class TrainConfig:
     strategy: str = "full"
     model: str | None = None
     conv: str = "sage"
-    num_layers: int = 8
-    hidden_channels: int = 64
+    aggr: str = "max"
+    rounds: int = 1
+    reverse: bool | None = None
+    num_layers: int | None = None
+    hidden_channels: int | None = None
     dropout: float = 0.0
-    epochs: int = 60
+    epochs: int | None = None
     lr: float = 3e-3
     weight_decay: float = 0.0
     clip_norm: float | None = 1.0
@@ -128,13 +138,32 @@ class TrainConfig:
         """
         for f in fields(self):
             _check_type(self, f.name, _hints()[f.name])
+        self._resolve_sizes()
         self._check_ranges()
         self._check_names()
         self._check_model()
 
+    def _resolve_sizes(self) -> None:
+        """Unset ``num_layers`` / ``hidden_channels`` / ``epochs``: the
+        model's registered defaults, else :data:`SIZE_DEFAULTS`."""
+        from .nn.models import MODELS
+        from .strategy import STRATEGIES
+
+        model = self.model
+        if model is None and self.strategy in STRATEGIES:
+            model = STRATEGIES[self.strategy].default_model
+        entry = MODELS.get(model) if isinstance(model, str) else None
+        if entry is not None and "dag" in entry.capabilities and \
+                self.model is None and self.dataset and \
+                self.dataset.startswith("csbm:"):
+            entry = MODELS.get("res")  # what _check_names falls back to
+        for name, value in SIZE_DEFAULTS.items():
+            if getattr(self, name) is None:
+                setattr(self, name, (entry.defaults if entry else {}).get(name, value))
+
     def _check_ranges(self) -> None:
         for name in ("num_layers", "hidden_channels", "epochs", "num_groups",
-                     "num_parts", "num_anchors"):
+                     "num_parts", "num_anchors", "rounds"):
             if getattr(self, name) < 1:
                 _bad(name, getattr(self, name), "a positive integer")
         if self.patience < 0:
@@ -189,11 +218,21 @@ class TrainConfig:
         from .strategy import STRATEGIES, option_choices
 
         _choose("strategy", self.strategy, STRATEGIES)
+        csbm = bool(self.dataset and self.dataset.startswith("csbm:"))
         if self.model is None:
             self.model = STRATEGIES[self.strategy].default_model
+            if csbm and "dag" in MODELS[self.model].capabilities:
+                self.model = "res"  # the best model for circuits needs a DAG
         _choose("model", self.model, MODELS)
+        if csbm and "dag" in MODELS[self.model].capabilities:
+            raise ConfigError(f"model: {self.model!r} propagates in topological "
+                              f"order and needs acyclic graphs (circuits); "
+                              f"dataset {self.dataset!r} is an undirected graph")
         _choose("task", self.task, TASKS)
         _choose("conv", self.conv, CONVS)
+        from .nn.dag import AGGRS
+
+        _choose("aggr", self.aggr, AGGRS)
         # fields whose values a strategy registered (offload: cache, offload_mode)
         constrained = {k for e in STRATEGIES.values() for k in e.choices}
         for name in sorted(constrained & {f.name for f in fields(self)}):

@@ -238,6 +238,18 @@ class PhaseMeter:
                 f"phases={list(self.records)})")
 
 
+def _sparse_bytes(t: Tensor) -> int:
+    if t.layout == torch.sparse_coo:
+        parts = (t._indices(), t._values())
+    elif t.layout in (torch.sparse_csr, torch.sparse_bsr):
+        parts = (t.crow_indices(), t.col_indices(), t.values())
+    elif t.layout in (torch.sparse_csc, torch.sparse_bsc):
+        parts = (t.ccol_indices(), t.row_indices(), t.values())
+    else:
+        return t.numel() * t.element_size()
+    return sum(p.numel() * p.element_size() for p in parts)
+
+
 class SavedTensorsMeter:
     """Counts the bytes autograd saves for backward inside a ``with`` block.
 
@@ -258,17 +270,24 @@ class SavedTensorsMeter:
 
     def _pack(self, t: Tensor) -> Tensor:
         self.count += 1
-        try:
-            storage = t.untyped_storage()
-            key = (storage.data_ptr(), storage.nbytes())
-            nbytes = storage.nbytes()
-        except (RuntimeError, NotImplementedError):
-            key = (id(t), t.numel() * t.element_size())
-            nbytes = key[1]
+        if t.layout != torch.strided:
+            # sparse: what it holds is its index and value tensors, not N x M
+            key, nbytes = (id(t), _sparse_bytes(t)), _sparse_bytes(t)
+        else:
+            try:
+                storage = t.untyped_storage()
+                key = (storage.data_ptr(), storage.nbytes())
+                nbytes = storage.nbytes()
+            except (RuntimeError, NotImplementedError):
+                key = (id(t), t.numel() * t.element_size())
+                nbytes = key[1]
         if key not in self._seen:
             self._seen.add(key)
             self.bytes += nbytes
-        return t
+        # Not ``t`` itself: a saved output would then hold its own grad_fn, a
+        # reference cycle that keeps activations alive after a forward
+        # without backward (the trainer's measuring pass).
+        return t.detach()
 
     @staticmethod
     def _unpack(t: Tensor) -> Tensor:

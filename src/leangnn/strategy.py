@@ -229,7 +229,7 @@ def build_strategy(cfg) -> Strategy:
 
 # Reversibility lives in the model (GSRGNN's fused autograd Function); the
 # loop itself is plain full-batch training.
-register_strategy("full", FullBatch, default_model="res",
+register_strategy("full", FullBatch, default_model="dag",
                   description="full-batch training with plain autograd")
 register_strategy("reversible", FullBatch, default_model="gsr",
                   requires=("reversible",),

@@ -106,10 +106,14 @@ class Trainer:
         record (bool, optional): keep a run directory at ``config.out`` (or
             ``runs/<time>-...``); ``False`` trains in memory through the same
             loop and writes nothing. (default: ``True``)
+        strategy (Strategy, optional): a strategy object to train with instead
+            of the one ``config.strategy`` names (e.g. a benchmark's baseline
+            with options the config has no field for).
     """
 
     def __init__(self, config: TrainConfig, splits: GraphSplits | None = None,
-                 progress: bool = True, record: bool = True):
+                 progress: bool = True, record: bool = True,
+                 strategy: Strategy | None = None):
         self.cfg = config
         self.progress = progress
         self.device = torch.device(config.device)
@@ -128,7 +132,7 @@ class Trainer:
             config.model, self.splits.in_channels, config.hidden_channels,
             self.splits.out_channels, config.num_layers, **config.model_options(),
         ).to(self.device)
-        self.strategy = build_strategy(config)
+        self.strategy = strategy if strategy is not None else build_strategy(config)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=config.lr,
                                           weight_decay=config.weight_decay)
         # In a multi-process job only rank 0 writes and shows progress; every

@@ -21,7 +21,7 @@ from leangnn.plan.estimate import Estimate
 def _samples(scale, const, per_op, per_byte, per_flop):
     rng = np.random.default_rng(0)
     out = []
-    for i in range(6):
+    for _ in range(6):
         t = float(rng.uniform(1e6, 1e9))
         work = {"ops": float(rng.integers(100, 5000)), "written": float(t * 3),
                 "flops": float(rng.uniform(1e8, 1e11)), "graphs": 1}

@@ -38,7 +38,8 @@ def test_depth_points():
 
 @pytest.mark.parametrize("strategy,model,extra", [
     ("full", "res", {"conv": "sage"}),
-    ("reversible", "gsr", {"conv": "gcn", "num_groups": 2, "dropout": 0.1}),
+    pytest.param("reversible", "gsr", {"conv": "gcn", "num_groups": 2,
+                                       "dropout": 0.1}, marks=pytest.mark.slow),
     ("full", "gat", {}),
 ])
 def test_extrapolated_depth_equals_direct_dry_run(splits, strategy, model, extra,

@@ -13,7 +13,8 @@ from leangnn.data import GraphSplits, with_mask
 from leangnn.graphs.synthetic import contextual_sbm
 from leangnn.plan.calibrate import Calibration
 from leangnn.plan.estimate import default_loss, estimate_config
-from leangnn.plan.planner import choose, fit, format_table, plan, plan_config
+from leangnn.plan.planner import choose, format_table, plan_config
+from leangnn.plan.user import fit, plan
 
 #: tensor bytes as measured (no allocator overhead), so needs are exact sums
 EXACT = Calibration("test", "glibc-mmap", calibrated=True)
@@ -29,7 +30,7 @@ def splits():
 
 @pytest.fixture(scope="module")
 def res_cfg():
-    return TrainConfig(model="res", num_layers=6, hidden_channels=16)
+    return TrainConfig(model="res", num_layers=3, hidden_channels=8)
 
 
 @pytest.fixture(scope="module")
@@ -62,12 +63,12 @@ def test_pick_prefers_exact_then_fastest(roomy):
     assert d["rows"][0]["estimate"]["step_bytes"] > 0
 
 
-def test_tight_budget_picks_what_fits(roomy, res_cfg, splits):
+def test_tight_budget_picks_what_fits(roomy, res_cfg):
     needs = {(r.strategy, r.knobs.get("num_groups")): r.need_bytes
              for r in roomy.rows}
     budget = (needs["reversible", 2] + needs["full", None]) // 2
-    table = plan_config(res_cfg, splits, budget, calibration=EXACT,
-                        strategies=("full", "reversible"))
+    table = roomy.with_budget(budget)
+    assert roomy.pick.strategy == "full"  # the original is untouched
     pick = choose(table)
     assert pick.strategy == "reversible" and pick.need_bytes <= budget
     assert not next(r for r in table.rows if r.strategy == "full").fits
@@ -78,8 +79,7 @@ def test_tight_budget_picks_what_fits(roomy, res_cfg, splits):
 
 def test_budget_below_every_candidate_is_one_line(roomy, res_cfg, splits):
     smallest = min(r.need_bytes for r in roomy.rows)
-    table = plan_config(res_cfg, splits, smallest - 1, calibration=EXACT,
-                        strategies=("full", "reversible"))
+    table = roomy.with_budget(smallest - 1)
     assert table.pick is None
     with pytest.raises(ValueError) as e:
         choose(table)
@@ -110,10 +110,12 @@ def test_plan_and_fit_a_user_model(splits):
     assert [r.strategy for r in table.rows] == ["full", "prune", "prune", "prune"]
     assert table.pick.strategy == "full"
     loss_fn = default_loss(g)
-    before = float(loss_fn(model(g.x, g.edge_index), g))
+    with torch.no_grad():
+        before = float(loss_fn(model(g.x, g.edge_index), g))
     out = fit(model, g, strategy="full", memory_budget="1GiB", epochs=20, lr=0.02)
     assert out["row"].strategy == "full" and len(out["losses"]) == 20
-    after = float(loss_fn(model(g.x, g.edge_index), g))
+    with torch.no_grad():
+        after = float(loss_fn(model(g.x, g.edge_index), g))
     assert after < before
     with pytest.raises(ValueError, match="needs"):
         fit(model, g, strategy="full", memory_budget=1024, epochs=1)

@@ -30,9 +30,22 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch_geometric.nn import MLP
 
-from .levels import LevelPlan, cell_sweep, level_plan, max_plus
+from .levels import LevelPlan, cell_sweep, level_plan, max_plus, one_intraop_thread
 
-__all__ = ["DAGNN", "AGGRS"]
+__all__ = ["DAGNN", "AGGRS", "TASK_DEFAULTS"]
+
+_DEFAULTS = {"reverse": True, "product_channels": 4, "quantiles": (),
+             "learn_products": True}
+#: per task, the options measured best by ``benchmarks/circuit_models.py``:
+#: slack needs the reverse pass and quartile offsets (its classes are
+#: per-circuit quartiles); signal probability keeps the product channels at
+#: their COP start (learned corrections did not carry to unseen circuits).
+TASK_DEFAULTS = {
+    "arrival": {"reverse": True},
+    "critical": {"reverse": True, "quantiles": (0.25, 0.5, 0.75),
+                 "product_channels": 0},
+    "signal_prob": {"reverse": False, "learn_products": False},
+}
 
 AGGRS = ("max", "sum", "mean", "attention")
 _NUM_GATE_TYPES = 12  # len(leangnn.circuits.GATE_TYPES), without importing circuits
@@ -222,7 +235,7 @@ class DAGNN(torch.nn.Module):
             (default: ``"max"``)
         reverse (bool, optional): add a reverse pass over fanouts and the
             reverse timing channels (needed for required time / slack).
-            (default: ``True``)
+            (default: the task's, else ``True``)
         rounds (int, optional): forward (+ reverse) passes. (default: ``1``)
         dropout (float, optional): dropout on the encoding and head input.
             (default: ``0.0``)
@@ -233,11 +246,12 @@ class DAGNN(torch.nn.Module):
         typed (bool, optional): per-gate-type GRU input weights for the
             aggregated message. (default: ``True``)
         timing_channels (int, optional): max-plus channels ``K``. (default: ``4``)
-        product_channels (int, optional): product channels. (default: ``4``)
+        product_channels (int, optional): product channels. (default: the
+            task's, else ``4``)
         quantiles (sequence of float, optional): per-graph quantiles of the
             timing features the head also sees as offsets, e.g.
             ``(0.25, 0.5, 0.75)`` for slack quartile classes; empty to disable.
-            (default: ``()``)
+            (default: the task's, else ``()``)
         product_init (str, optional): start of the product channels: ``"cop"``
             (the COP formula of every gate type of
             :data:`~leangnn.circuits.GATE_TYPES`, then learned) or ``"and"``.
@@ -246,7 +260,11 @@ class DAGNN(torch.nn.Module):
         learn_products (bool, optional): train the product channels' per-type
             scalars; ``False`` keeps them at ``product_init`` (with
             ``"cop"``: exact COP probabilities as a fixed channel).
-            (default: ``True``)
+            (default: the task's, else ``True``)
+        task (str, optional): ``arrival``, ``critical`` or ``signal_prob``:
+            options left ``None`` take that task's measured best setting
+            (:data:`TASK_DEFAULTS`, from ``benchmarks/circuit_models.py``).
+            (default: ``None``)
 
     Shapes:
         **input:** ``x [N, in_channels]``, ``edge_index [2, E]`` (fanin ->
@@ -255,14 +273,25 @@ class DAGNN(torch.nn.Module):
     """
 
     def __init__(self, in_channels: int, hidden_channels: int, out_channels: int,
-                 num_layers: int = 2, aggr: str = "max", reverse: bool = True,
+                 num_layers: int = 2, aggr: str = "max", reverse: bool | None = None,
                  rounds: int = 1, dropout: float = 0.0,
                  gate_types: int | Sequence[int] = _NUM_GATE_TYPES,
                  typed: bool = True, timing_channels: int = 4,
-                 product_channels: int = 4,
-                 quantiles: Sequence[float] = (),
-                 product_init: str | None = None, learn_products: bool = True):
+                 product_channels: int | None = None,
+                 quantiles: Sequence[float] | None = None,
+                 product_init: str | None = None, learn_products: bool | None = None,
+                 task: str | None = None):
         super().__init__()
+        if task is not None and task not in TASK_DEFAULTS:
+            raise ValueError(f"task must be one of {sorted(TASK_DEFAULTS)} (or None), "
+                             f"got {task!r}")
+        given = {"reverse": reverse, "product_channels": product_channels,
+                 "quantiles": quantiles, "learn_products": learn_products}
+        opts = {**_DEFAULTS, **TASK_DEFAULTS.get(task, {}),
+                **{k: v for k, v in given.items() if v is not None}}
+        reverse, product_channels = opts["reverse"], opts["product_channels"]
+        quantiles, learn_products = opts["quantiles"], opts["learn_products"]
+        self.task = task
         if aggr not in AGGRS:
             raise ValueError(f"aggr must be one of {AGGRS}, got {aggr!r}")
         for name, v, lo in (("num_layers", num_layers, 1), ("rounds", rounds, 1),
@@ -443,6 +472,14 @@ class DAGNN(torch.nn.Module):
     def forward(self, x: Tensor, edge_index: Tensor, level: Tensor | None = None,
                 batch: Tensor | None = None, plan: LevelPlan | None = None,
                 **kwargs) -> Tensor:
+        # All of it on one intra-op thread: besides the level sweeps, the
+        # per-graph MLPs are [N, C] with small C, where OpenMP's fork/join
+        # costs more than it saves (0.08 s vs 0.7 s per step on c7552 with
+        # the other core busy).
+        with one_intraop_thread():
+            return self._forward(x, edge_index, level, batch, plan)
+
+    def _forward(self, x, edge_index, level, batch, plan) -> Tensor:
         plan = self._plan(x, edge_index, level, plan)
         h = self.encoder(x)
         h = F.dropout(h, self.dropout, self.training)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import importlib
 import inspect
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -240,12 +240,15 @@ class ModelEntry:
             ``"layerwise"`` (a PyG ``BasicGNN`` the offload engine runs layer
             by layer).
         description (str): one line for help texts.
+        defaults (dict): run settings this model trains best with when the
+            user gives none (``num_layers``, ``hidden_channels``, ``epochs``).
     """
 
     name: str
     target: Callable | str
     capabilities: frozenset[str] = frozenset()
     description: str = ""
+    defaults: dict = field(default_factory=dict)
 
     def resolve(self) -> Callable:
         """The constructor (imports a lazy target once)."""
@@ -271,7 +274,8 @@ MODELS: dict[str, ModelEntry] = {}
 
 def register_model(name: str, target: Callable | str, *, reversible: bool = False,
                    layerwise: bool = False, capabilities: tuple[str, ...] = (),
-                   description: str = "", replace: bool = False) -> ModelEntry:
+                   description: str = "", defaults: dict | None = None,
+                   replace: bool = False) -> ModelEntry:
     """Register a model under ``name`` for :func:`build_model` and ``--model``.
 
     Args:
@@ -285,6 +289,8 @@ def register_model(name: str, target: Callable | str, *, reversible: bool = Fals
             can run layer by layer. (default: ``False``)
         capabilities (tuple of str, optional): further capability names.
         description (str, optional): one line for help texts.
+        defaults (dict, optional): ``num_layers`` / ``hidden_channels`` /
+            ``epochs`` a run of this model uses when none is given.
         replace (bool, optional): allow replacing an existing entry.
             (default: ``False``)
     """
@@ -294,7 +300,8 @@ def register_model(name: str, target: Callable | str, *, reversible: bool = Fals
         raise ValueError(f"model {name!r} is already registered; pass replace=True")
     caps = set(capabilities) | {c for c, on in (("reversible", reversible),
                                                 ("layerwise", layerwise)) if on}
-    entry = ModelEntry(name, target, frozenset(caps), description)
+    entry = ModelEntry(name, target, frozenset(caps), description,
+                       dict(defaults or {}))
     MODELS[name] = entry
     return entry
 
@@ -321,6 +328,13 @@ register_model("gcn", _shallow(GCN), layerwise=True, description="shallow PyG GC
 register_model("sage", _shallow(GraphSAGE), layerwise=True,
                description="shallow PyG GraphSAGE")
 register_model("gat", _shallow(GAT), layerwise=True, description="shallow PyG GAT")
+# Propagates in topological order: needs a DAG (circuits, not csbm graphs).
+register_model("dag", "leangnn.nn.dag:DAGNN", capabilities=("dag",),
+               description="topological DAG propagation (DAGNN / DeepGate2 / "
+               "TimingPredict style), activation memory independent of depth",
+               # measured by benchmarks/circuit_models.py: small MLPs suffice
+               # (the propagation depth is the circuit's), and train in minutes
+               defaults={"num_layers": 2, "hidden_channels": 32, "epochs": 40})
 
 
 def build_model(name: str, in_channels: int, hidden_channels: int,

@@ -8,7 +8,9 @@ than it hands out). A short calibration measures a few small real runs here
 (:func:`leangnn.plan.measure.measure_fresh`) beside their estimates and fits
 
 * memory: ``measured = scale x tensor_bytes + const`` (relative least
-  squares), and on CUDA ``reserved / allocated`` for budget checks;
+  squares; ``scale = 1`` where memory follows the tensors, CUDA and glibc
+  with a fixed mmap threshold, leaving a first-run constant), and on CUDA
+  ``reserved / allocated`` for budget checks;
 * time: ``epoch_seconds = a ops + b bytes_written + c flops`` (non-negative
   least squares over the traced work), and for offload
   ``k x that + per_job x jobs``.
@@ -120,6 +122,9 @@ class Calibration:
         offload_bytes_scale (float): measured over estimated bytes of offload
             runs, whose estimate is the engine's budget accounting (an upper
             bound by design: safety margins on every job's workspace).
+        const_by_strategy (dict): ``const`` per strategy where calibrated
+            (a strategy whose setup computes, e.g. DPR's core selection, has
+            warmed up what a first step would otherwise load).
         calibrated (bool): measured here (``False``: defaults).
         error (dict): median and worst relative error of the fit.
         samples (list): the measurements fitted.
@@ -136,6 +141,7 @@ class Calibration:
     offload_scale: float = 2.0
     per_job: float = 2e-3
     offload_bytes_scale: float = 1.0
+    const_by_strategy: dict[str, float] = field(default_factory=dict)
     calibrated: bool = False
     measured_at: str = ""
     error: dict[str, float] = field(default_factory=dict)
@@ -147,10 +153,10 @@ class Calibration:
         return cls(machine_kind(device), mode, scale=_DEFAULT_SCALE.get(mode, 1.0))
 
     # ------------------------------------------------------------ applying
-    def overhead(self, tensor_bytes: int) -> int:
+    def overhead(self, tensor_bytes: int, strategy: str | None = None) -> int:
         """Allocator bytes on top of ``tensor_bytes`` (never below -it)."""
-        return max(-tensor_bytes, round((self.scale - 1.0) * tensor_bytes
-                                        + self.const))
+        const = self.const_by_strategy.get(strategy, self.const)
+        return max(-tensor_bytes, round((self.scale - 1.0) * tensor_bytes + const))
 
     def seconds(self, work: dict[str, float]) -> float | None:
         """Epoch seconds of traced ``work`` (``None`` without any)."""
@@ -168,7 +174,7 @@ class Calibration:
             est.overhead_bytes = round((self.offload_bytes_scale - 1.0)
                                        * est.step_bytes)
         else:
-            est.overhead_bytes = self.overhead(est.step_bytes)
+            est.overhead_bytes = self.overhead(est.step_bytes, est.strategy)
         est.epoch_seconds = self.seconds(est.work)
         if not self.calibrated:
             hint = (f"uncalibrated ({self.kind}): run python -m "
@@ -228,7 +234,15 @@ def fit_calibration(samples: list[dict[str, Any]], device="cpu") -> Calibration:
     off = [s for s in samples if "jobs" in s.get("work", {})]
     x = np.array([s["tensor_bytes"] for s in plain], dtype=float)
     y = np.array([s["run_bytes"] for s in plain], dtype=float)
-    if len(plain) >= 2:
+    if cal.allocator in ("glibc-mmap", "cuda-caching") and plain:
+        # Memory follows the tensors one to one by construction; what is left
+        # is a first-run constant (lazily loaded code, thread pools).
+        cal.scale, cal.const = 1.0, float(np.median(y - x))
+        for name in {s["config"]["strategy"] for s in plain if "config" in s}:
+            d = [s["run_bytes"] - s["tensor_bytes"] for s in plain
+                 if s.get("config", {}).get("strategy") == name]
+            cal.const_by_strategy[name] = float(np.median(d))
+    elif len(plain) >= 2:
         cal.scale, cal.const = (float(v) for v in _relative_lstsq(
             np.stack([x, np.ones_like(x)], 1), y, nonneg=False))
     elif plain:
@@ -236,8 +250,10 @@ def fit_calibration(samples: list[dict[str, Any]], device="cpu") -> Calibration:
     if off:
         cal.offload_bytes_scale = float(np.median(
             [s["run_bytes"] / max(s["tensor_bytes"], 1) for s in off]))
-    pred = [cal.scale * s["tensor_bytes"] + cal.const if "jobs" not in s["work"]
-            else cal.offload_bytes_scale * s["tensor_bytes"] for s in samples]
+    pred = [s["tensor_bytes"] + cal.overhead(
+        int(s["tensor_bytes"]), s.get("config", {}).get("strategy"))
+        if "jobs" not in s["work"] else cal.offload_bytes_scale * s["tensor_bytes"]
+        for s in samples]
     cal.error = _errors(np.array(pred), np.array([s["run_bytes"] for s in samples],
                                                  dtype=float))
     reserved = [s["reserved_bytes"] / s["allocated_bytes"] for s in samples

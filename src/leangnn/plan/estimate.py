@@ -54,8 +54,8 @@ class Estimate:
         graph_bytes (int): graph tensors resident on the device before the
             step (the training graph on CPU, DPR's core).
         overhead_bytes (int): calibrated allocator overhead on top.
-        host_bytes (int): host memory outside the device (offload's host
-            store on a CUDA run).
+        host_bytes (int): host memory the step adds outside the device
+            (offload's host store on a CUDA run; the features are loaded).
         epoch_seconds (float, optional): estimated training epoch time.
         method (str): how it was estimated (``fake``, ``fake+extrapolated``,
             ``offload-accounting``, ``analytic``).
@@ -295,6 +295,13 @@ def estimate_config(cfg, splits, device: torch.device | str | None = None,
     except UnsupportedOpError as e:
         return _finish(_analytic(cfg, splits, data, dev, knobs, str(e)), calibration,
                        t0)
+    if len(splits.train) > 1:
+        # From the second graph of an epoch on, Adam's two moments exist
+        # before the step's activations do (the trace, one step from a fresh
+        # optimizer, allocates them after the backward).
+        moments = 2 * mb
+        peak = max([peak] + [v + moments for k, v in phases.items()
+                             if k != "optimizer"])
     graphs = splits.train if cfg.strategy != "prune" else [data]
     est = Estimate(cfg.strategy, knobs, str(dev), peak, mb, graph_bytes,
                    method="fake+extrapolated" if extrapolated else "fake", note=note,
@@ -366,5 +373,5 @@ def _offload(cfg, splits, big: Data, device: torch.device, knobs: dict,
                         method="offload-accounting", work=work,
                         note="CPU device: host store and device pool share memory")
     return Estimate("offload", knobs, str(device), device_step, params, 0,
-                    host_bytes=host + x_bytes, method="offload-accounting", work=work)
+                    host_bytes=host, method="offload-accounting", work=work)
 

@@ -12,9 +12,9 @@ Checkmate and PyTorch's ``activation_memory_budget`` (a budget in, a plan
 out), at the granularity of leangnn's strategies.
 
 Entry points: :func:`plan_config` (a :class:`~leangnn.config.TrainConfig`,
-for ``leangnn plan`` and ``--strategy auto``), :func:`plan` (any PyG model
-and ``Data``), :func:`fit` (plan, then train with the pick),
-:func:`choose`, :func:`format_table`.
+for ``leangnn plan`` and ``--strategy auto``), :func:`choose`,
+:func:`format_table`; for any PyG model and ``Data``,
+:func:`leangnn.plan.user.plan` and :func:`leangnn.plan.user.fit`.
 """
 
 from __future__ import annotations
@@ -26,19 +26,13 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import torch
-from torch_geometric.data import Data
 
 from leangnn.plan.calibrate import Calibration, load_calibration
-from leangnn.plan.estimate import (
-    Estimate,
-    default_loss,
-    estimate_config,
-    estimate_model,
-)
+from leangnn.plan.estimate import Estimate, estimate_config
 from leangnn.utils import format_bytes, json_safe, parse_bytes
 
-__all__ = ["PlanRow", "PlanTable", "plan_config", "plan", "fit", "choose",
-           "format_table", "candidates", "GROUPS", "CORE_RATIOS", "OFFLOAD_PARTS"]
+__all__ = ["PlanRow", "PlanTable", "plan_config", "choose", "format_table",
+           "candidates", "GROUPS", "CORE_RATIOS", "OFFLOAD_PARTS"]
 
 GROUPS = (2, 4)               #: reversible group counts tried
 CORE_RATIOS = (0.5, 0.3, 0.1)  #: DPR core ratios tried
@@ -64,6 +58,8 @@ class PlanRow:
         chosen (bool): the pick.
         config (dict): the configuration fields this row sets.
         estimate (Estimate | None): the estimate behind it.
+        host_short (str): why host memory cannot hold what the row keeps
+            there (offload's host store on a GPU run); empty when it can.
     """
 
     strategy: str
@@ -76,6 +72,7 @@ class PlanRow:
     chosen: bool = False
     config: dict[str, Any] = field(default_factory=dict)
     estimate: Estimate | None = None
+    host_short: str = ""
 
     @property
     def label(self) -> str:
@@ -122,6 +119,16 @@ class PlanTable:
     def pick(self) -> PlanRow | None:
         return next((r for r in self.rows if r.chosen), None)
 
+    def with_budget(self, memory_budget) -> PlanTable:
+        """The same rows judged against another budget (no re-estimation)."""
+        import copy
+
+        table = copy.deepcopy(self)
+        table.budget_bytes = parse_bytes(memory_budget, "memory_budget")
+        for r in table.rows:
+            r.chosen, r.why = False, r.why if r.need_bytes is None else ""
+        return mark_table(table)
+
     def to_dict(self) -> dict[str, Any]:
         pick = self.pick
         return json_safe({"budget_bytes": self.budget_bytes, "device": self.device,
@@ -137,12 +144,12 @@ class PlanTable:
 
 
 # ---------------------------------------------------------------- choosing
-def _mark(table: PlanTable) -> PlanTable:
+def mark_table(table: PlanTable) -> PlanTable:
     """Fill ``fits`` / ``why`` / ``chosen`` of every row."""
     for r in table.rows:
         r.chosen = False
         if r.need_bytes is not None:
-            r.fits = r.need_bytes <= table.budget_bytes
+            r.fits = r.need_bytes <= table.budget_bytes and not r.host_short
     ok = [r for r in table.rows if r.fits]
     if not ok:
         for r in table.rows:
@@ -161,6 +168,8 @@ def _mark(table: PlanTable) -> PlanTable:
                 f"chosen: nothing exact fits; {r.kind}")
         elif r.need_bytes is None:
             continue
+        elif r.host_short:
+            r.why = r.host_short
         elif not r.fits:
             r.why = (f"needs {format_bytes(r.need_bytes)} > budget "
                      f"{format_bytes(table.budget_bytes)}")
@@ -179,7 +188,7 @@ def choose(table: PlanTable) -> PlanRow:
         ValueError: one line naming the smallest candidate and its need when
             no candidate fits the budget.
     """
-    pick = table.pick or _mark(table).pick
+    pick = table.pick or mark_table(table).pick
     if pick is not None:
         return pick
     sized = [r for r in table.rows if r.need_bytes is not None]
@@ -216,7 +225,7 @@ def format_table(table: PlanTable) -> str:
 
 
 # ---------------------------------------------------------------- budgets
-def _budget(memory_budget, device: torch.device) -> int:
+def resolve_budget(memory_budget, device: torch.device) -> int:
     if memory_budget is not None:
         return parse_bytes(memory_budget, "memory_budget")
     from leangnn.plan.fits import available_bytes
@@ -228,14 +237,23 @@ def _budget(memory_budget, device: torch.device) -> int:
     return have
 
 
-def _row(strategy: str, est: Estimate, cal: Calibration, kind: str,
+def estimate_row(strategy: str, est: Estimate, cal: Calibration, kind: str,
          config: dict) -> PlanRow:
     need = math.ceil(est.peak_bytes * cal.budget_scale)
+    short = ""
+    if est.host_bytes:
+        from leangnn.plan.fits import available_bytes
+
+        host = available_bytes("cpu")
+        if host is not None and est.host_bytes > host:
+            short = (f"host store needs {format_bytes(est.host_bytes)} > "
+                     f"{format_bytes(host)} free host memory")
     return PlanRow(strategy, dict(est.knobs), kind, need, False, est.epoch_seconds,
-                   est.note, config=config, estimate=est)
+                   est.note, config=config, estimate=est, host_short=short)
 
 
-def _unavailable(strategy: str, knobs: dict, why: str, kind: str = "exact") -> PlanRow:
+def unavailable_row(strategy: str, knobs: dict, why: str,
+                    kind: str = "exact") -> PlanRow:
     return PlanRow(strategy, knobs, kind, None, False, None, why)
 
 
@@ -292,7 +310,7 @@ def plan_config(cfg, splits, memory_budget=None, device=None,
     """
     t0 = time.perf_counter()
     dev = torch.device(device or cfg.device)
-    budget = _budget(memory_budget, dev)
+    budget = resolve_budget(memory_budget, dev)
     cal = calibration or load_calibration(dev)
     rows = []
     for strategy, fields, kind in candidates(cfg, budget):
@@ -301,213 +319,18 @@ def plan_config(cfg, splits, memory_budget=None, device=None,
         try:
             c = replace(cfg, **fields, device=str(dev))
         except ValueError as e:
-            rows.append(_unavailable(strategy, fields, str(e), kind))
+            rows.append(unavailable_row(strategy, fields, str(e), kind))
             continue
         try:
             est = estimate_config(c, splits, dev, cal)
         except (ValueError, RuntimeError) as e:  # e.g. budget below one job
-            rows.append(_unavailable(strategy, {k: v for k, v in fields.items()
-                                                if k != "strategy"},
-                                     f"not possible: {str(e).splitlines()[0]}",
-                                     kind))
+            knobs = {k: v for k, v in fields.items() if k != "strategy"}
+            rows.append(unavailable_row(
+                strategy, knobs, f"not possible: {str(e).splitlines()[0]}", kind))
             continue
-        rows.append(_row(strategy, est, cal, kind, fields))
+        rows.append(estimate_row(strategy, est, cal, kind, fields))
     table = PlanTable(rows, budget, str(dev),
                       cal.kind if cal.calibrated else "uncalibrated")
-    _mark(table)
+    mark_table(table)
     table.seconds = time.perf_counter() - t0
     return table
-
-
-# ----------------------------------------------------------------- models
-def _is_layerwise(model: torch.nn.Module) -> str | None:
-    try:
-        from leangnn.offload import LayerwiseModel
-
-        LayerwiseModel(model)
-    except ValueError as e:
-        return str(e)
-    return None
-
-
-def plan(model: torch.nn.Module, data: Data, memory_budget="4GiB", loss_fn=None,
-         device="cpu", lr: float = 1e-3, clip_norm: float | None = 1.0,
-         calibration: Calibration | None = None,
-         strategies: tuple[str, ...] | None = None) -> PlanTable:
-    """Plan training ``model`` on ``data`` (any PyG model) under a budget.
-
-    Rows: full batch; offload (PyG ``BasicGNN`` models) under the budget; the
-    DPR core at :data:`CORE_RATIOS`. A :class:`~leangnn.nn.models.GSRGNN`'s
-    full-batch row is its reversible training.
-
-    Args:
-        model (Module): the model; not modified.
-        data (Data): the graph (``x``, ``edge_index``, ``y``, optional
-            ``node_mask``).
-        memory_budget (int or str, optional): e.g. ``"4GiB"``; ``None``: the
-            device's free memory now. (default: ``"4GiB"``)
-        loss_fn (callable, optional): ``loss_fn(out, data)``; default
-            cross-entropy (integer ``y``) or MSE.
-        device (str, optional): the training device. (default: ``"cpu"``)
-        lr, clip_norm: Adam's learning rate and the clipping norm.
-        calibration (Calibration, optional): default: this machine's.
-        strategies (tuple of str, optional): only these strategies' rows
-            (``full`` stands for the model's own full-batch training).
-
-    Example:
-        >>> table = plan(GraphSAGE(64, 128, 3, 8), data, "2GiB")
-        >>> print(table)          # rows, needs, fits, epoch times, the pick
-    """
-    t0 = time.perf_counter()
-    dev = torch.device(device)
-    budget = _budget(memory_budget, dev)
-    cal = calibration or load_calibration(dev)
-    loss_fn = loss_fn or default_loss(data)
-    name = type(model).__name__
-    reversible = hasattr(model, "stack") and hasattr(model.stack, "num_groups")
-    strategy = "reversible" if reversible else "full"
-    wanted = set(strategies or ("full", "reversible", "offload", "prune"))
-    if strategy in wanted or "full" in wanted:
-        rows = [_row(strategy, estimate_model(model, data, loss_fn, dev, strategy,
-                                              lr=lr, clip_norm=clip_norm,
-                                              calibration=cal,
-                                              knobs={"model": name}),
-                     cal, "exact", {"strategy": strategy})]
-    else:
-        rows = []
-    knobs = {"model": name, "device_budget": budget, "num_parts": OFFLOAD_PARTS[0]}
-    why = _is_layerwise(model) if "offload" in wanted else "not requested"
-    if why is None:
-        try:
-            rows.append(_row("offload", _offload_model(model, data, loss_fn, dev,
-                                                       budget, cal, knobs),
-                             cal, "exact", {"strategy": "offload",
-                                            "device_budget": budget,
-                                            "num_parts": OFFLOAD_PARTS[0]}))
-        except (ValueError, RuntimeError) as e:
-            rows.append(_unavailable("offload", knobs, "not possible: "
-                                     + str(e).splitlines()[0]))
-    elif "offload" in wanted:
-        rows.append(_unavailable("offload", knobs, f"not possible: {why}"))
-    for ratio in CORE_RATIOS if "prune" in wanted else ():
-        core, note = _core(data, ratio)
-        est = estimate_model(model, core, loss_fn, dev, "prune", lr=lr,
-                             clip_norm=clip_norm, calibration=cal,
-                             knobs={"model": name, "budget_ratio": ratio,
-                                    "core_nodes": int(core.num_nodes)})
-        est.note = note
-        rows.append(_row("prune", est, cal, "approximate",
-                         {"strategy": "prune", "budget_ratio": ratio}))
-    table = PlanTable(rows, budget, str(dev),
-                      cal.kind if cal.calibrated else "uncalibrated")
-    _mark(table)
-    table.seconds = time.perf_counter() - t0
-    return table
-
-
-def _core(data: Data, ratio: float) -> tuple[Data, str]:
-    from leangnn.prune.dpr import DPRStrategy
-
-    with torch.random.fork_rng(devices=[]):
-        core = DPRStrategy(budget_ratio=ratio).prepare(data).train_data
-    return core, f"core: {int(core.num_nodes)} nodes, {int(core.num_edges)} edges"
-
-
-def _offload_model(model, data, loss_fn, device, budget, cal, knobs) -> Estimate:
-    from leangnn.offload import OffloadEngine, OffloadOptions
-
-    t0 = time.perf_counter()
-    opts = OffloadOptions(budget, min(OFFLOAD_PARTS[0], int(data.num_nodes)),
-                          device=device, virtual=True)
-    with torch.random.fork_rng(devices=[]):
-        eng = OffloadEngine(model, data, options=opts)
-        counters = eng.simulate(train=True)
-    full = estimate_model(model, data, loss_fn, device)
-    params = full.model_bytes
-    work = {**full.work, "jobs": counters.jobs}
-    pool = eng.cache.nbytes if device.type == "cpu" else 0  # counted on both sides
-    host = max(0, counters.peak_host_bytes - data.x.untyped_storage().nbytes()
-               - pool)
-    dev_step = max(0, counters.peak_device_bytes - params)
-    cpu = device.type == "cpu"
-    est = Estimate("offload", dict(knobs), str(device),
-                   dev_step + (host if cpu else 0), params, full.graph_bytes if cpu
-                   else 0, host_bytes=0 if cpu else host, method="offload-accounting",
-                   work=work)
-    cal.apply(est)
-    est.estimate_seconds = time.perf_counter() - t0
-    return est
-
-
-def fit(model: torch.nn.Module, data: Data, loss_fn=None, strategy: str = "auto",
-        memory_budget="4GiB", epochs: int = 100, lr: float = 1e-3,
-        clip_norm: float | None = 1.0, device="cpu",
-        weight_decay: float = 0.0) -> dict[str, Any]:
-    """Train ``model`` on ``data`` through the strategy the planner picks.
-
-    Args:
-        model (Module): the model, trained in place.
-        data (Data): the graph.
-        loss_fn (callable, optional): ``loss_fn(out, data)``.
-        strategy (str, optional): ``auto`` (the pick of :func:`plan`) or a
-            row's strategy (``full``, ``reversible``, ``offload``, ``prune``;
-            its first row). (default: ``"auto"``)
-        memory_budget, device, lr, clip_norm: see :func:`plan`.
-        epochs (int, optional): epochs (one step each). (default: ``100``)
-
-    Returns:
-        ``{"plan": PlanTable, "row": the row used, "strategy": the Strategy,
-        "losses": [...]}``.
-
-    Raises:
-        ValueError: nothing fits the budget (one line naming the smallest
-            candidate), or ``strategy`` has no available row.
-    """
-    known = ("auto", "full", "reversible", "offload", "prune")
-    if strategy not in known:
-        raise ValueError(f"strategy: expected one of {known}, got {strategy!r}")
-    table = plan(model, data, memory_budget, loss_fn, device, lr, clip_norm,
-                 strategies=None if strategy == "auto" else (strategy,))
-    if strategy == "auto":
-        row = choose(table)
-    else:
-        sized = [r for r in table.rows if r.need_bytes is not None]
-        if not sized:
-            raise ValueError(f"strategy={strategy!r} is not possible for this "
-                             f"model: {table.rows[0].why if table.rows else ''}")
-        row = min(sized, key=lambda r: r.need_bytes)
-        if not row.fits:
-            raise ValueError(
-                f"strategy={strategy!r}: {row.label} needs "
-                f"~{format_bytes(row.need_bytes)}, memory_budget is "
-                f"{format_bytes(table.budget_bytes)}")
-    strat = _strategy(row, device)
-    loss_fn = loss_fn or default_loss(data)
-    model.to(device)
-    optimizer = torch.optim.Adam(model.parameters(), lr=lr, weight_decay=weight_decay)
-    strat.setup(model, [data])
-    losses = []
-    model.train()
-    for _ in range(epochs):
-        optimizer.zero_grad(set_to_none=True)
-        losses.append(strat.train_step(model, data, loss_fn))
-        if clip_norm:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
-        optimizer.step()
-    strat.fit_end(model, [data], loss_fn)
-    return {"plan": table, "row": row, "strategy": strat, "losses": losses}
-
-
-def _strategy(row: PlanRow, device):
-    if row.strategy == "offload":
-        from leangnn.offload import OffloadStrategy
-
-        return OffloadStrategy(device, row.config["device_budget"],
-                               row.config["num_parts"])
-    if row.strategy == "prune":
-        from leangnn.prune.dpr import DPRStrategy
-
-        return DPRStrategy(budget_ratio=row.config["budget_ratio"], device=device)
-    from leangnn.strategy import FullBatch
-
-    return FullBatch(device)

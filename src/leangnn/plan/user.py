@@ -1,0 +1,233 @@
+"""Planning and training a user's own PyG model and ``Data``.
+
+The planner of :mod:`leangnn.plan.planner` for any model, from Python: the
+rows are the model's own full-batch training (a
+:class:`~leangnn.nn.models.GSRGNN` trains reversibly), offload for PyG
+``BasicGNN`` models under the budget, and DPR's core at a few ratios;
+:func:`fit` then trains the model through the pick with the Trainer's step
+(``zero_grad``, ``strategy.train_step``, clipping, Adam).
+
+Example::
+
+    from torch_geometric.nn import GraphSAGE
+    from leangnn.plan import fit, plan
+
+    print(plan(GraphSAGE(64, 128, 3, 8), data, memory_budget="2GiB"))
+    out = fit(model, data, memory_budget="2GiB", epochs=200)
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+from torch_geometric.data import Data
+
+from leangnn.plan.calibrate import Calibration, load_calibration
+from leangnn.plan.estimate import Estimate, default_loss, estimate_model
+from leangnn.plan.planner import (
+    CORE_RATIOS,
+    OFFLOAD_PARTS,
+    PlanRow,
+    PlanTable,
+    choose,
+    estimate_row,
+    mark_table,
+    resolve_budget,
+    unavailable_row,
+)
+from leangnn.utils import format_bytes
+
+__all__ = ["plan", "fit"]
+
+
+def _is_layerwise(model: torch.nn.Module) -> str | None:
+    try:
+        from leangnn.offload import LayerwiseModel
+
+        LayerwiseModel(model)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+def plan(model: torch.nn.Module, data: Data, memory_budget="4GiB", loss_fn=None,
+         device="cpu", lr: float = 1e-3, clip_norm: float | None = 1.0,
+         calibration: Calibration | None = None,
+         strategies: tuple[str, ...] | None = None) -> PlanTable:
+    """Plan training ``model`` on ``data`` (any PyG model) under a budget.
+
+    Rows: full batch; offload (PyG ``BasicGNN`` models) under the budget; the
+    DPR core at :data:`CORE_RATIOS`. A :class:`~leangnn.nn.models.GSRGNN`'s
+    full-batch row is its reversible training.
+
+    Args:
+        model (Module): the model; not modified.
+        data (Data): the graph (``x``, ``edge_index``, ``y``, optional
+            ``node_mask``).
+        memory_budget (int or str, optional): e.g. ``"4GiB"``; ``None``: the
+            device's free memory now. (default: ``"4GiB"``)
+        loss_fn (callable, optional): ``loss_fn(out, data)``; default
+            cross-entropy (integer ``y``) or MSE.
+        device (str, optional): the training device. (default: ``"cpu"``)
+        lr, clip_norm: Adam's learning rate and the clipping norm.
+        calibration (Calibration, optional): default: this machine's.
+        strategies (tuple of str, optional): only these strategies' rows
+            (``full`` stands for the model's own full-batch training).
+
+    Example:
+        >>> table = plan(GraphSAGE(64, 128, 3, 8), data, "2GiB")
+        >>> print(table)          # rows, needs, fits, epoch times, the pick
+    """
+    t0 = time.perf_counter()
+    dev = torch.device(device)
+    budget = resolve_budget(memory_budget, dev)
+    cal = calibration or load_calibration(dev)
+    loss_fn = loss_fn or default_loss(data)
+    name = type(model).__name__
+    reversible = hasattr(model, "stack") and hasattr(model.stack, "num_groups")
+    strategy = "reversible" if reversible else "full"
+    wanted = set(strategies or ("full", "reversible", "offload", "prune"))
+    rows = []
+    if strategy in wanted or "full" in wanted:
+        est = estimate_model(model, data, loss_fn, dev, strategy, lr=lr,
+                             clip_norm=clip_norm, calibration=cal,
+                             knobs={"model": name})
+        rows.append(estimate_row(strategy, est, cal, "exact",
+                                 {"strategy": strategy}))
+    knobs = {"model": name, "device_budget": budget, "num_parts": OFFLOAD_PARTS[0]}
+    why = _is_layerwise(model) if "offload" in wanted else "not requested"
+    if why is None:
+        try:
+            est = _offload_model(model, data, loss_fn, dev, budget, cal, knobs)
+            rows.append(estimate_row("offload", est, cal, "exact",
+                                     {"strategy": "offload", "device_budget": budget,
+                                      "num_parts": OFFLOAD_PARTS[0]}))
+        except (ValueError, RuntimeError) as e:
+            rows.append(unavailable_row("offload", knobs, "not possible: "
+                                        + str(e).splitlines()[0]))
+    elif "offload" in wanted:
+        rows.append(unavailable_row("offload", knobs, f"not possible: {why}"))
+    for ratio in CORE_RATIOS if "prune" in wanted else ():
+        core, note = _core(data, ratio)
+        est = estimate_model(model, core, loss_fn, dev, "prune", lr=lr,
+                             clip_norm=clip_norm, calibration=cal,
+                             knobs={"model": name, "budget_ratio": ratio,
+                                    "core_nodes": int(core.num_nodes)})
+        est.note = note
+        rows.append(estimate_row("prune", est, cal, "approximate",
+                                 {"strategy": "prune", "budget_ratio": ratio}))
+    table = PlanTable(rows, budget, str(dev),
+                      cal.kind if cal.calibrated else "uncalibrated")
+    mark_table(table)
+    table.seconds = time.perf_counter() - t0
+    return table
+
+
+def _core(data: Data, ratio: float) -> tuple[Data, str]:
+    from leangnn.prune.dpr import DPRStrategy
+
+    with torch.random.fork_rng(devices=[]):
+        core = DPRStrategy(budget_ratio=ratio).prepare(data).train_data
+    return core, f"core: {int(core.num_nodes)} nodes, {int(core.num_edges)} edges"
+
+
+def _offload_model(model, data, loss_fn, device, budget, cal, knobs) -> Estimate:
+    from leangnn.offload import OffloadEngine, OffloadOptions
+
+    t0 = time.perf_counter()
+    opts = OffloadOptions(budget, min(OFFLOAD_PARTS[0], int(data.num_nodes)),
+                          device=device, virtual=True)
+    with torch.random.fork_rng(devices=[]):
+        eng = OffloadEngine(model, data, options=opts)
+        counters = eng.simulate(train=True)
+    full = estimate_model(model, data, loss_fn, device)
+    params = full.model_bytes
+    work = {**full.work, "jobs": counters.jobs}
+    pool = eng.cache.nbytes if device.type == "cpu" else 0  # counted on both sides
+    host = max(0, counters.peak_host_bytes - data.x.untyped_storage().nbytes()
+               - pool)
+    dev_step = max(0, counters.peak_device_bytes - params)
+    cpu = device.type == "cpu"
+    est = Estimate("offload", dict(knobs), str(device),
+                   dev_step + (host if cpu else 0), params, full.graph_bytes if cpu
+                   else 0, host_bytes=0 if cpu else host, method="offload-accounting",
+                   work=work)
+    cal.apply(est)
+    est.estimate_seconds = time.perf_counter() - t0
+    return est
+
+
+def fit(model: torch.nn.Module, data: Data, loss_fn=None, strategy: str = "auto",
+        memory_budget="4GiB", epochs: int = 100, lr: float = 1e-3,
+        clip_norm: float | None = 1.0, device="cpu",
+        weight_decay: float = 0.0) -> dict[str, Any]:
+    """Train ``model`` on ``data`` through the strategy the planner picks.
+
+    Args:
+        model (Module): the model, trained in place.
+        data (Data): the graph.
+        loss_fn (callable, optional): ``loss_fn(out, data)``.
+        strategy (str, optional): ``auto`` (the pick of :func:`plan`) or a
+            row's strategy (``full``, ``reversible``, ``offload``, ``prune``;
+            its first row). (default: ``"auto"``)
+        memory_budget, device, lr, clip_norm: see :func:`plan`.
+        epochs (int, optional): epochs (one step each). (default: ``100``)
+
+    Returns:
+        ``{"plan": PlanTable, "row": the row used, "strategy": the Strategy,
+        "losses": [...]}``.
+
+    Raises:
+        ValueError: nothing fits the budget (one line naming the smallest
+            candidate), or ``strategy`` has no available row.
+    """
+    known = ("auto", "full", "reversible", "offload", "prune")
+    if strategy not in known:
+        raise ValueError(f"strategy: expected one of {known}, got {strategy!r}")
+    table = plan(model, data, memory_budget, loss_fn, device, lr, clip_norm,
+                 strategies=None if strategy == "auto" else (strategy,))
+    if strategy == "auto":
+        row = choose(table)
+    else:
+        sized = [r for r in table.rows if r.need_bytes is not None]
+        if not sized:
+            raise ValueError(f"strategy={strategy!r} is not possible for this "
+                             f"model: {table.rows[0].why if table.rows else ''}")
+        row = min(sized, key=lambda r: r.need_bytes)
+        if not row.fits:
+            raise ValueError(
+                f"strategy={strategy!r}: {row.label} needs "
+                f"~{format_bytes(row.need_bytes)}, memory_budget is "
+                f"{format_bytes(table.budget_bytes)}")
+    strat = _strategy(row, device)
+    loss_fn = loss_fn or default_loss(data)
+    model.to(device)
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr, weight_decay=weight_decay)
+    strat.setup(model, [data])
+    losses = []
+    model.train()
+    for _ in range(epochs):
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(strat.train_step(model, data, loss_fn))
+        if clip_norm:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
+        optimizer.step()
+    strat.fit_end(model, [data], loss_fn)
+    return {"plan": table, "row": row, "strategy": strat, "losses": losses}
+
+
+def _strategy(row: PlanRow, device):
+    if row.strategy == "offload":
+        from leangnn.offload import OffloadStrategy
+
+        return OffloadStrategy(device, row.config["device_budget"],
+                               row.config["num_parts"])
+    if row.strategy == "prune":
+        from leangnn.prune.dpr import DPRStrategy
+
+        return DPRStrategy(budget_ratio=row.config["budget_ratio"], device=device)
+    from leangnn.strategy import FullBatch
+
+    return FullBatch(device)
