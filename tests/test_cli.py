@@ -114,6 +114,7 @@ def test_python_dash_m_entry_point():
 # {tmp}: a folder of prepared files; {run}: a run folder whose config.json
 # holds the case's ``config`` text.
 _T = ["train", "--quiet"]
+_R = [*_T, "--model", "res"]  # a model with groups and sparsity
 BAD = [
     # (argv, what the error line must contain, loads data first)
     ([], "the following arguments are required: command", False),
@@ -136,10 +137,10 @@ BAD = [
     ([*_T, "--layers", "0"], "num_layers: expected a positive integer, got 0", False),
     ([*_T, "--layers", "-3"], "num_layers: expected a positive integer, got -3",
      False),
-    ([*_T, "--layers", "1000000000"], "model 'res' would have ~8.38e+12 parameters",
+    ([*_R, "--layers", "1000000000"], "model 'res' would have ~8.38e+12 parameters",
      False),
     ([*_T, "--hidden", "0"], "hidden_channels: expected a positive integer", False),
-    ([*_T, "--hidden", "1000000000"], "hidden_channels=1000000000: model 'res' "
+    ([*_R, "--hidden", "1000000000"], "hidden_channels=1000000000: model 'res' "
      "would have", False),
     ([*_T, "--epochs", "0"], "epochs: expected a positive integer, got 0", False),
     ([*_T, "--dropout", "1"], "dropout: expected a value in [0, 1), got 1.0", False),
@@ -161,12 +162,12 @@ BAD = [
     ([*_T, "--seed", "-1"], "seed: expected an integer in [0, 2**32), got -1", False),
     ([*_T, "--seed", str(2**40)], "seed: expected an integer in [0, 2**32)", False),
     ([*_T, "--groups", "0"], "num_groups: expected a positive integer, got 0", False),
-    ([*_T, "--groups", "3"], "model 'res': num_groups must be a positive divisor of "
+    ([*_R, "--groups", "3"], "model 'res': num_groups must be a positive divisor of "
      "hidden_channels=64, got 3", False),
     ([*_T, "--strategy", "reversible", "--groups", "1"], "model 'gsr': num_groups "
      "must be an int >= 2, got 1", False),
     ([*_T, "--sparsity", "0"], "sparsity: expected an integer >= 1", False),
-    ([*_T, "--sparsity", "17"], "model 'res': sparsity (winners per group) must be "
+    ([*_R, "--sparsity", "17"], "model 'res': sparsity (winners per group) must be "
      "in [1, 16]", False),
     ([*_T, "--budget-ratio", "0"], "budget_ratio: expected a ratio in (0, 1]", False),
     ([*_T, "--budget-ratio", "1.5"], "budget_ratio: expected a ratio in (0, 1]",
@@ -271,9 +272,9 @@ BAD_CONFIGS = [
     ("\x00\xff\xfe", "config.json: not a JSON config"),
     ("[1, 2]", "config.json: expected a JSON object of config fields, got list"),
     ('"full"', "config.json: expected a JSON object of config fields, got str"),
-    ({"num_layers": "8"}, "num_layers: expected an integer, got '8'"),
-    ({"num_layers": 2.0}, "num_layers: expected an integer, got 2.0"),
-    ({"hidden_channels": None}, "hidden_channels: expected an integer, got None"),
+    ({"num_layers": "8"}, "num_layers: expected an integer (or omitted), got '8'"),
+    ({"num_layers": 2.0}, "num_layers: expected an integer (or omitted), got 2.0"),
+    ({"hidden_channels": -4}, "hidden_channels: expected a positive integer, got -4"),
     ({"lr": "fast"}, "lr: expected a number, got 'fast'"),
     ({"lr": float("inf")}, "lr: expected a finite number, got inf"),
     ({"dropout": [0.1]}, "dropout: expected a number, got [0.1]"),

@@ -272,7 +272,7 @@ def test_bad_inputs_exit_2_with_one_line(runs, tmp_path, capsys):
         (["evaluate", "--run", str(bad["unsafe"]), "--dataset", TEST],
          "refused: it holds argparse.Namespace"),
         (["predict", "--run", str(bad["layout"]), "iscas85/c17"],
-         "do not fit model 'res' on this leangnn's 16 node features"),
+         "another feature layout"),
         (["evaluate", "--run", str(run_dir), "--dataset", TEST, "--task", "arrival"],
          "was trained for task 'critical', got 'arrival'"),
         ([*p, str(badv)], f"{badv}:3: unknown gate type 'frob'"),

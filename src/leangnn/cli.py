@@ -154,7 +154,6 @@ _PREDICT_SUFFIXES = (".csv", ".json")
 
 
 def _predict(args) -> int:
-    from .circuits import NetlistError, resolve
     from .predict import (
         UNITS,
         format_table,
@@ -170,14 +169,7 @@ def _predict(args) -> int:
             raise ValueError(f"--out: expected a .csv or .json file, got {args.out!r}")
         if out.is_dir():
             raise ValueError(f"--out: {args.out!r} is a directory")
-    try:
-        infos = resolve(args.netlists)
-    except NetlistError:
-        raise  # names its file already
-    except ValueError as e:
-        raise ValueError(f"NETLIST: {e}") from None
-    if not infos:
-        raise ValueError(f"NETLIST: {args.netlists!r} names no circuit")
+    infos = _resolve(args.netlists, "NETLIST")
     run = open_run(args.run, args.device)
     if not run.finished:
         print(f"leangnn: note: {run.path} has no summary.json (run in progress or "
@@ -198,18 +190,25 @@ def _predict(args) -> int:
     return 0
 
 
-def _evaluate(args) -> int:
+def _resolve(names, option: str):
+    """The circuits ``names`` give, errors naming ``option``."""
     from .circuits import NetlistError, resolve
-    from .predict import metrics_line, open_run
 
     try:
-        infos = resolve(args.dataset)
+        infos = resolve(names)
     except NetlistError:
         raise  # names its file already
     except ValueError as e:
-        raise ValueError(f"--dataset: {e}") from None
+        raise ValueError(f"{option}: {e}") from None
     if not infos:
-        raise ValueError(f"--dataset: {args.dataset!r} names no circuit")
+        raise ValueError(f"{option}: {names!r} names no circuit")
+    return infos
+
+
+def _evaluate(args) -> int:
+    from .predict import metrics_line, open_run
+
+    infos = _resolve(args.dataset, "--dataset")
     run = open_run(args.run, args.device)
     if args.task is not None and args.task != run.task:
         raise ValueError(f"--task: the run at {str(run.path)!r} was trained for "

@@ -11,7 +11,6 @@ at once.
 from __future__ import annotations
 
 import copy
-import math
 from dataclasses import dataclass
 
 import torch
@@ -26,14 +25,10 @@ from .circuits import (
     load_suite,
     resolve,
 )
+from .graphs.synthetic import CSBM_MAX_NODES, CSBM_MIN_NODES, csbm_nodes
 
 __all__ = ["GraphSplits", "load_graphs", "with_mask", "csbm_nodes",
            "check_datasets", "CSBM_MIN_NODES", "CSBM_MAX_NODES"]
-
-#: node counts a ``csbm:N`` spec accepts (below 100 a split has too few
-#: nodes per class; above 10**9 the graph is terabytes)
-CSBM_MIN_NODES, CSBM_MAX_NODES = 100, 10**9
-
 
 @dataclass
 class GraphSplits:
@@ -57,32 +52,13 @@ def with_mask(data: Data, mask: torch.Tensor) -> Data:
     return out
 
 
-def csbm_nodes(spec: str) -> int:
-    """The node count of a ``csbm:N`` spec (``N`` may read ``1e5``).
-
-    Raises:
-        ValueError: naming the spec unless ``N`` is an integer in
-            [``CSBM_MIN_NODES``, ``CSBM_MAX_NODES``].
-    """
-    head, _, num = spec.partition(":")
-    try:
-        value = float(num.strip())
-    except ValueError:
-        value = math.nan
-    if head != "csbm" or not math.isfinite(value) or value != int(value) or \
-            not CSBM_MIN_NODES <= value <= CSBM_MAX_NODES:
-        raise ValueError(f"dataset: expected csbm:NUM_NODES, got {spec!r} "
-                         f"(NUM_NODES an integer in [{CSBM_MIN_NODES}, "
-                         f"{CSBM_MAX_NODES:.0e}])")
-    return int(value)
-
-
 def _synthetic(spec: str, seed: int) -> GraphSplits:
     from .graphs.synthetic import contextual_sbm
+    from .plan.fits import check_graph_fits
 
-    # Whether the graph fits in memory is checked by the planner before this
-    # (leangnn.plan.fits.check_fits, called by the CLI and the Trainer).
-    g = contextual_sbm(csbm_nodes(spec), seed=seed)
+    n = csbm_nodes(spec)
+    check_graph_fits(n)  # before generating it
+    g = contextual_sbm(n, seed=seed)
     c = int(g.y.max()) + 1
     return GraphSplits([with_mask(g, g.train_mask)], [with_mask(g, g.val_mask)],
                        [with_mask(g, g.test_mask)], "classification", c)

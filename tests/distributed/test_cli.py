@@ -9,7 +9,8 @@ import pytest
 
 from leangnn.cli import main
 
-ARGS = ["--dataset", "iscas85/c432,iscas85/c880", "--test-dataset", "iscas85/c499",
+ARGS = ["--model", "res", "--dataset", "iscas85/c432,iscas85/c880",
+        "--test-dataset", "iscas85/c499",
         "--layers", "2", "--hidden", "8", "--epochs", "2", "--quiet"]
 
 

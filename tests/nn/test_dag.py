@@ -231,7 +231,8 @@ def test_bad_arguments_are_named():
     with pytest.raises(ValueError, match="rounds"):
         DAGNN(15, 8, 1, rounds=0)
     with pytest.raises(ValueError, match="gate_types"):
-        DAGNN(4, 8, 1)
+        DAGNN(4, 8, 1, gate_types=12)
+    assert DAGNN(4, 8, 1).gate_cols == []  # untyped when x has no gate one-hot
     with pytest.raises(ValueError, match="product_init"):
         DAGNN(15, 8, 1, gate_types=3, product_init="cop")
     assert "aggr=max" in repr(DAGNN(15, 8, 1))

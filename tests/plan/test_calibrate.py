@@ -90,3 +90,20 @@ def test_store_and_load_per_machine_kind(tmp_path, monkeypatch):
     assert json.loads(path.read_text())["kind"] == machine_kind("cpu")
     path.write_text("{not json")
     assert not load_calibration("cpu").calibrated  # damaged: defaults, no crash
+
+
+def test_cpu_fit_splits_big_blocks_and_heap(monkeypatch):
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "65536")
+    samples = _samples(1.0, 0.0, 2e-5, 1e-9, 3e-10)
+    for i, s in enumerate(samples):
+        s["big_bytes"] = 0.8 * s["tensor_bytes"]
+        s["heap_bytes"] = (0.1 + 0.05 * i) * s["tensor_bytes"]
+        s["run_bytes"] = s["big_bytes"] + 1.7 * s["heap_bytes"] + 3e6
+    cal = fit_calibration(samples, "cpu")
+    if cal.allocator != "glibc-mmap":
+        pytest.skip("not a glibc system")
+    assert cal.heap_scale == pytest.approx(1.7, rel=1e-4)
+    assert cal.const == pytest.approx(3e6, rel=1e-3)
+    est = Estimate("full", {}, "cpu", step_bytes=1000, big_bytes=800, heap_bytes=100)
+    cal.apply(est)
+    assert est.run_bytes == pytest.approx(800 + 170 + 3e6, abs=1)

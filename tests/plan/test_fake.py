@@ -225,3 +225,25 @@ def test_cuda_dry_run_matches_max_memory_allocated(name, opts):
     torch.cuda.synchronize()
     real = torch.cuda.max_memory_allocated() - base
     assert trace.peak_bytes == pytest.approx(real, rel=0.05, abs=16 << 20)
+
+
+def test_heap_frontier_splits_at_the_mmap_threshold():
+    # Below glibc's mmap threshold blocks come from the heap, whose resident
+    # memory keeps its high-water; above it each block has its own pages.
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from leangnn.plan.fake import FakeTracker, StepTrace
+
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    tracker = FakeTracker(mode, heap_threshold=1000)
+    with mode, tracker:
+        small = torch.empty(100)        # 400 B on the heap
+        del small
+        big = torch.empty(1000)         # 4000 B on its own pages
+        assert (tracker.live, tracker.small_live, tracker.small_hw) == (4000, 0, 400)
+        del big
+        torch.empty(200)                # 800 B: the heap grows
+    trace = StepTrace(tracker.peak, frontier=tracker.frontier)
+    assert tracker.peak == 4000
+    assert trace.heap_point(2.0) == (4000, 400)   # 4800 > 0 + 2 x 800
+    assert trace.heap_point(20.0) == (0, 800)     # 16000 > 4000 + 20 x 400

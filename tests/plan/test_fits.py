@@ -94,7 +94,7 @@ def _splits(n=2000, e=20000):
 
 
 def test_check_fits_refuses_with_the_estimate(monkeypatch):
-    cfg = TrainConfig(num_layers=64, hidden_channels=256)
+    cfg = TrainConfig(model="res", num_layers=64, hidden_channels=256)
     splits = _splits()
     monkeypatch.setattr(fits, "_host_available", lambda: 64 << 30)
     fits.check_fits(cfg, splits)  # fits in 64 GiB

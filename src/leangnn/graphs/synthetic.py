@@ -140,3 +140,28 @@ def power_law_graph(num_nodes: int, avg_degree: float = 25.0, in_channels: int =
     """A power-law graph for memory/traffic benchmarks (:func:`contextual_sbm`)."""
     return contextual_sbm(num_nodes, num_classes=num_classes, avg_degree=avg_degree,
                           in_channels=in_channels, seed=seed, **kwargs)
+
+
+#: node counts a ``csbm:N`` spec accepts (below 100 a split has too few
+#: nodes per class; above 10**9 the graph is terabytes)
+CSBM_MIN_NODES, CSBM_MAX_NODES = 100, 10**9
+
+
+def csbm_nodes(spec: str) -> int:
+    """The node count of a ``csbm:N`` spec (``N`` may read ``1e5``).
+
+    Raises:
+        ValueError: naming the spec unless ``N`` is an integer in
+            [``CSBM_MIN_NODES``, ``CSBM_MAX_NODES``].
+    """
+    head, _, num = spec.partition(":")
+    try:
+        value = float(num.strip())
+    except ValueError:
+        value = math.nan
+    if head != "csbm" or not math.isfinite(value) or value != int(value) or \
+            not CSBM_MIN_NODES <= value <= CSBM_MAX_NODES:
+        raise ValueError(f"dataset: expected csbm:NUM_NODES, got {spec!r} "
+                         f"(NUM_NODES an integer in [{CSBM_MIN_NODES}, "
+                         f"{CSBM_MAX_NODES:.0e}])")
+    return int(value)

@@ -242,7 +242,8 @@ class DAGNN(torch.nn.Module):
         gate_types (int or sequence of int, optional): columns of ``x``
             holding the gate-type one-hot: the first ``k`` columns, or the
             listed ones; ``0`` for untyped graphs. (default: ``12``, the
-            circuits' :data:`~leangnn.circuits.GATE_TYPES`)
+            circuits' :data:`~leangnn.circuits.GATE_TYPES`, when
+            ``in_channels >= 12``, else ``0``)
         typed (bool, optional): per-gate-type GRU input weights for the
             aggregated message. (default: ``True``)
         timing_channels (int, optional): max-plus channels ``K``. (default: ``4``)
@@ -275,7 +276,7 @@ class DAGNN(torch.nn.Module):
     def __init__(self, in_channels: int, hidden_channels: int, out_channels: int,
                  num_layers: int = 2, aggr: str = "max", reverse: bool | None = None,
                  rounds: int = 1, dropout: float = 0.0,
-                 gate_types: int | Sequence[int] = _NUM_GATE_TYPES,
+                 gate_types: int | Sequence[int] | None = None,
                  typed: bool = True, timing_channels: int = 4,
                  product_channels: int | None = None,
                  quantiles: Sequence[float] | None = None,
@@ -302,6 +303,8 @@ class DAGNN(torch.nn.Module):
                 raise ValueError(f"{name} must be an int >= {lo}, got {v!r}")
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {dropout!r}")
+        if gate_types is None:  # circuits' features start with the one-hot
+            gate_types = _NUM_GATE_TYPES if in_channels >= _NUM_GATE_TYPES else 0
         cols = list(range(gate_types)) if isinstance(gate_types, int) \
             else [int(c) for c in gate_types]
         if any(c < 0 or c >= in_channels for c in cols):

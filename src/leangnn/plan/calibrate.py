@@ -7,10 +7,11 @@ what a CUDA device holds is more too (the caching allocator reserves more
 than it hands out). A short calibration measures a few small real runs here
 (:func:`leangnn.plan.measure.measure_fresh`) beside their estimates and fits
 
-* memory: ``measured = scale x tensor_bytes + const`` (relative least
-  squares; ``scale = 1`` where memory follows the tensors, CUDA and glibc
-  with a fixed mmap threshold, leaving a first-run constant), and on CUDA
-  ``reserved / allocated`` for budget checks;
+* memory: on CPU ``measured = big + heap_scale x heap + const``, where the
+  dry run splits the step's bytes at glibc's mmap threshold into blocks on
+  their own pages (resident exactly while alive) and the heap's high-water
+  (freed small blocks stay resident); on CUDA ``measured = tensor bytes +
+  const`` and ``reserved / allocated`` for budget checks;
 * time: ``epoch_seconds = a ops + b bytes_written + c flops`` (non-negative
   least squares over the traced work), and for offload
   ``k x that + per_job x jobs``.
@@ -42,14 +43,22 @@ __all__ = ["Calibration", "machine_kind", "allocator_mode", "calibration_path",
            "load_calibration", "calibrate", "fit_calibration", "CALIBRATION_RUNS",
            "main"]
 
+_SMALL = "epfl/priority,iscas85/c3540,epfl/cavlc"
+
 #: small runs measured by :func:`calibrate` (quick: the first three)
 CALIBRATION_RUNS: list[dict[str, Any]] = [
     dict(strategy="full", model="res", conv="sage", num_layers=4,
          hidden_channels=32, dataset="csbm:20000"),
-    dict(strategy="reversible", model="gsr", conv="sage", num_layers=4,
-         num_groups=2, hidden_channels=32, dataset="csbm:20000"),
+    # small circuits: many tensors below glibc's mmap threshold (the heap)
+    dict(strategy="full", model="res", conv="sage", num_layers=32,
+         hidden_channels=32, dataset=_SMALL, test_dataset="iscas85/c17"),
     dict(strategy="full", model="gat", num_layers=2, hidden_channels=32,
          dataset="csbm:10000"),
+    dict(strategy="reversible", model="gsr", conv="sage", num_layers=4,
+         num_groups=2, hidden_channels=32, dataset="csbm:20000"),
+    dict(strategy="reversible", model="gsr", conv="gcn", num_layers=32,
+         num_groups=2, hidden_channels=32, dataset=_SMALL,
+         test_dataset="iscas85/c17"),
     dict(strategy="full", model="res", conv="gcn", num_layers=4,
          hidden_channels=32, dataset="csbm:20000"),
     dict(strategy="full", model="sage", num_layers=3, hidden_channels=64,
@@ -125,6 +134,10 @@ class Calibration:
         const_by_strategy (dict): ``const`` per strategy where calibrated
             (a strategy whose setup computes, e.g. DPR's core selection, has
             warmed up what a first step would otherwise load).
+        heap_scale (float, optional): CPU: resident bytes per byte of the C
+            heap's high-water (freed small blocks stay resident and
+            fragment); measured = big bytes + ``heap_scale`` x heap bytes +
+            const replaces ``scale`` when set.
         calibrated (bool): measured here (``False``: defaults).
         error (dict): median and worst relative error of the fit.
         samples (list): the measurements fitted.
@@ -142,6 +155,7 @@ class Calibration:
     per_job: float = 2e-3
     offload_bytes_scale: float = 1.0
     const_by_strategy: dict[str, float] = field(default_factory=dict)
+    heap_scale: float | None = None
     calibrated: bool = False
     measured_at: str = ""
     error: dict[str, float] = field(default_factory=dict)
@@ -153,10 +167,15 @@ class Calibration:
         return cls(machine_kind(device), mode, scale=_DEFAULT_SCALE.get(mode, 1.0))
 
     # ------------------------------------------------------------ applying
-    def overhead(self, tensor_bytes: int, strategy: str | None = None) -> int:
+    def overhead(self, tensor_bytes: int, strategy: str | None = None,
+                 big: int = 0, heap: int = 0) -> int:
         """Allocator bytes on top of ``tensor_bytes`` (never below -it)."""
         const = self.const_by_strategy.get(strategy, self.const)
-        return max(-tensor_bytes, round((self.scale - 1.0) * tensor_bytes + const))
+        if self.heap_scale is not None and (big or heap):
+            resident = big + self.heap_scale * heap
+        else:
+            resident = self.scale * tensor_bytes
+        return max(-tensor_bytes, round(resident - tensor_bytes + const))
 
     def seconds(self, work: dict[str, float]) -> float | None:
         """Epoch seconds of traced ``work`` (``None`` without any)."""
@@ -174,7 +193,8 @@ class Calibration:
             est.overhead_bytes = round((self.offload_bytes_scale - 1.0)
                                        * est.step_bytes)
         else:
-            est.overhead_bytes = self.overhead(est.step_bytes, est.strategy)
+            est.overhead_bytes = self.overhead(est.step_bytes, est.strategy,
+                                               est.big_bytes, est.heap_bytes)
         est.epoch_seconds = self.seconds(est.work)
         if not self.calibrated:
             hint = (f"uncalibrated ({self.kind}): run python -m "
@@ -234,7 +254,22 @@ def fit_calibration(samples: list[dict[str, Any]], device="cpu") -> Calibration:
     off = [s for s in samples if "jobs" in s.get("work", {})]
     x = np.array([s["tensor_bytes"] for s in plain], dtype=float)
     y = np.array([s["run_bytes"] for s in plain], dtype=float)
-    if cal.allocator in ("glibc-mmap", "cuda-caching") and plain:
+    heap = [s for s in plain if s.get("heap_bytes") is not None]
+    if cal.allocator.startswith("glibc") and len(heap) >= 2 and \
+            len(heap) == len(plain):
+        # resident = big blocks + heap_scale x heap high-water + const
+        b = np.array([s["big_bytes"] for s in plain], dtype=float)
+        h = np.array([s["heap_bytes"] for s in plain], dtype=float)
+        coef = _relative_lstsq(np.stack([h, np.ones_like(h)], 1), y - b,
+                               nonneg=False)
+        cal.heap_scale, cal.const = max(1.0, float(coef[0])), 0.0
+        rest = y - b - cal.heap_scale * h
+        cal.const = float(np.median(rest))
+        for name in {s["config"]["strategy"] for s in plain if "config" in s}:
+            d = [r for s, r in zip(plain, rest)
+                 if s.get("config", {}).get("strategy") == name]
+            cal.const_by_strategy[name] = float(np.median(d))
+    elif cal.allocator in ("glibc-mmap", "cuda-caching") and plain:
         # Memory follows the tensors one to one by construction; what is left
         # is a first-run constant (lazily loaded code, thread pools).
         cal.scale, cal.const = 1.0, float(np.median(y - x))
@@ -251,7 +286,8 @@ def fit_calibration(samples: list[dict[str, Any]], device="cpu") -> Calibration:
         cal.offload_bytes_scale = float(np.median(
             [s["run_bytes"] / max(s["tensor_bytes"], 1) for s in off]))
     pred = [s["tensor_bytes"] + cal.overhead(
-        int(s["tensor_bytes"]), s.get("config", {}).get("strategy"))
+        int(s["tensor_bytes"]), s.get("config", {}).get("strategy"),
+        int(s.get("big_bytes") or 0), int(s.get("heap_bytes") or 0))
         if "jobs" not in s["work"] else cal.offload_bytes_scale * s["tensor_bytes"]
         for s in samples]
     cal.error = _errors(np.array(pred), np.array([s["run_bytes"] for s in samples],
@@ -304,6 +340,8 @@ def _sample(run: dict[str, Any], device: str, mmap: bool | None,
     out = {"config": run, "tensor_bytes": est.step_bytes, "run_bytes": m["run_bytes"],
            "work": est.work, "epoch_seconds": min(m["epoch_seconds"]),
            "estimate_seconds": est.estimate_seconds}
+    if est.big_bytes or est.heap_bytes:
+        out.update(big_bytes=est.big_bytes, heap_bytes=est.heap_bytes)
     if m.get("reserved_bytes"):
         out["reserved_bytes"] = m["reserved_bytes"]
         out["allocated_bytes"] = m["run_bytes"] + m["baseline_bytes"]

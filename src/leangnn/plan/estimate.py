@@ -63,6 +63,10 @@ class Estimate:
         estimate_seconds (float): what the estimate itself took.
         work (dict): traced ops, bytes written and FLOPs of one epoch.
         phases (dict): per-phase peak bytes of the step.
+        big_bytes, heap_bytes (int): on CPU, the step's bytes in blocks of
+            their own pages and the C heap's high-water at the moment that
+            counts (see :class:`~leangnn.plan.fake.FakeTracker`); the
+            calibration turns them into resident memory.
     """
 
     strategy: str
@@ -79,6 +83,8 @@ class Estimate:
     estimate_seconds: float = 0.0
     work: dict[str, float] = field(default_factory=dict)
     phases: dict[str, int] = field(default_factory=dict)
+    big_bytes: int = 0
+    heap_bytes: int = 0
 
     @property
     def run_bytes(self) -> int:
@@ -142,24 +148,30 @@ def _linear(points: list[tuple[int, float]], x: int) -> float:
 
 
 def _combine(traces: dict[int, StepTrace], num_layers: int, model_bytes: dict
-             ) -> tuple[int, dict[str, int], dict[str, float], int]:
-    """Step peak, phase peaks, work and model bytes at ``num_layers``,
-    extrapolated per phase from the traced depths."""
-    if len(traces) == 1:
-        (t,) = traces.values()
-        (mb,) = model_bytes.values()
-        return (t.peak_bytes, {k: v["peak"] for k, v in t.phases.items()},
-                {"ops": t.ops, "written": t.written, "flops": t.flops}, mb)
+             ) -> dict[str, Any]:
+    """Step peak, phase peaks, work, model bytes and the heap point at
+    ``num_layers``, extrapolated linearly from the traced depths."""
     depths = sorted(traces)
-    phases = {}
-    for name in traces[depths[0]].phases:
-        pts = [(d, traces[d].phases[name]["peak"]) for d in depths]
-        phases[name] = max(0, round(_linear(pts, num_layers)))
-    work = {k: max(0.0, _linear([(d, getattr(traces[d], k)) for d in depths],
-                                num_layers)) for k in ("ops", "written", "flops")}
-    mb = round(_linear([(d, model_bytes[d]) for d in depths], num_layers))
-    peak = max(phases.values()) if phases else 0
-    return peak, phases, work, mb
+    if len(depths) == 1:
+        (t,) = traces.values()
+        return {"peak": t.peak_bytes,
+                "phases": {k: v["peak"] for k, v in t.phases.items()},
+                "work": {"ops": t.ops, "written": t.written, "flops": t.flops},
+                "model_bytes": model_bytes[depths[0]], "heap": t.heap_point()}
+
+    def at(values: list) -> float:
+        return _linear(list(zip(depths, values)), num_layers)
+
+    phases = {name: max(0, round(at([traces[d].phases[name]["peak"]
+                                     for d in depths])))
+              for name in traces[depths[0]].phases}
+    points = [traces[d].heap_point() for d in depths]
+    return {"peak": max(phases.values()) if phases else 0, "phases": phases,
+            "work": {k: max(0.0, at([getattr(traces[d], k) for d in depths]))
+                     for k in ("ops", "written", "flops")},
+            "model_bytes": round(at([model_bytes[d] for d in depths])),
+            "heap": (max(0, round(at([p[0] for p in points]))),
+                     max(0, round(at([p[1] for p in points]))))}
 
 
 def _model_bytes(model: torch.nn.Module) -> int:
@@ -213,10 +225,11 @@ def estimate_model(model: torch.nn.Module, data: Data, loss_fn: Callable | None 
     trace = trace_step(model, data, loss_fn or default_loss(data), step, lr=lr,
                        clip_norm=clip_norm, device=dev,
                        round_to=512 if dev.type == "cuda" else 1)
-    peak, phases, work, mb = _combine({0: trace}, 0, {0: _model_bytes(model)})
-    est = Estimate(strategy, dict(knobs or {}), str(dev), peak, mb,
-                   _resident_graph_bytes(data, dev), work={**work, "graphs": 1},
-                   phases=phases)
+    c = _combine({0: trace}, 0, {0: _model_bytes(model)})
+    est = Estimate(strategy, dict(knobs or {}), str(dev), c["peak"], c["model_bytes"],
+                   _resident_graph_bytes(data, dev), work={**c["work"], "graphs": 1},
+                   phases=c["phases"], big_bytes=c["heap"][0],
+                   heap_bytes=c["heap"][1])
     return _finish(est, calibration, t0)
 
 
@@ -290,23 +303,55 @@ def estimate_config(cfg, splits, device: torch.device | str | None = None,
         graph_bytes = _resident_graph_bytes(data, dev)
         knobs["core_nodes"] = int(data.num_nodes)
     try:
-        (peak, phases, work, mb), extrapolated = _trace_config(
-            cfg, data, splits.in_channels, splits.out_channels, loss_fn, dev)
+        c, extrapolated = _trace_config(cfg, data, splits.in_channels,
+                                        splits.out_channels, loss_fn, dev)
     except UnsupportedOpError as e:
         return _finish(_analytic(cfg, splits, data, dev, knobs, str(e)), calibration,
                        t0)
+    peak, (big_b, heap_b) = c["peak"], c["heap"]
+    if cfg.strategy != "prune":
+        heap_b = max(heap_b, _epoch_heap(cfg, splits, data, loss_fn, dev))
     if len(splits.train) > 1:
         # From the second graph of an epoch on, Adam's two moments exist
         # before the step's activations do (the trace, one step from a fresh
         # optimizer, allocates them after the backward).
-        moments = 2 * mb
-        peak = max([peak] + [v + moments for k, v in phases.items()
+        moments = 2 * c["model_bytes"]
+        peak = max([peak] + [v + moments for k, v in c["phases"].items()
                              if k != "optimizer"])
+        big_b += moments
     graphs = splits.train if cfg.strategy != "prune" else [data]
-    est = Estimate(cfg.strategy, knobs, str(dev), peak, mb, graph_bytes,
+    est = Estimate(cfg.strategy, knobs, str(dev), peak, c["model_bytes"], graph_bytes,
                    method="fake+extrapolated" if extrapolated else "fake", note=note,
-                   work=_scale_work(work, data, graphs), phases=phases)
+                   work=_scale_work(c["work"], data, graphs), phases=c["phases"],
+                   big_bytes=big_b, heap_bytes=heap_b)
     return _finish(est, calibration, t0)
+
+
+def _epoch_heap(cfg, splits, big: Data, loss_fn, device: torch.device,
+                limit: int = 16) -> int:
+    """Heap high-water over an epoch's other training graphs.
+
+    glibc keeps freed heap resident, so the small blocks of every graph's
+    step (all of a small graph's activations can be below the mmap
+    threshold) stay under the largest graph's step: measured 35 MiB above
+    the tensors on the 13 small circuits of the default split.
+    """
+    from leangnn.plan.fake import default_heap_threshold
+
+    if device.type != "cpu" or not default_heap_threshold(device):
+        return 0
+    others = {(int(g.num_nodes), int(g.num_edges)): g for g in splits.train
+              if g is not big}
+    graphs = [others[k] for k in sorted(others)]
+    if len(graphs) > limit:  # evenly spaced by size
+        graphs = [graphs[round(i * (len(graphs) - 1) / (limit - 1))]
+                  for i in range(limit)]
+    heap = 0
+    for g in graphs:
+        c, _ = _trace_config(cfg, g, splits.in_channels, splits.out_channels,
+                             loss_fn, device)
+        heap = max(heap, c["heap"][1])
+    return heap
 
 
 def _core_graph(cfg, data: Data, device: torch.device) -> tuple[Data, str]:
@@ -357,9 +402,9 @@ def _offload(cfg, splits, big: Data, device: torch.device, knobs: dict,
     # The compute of an offloaded epoch is that of full-batch training plus
     # the recomputation and the per-job work; time is fitted on both.
     try:
-        (_, _, full, _), _ = _trace_config(cfg, big, splits.in_channels,
-                                           splits.out_channels, loss_fn, device)
-        work = _scale_work(full, big, splits.train)
+        full, _ = _trace_config(cfg, big, splits.in_channels,
+                                splits.out_channels, loss_fn, device)
+        work = _scale_work(full["work"], big, splits.train)
     except UnsupportedOpError:
         work = {}
     work.update(jobs=counters.jobs * len(splits.train),

@@ -48,7 +48,7 @@ from torch.utils.flop_counter import flop_registry
 from torch_geometric.data import Data
 
 __all__ = ["FakeTracker", "StepTrace", "UnsupportedOpError", "fake_model",
-           "trace_step"]
+           "trace_step", "default_heap_threshold"]
 
 aten = torch.ops.aten
 _DATA_DEPENDENT = (DynamicOutputShapeException, DataDependentOutputException)
@@ -90,18 +90,28 @@ class FakeTracker(TorchDispatchMode):
         kernel_workspace (bool, optional): the kernels' internal buffers
             alone (default: ``plain``); ``plain=True, kernel_workspace=False``
             is what PyTorch's profiler sees of a plain run.
+        heap_threshold (int, optional): allocations below this many bytes
+            come from the C heap (glibc's mmap threshold), whose resident
+            memory does not shrink when they are freed; the tracker records
+            the frontier of (bytes on their own pages, heap high-water) that
+            :mod:`leangnn.plan.calibrate` turns into resident memory.
+            (default: ``0``, no heap)
 
     Attributes:
         live (int): bytes of tracked storages alive now.
         peak (int): highest ``live``.
+        frontier (list): ``(big, heap)`` byte pairs, see ``heap_threshold``.
         phases (dict): phase name -> ``{"start", "peak", "end"}`` bytes.
         ops (int), written (int), flops (int): the work done.
     """
 
     def __init__(self, fake_mode: FakeTensorMode, concrete_limit: int = 1 << 24,
                  round_to: int = 1, plain: bool = True,
-                 kernel_workspace: bool | None = None):
+                 kernel_workspace: bool | None = None, heap_threshold: int = 0):
         super().__init__()
+        self.heap_threshold = heap_threshold
+        self.small_live = self.small_hw = 0
+        self.frontier: list[tuple[int, int]] = []
         self.fake_mode, self.limit, self.round_to = fake_mode, concrete_limit, round_to
         self.plain = plain
         self.kernel_workspace = plain if kernel_workspace is None else kernel_workspace
@@ -242,11 +252,15 @@ class FakeTracker(TorchDispatchMode):
             self._refs[key] = [1, nbytes, self._phase]
             self.live += nbytes
             self.written += nbytes
+            if nbytes < self.heap_threshold:
+                self.small_live += nbytes
+                self.small_hw = max(self.small_hw, self.small_live)
             if self.live > self.peak:
                 self.peak = self.live
             if self._phase is not None:
                 ph = self.phases[self._phase]
                 ph["peak"] = max(ph["peak"], self.live)
+            self._point(0)
         else:
             ent[0] += 1
         weakref.finalize(t, self._release, key)
@@ -259,6 +273,18 @@ class FakeTracker(TorchDispatchMode):
         if self._phase is not None:
             ph = self.phases[self._phase]
             ph["peak"] = max(ph["peak"], top)
+        self._point(nbytes)
+
+    def _point(self, extra: int) -> None:
+        """Record (bytes on their own pages, heap high-water) now, keeping the
+        points no other point beats in both (the heap's high-water only
+        grows, so a new point beats every earlier one with fewer big bytes)."""
+        big, small = self.live - self.small_live + extra, self.small_hw
+        f = self.frontier
+        while f and f[-1][0] <= big:
+            f.pop()
+        if not f or f[-1][1] < small:
+            f.append((big, small))
 
     def _release(self, key: int) -> None:
         ent = self._refs.get(key)
@@ -268,6 +294,8 @@ class FakeTracker(TorchDispatchMode):
         if ent[0] == 0:
             del self._refs[key]
             self.live -= ent[1]
+            if ent[1] < self.heap_threshold:
+                self.small_live -= ent[1]
             for k in self._aliased.pop(key, ()):
                 self._alias.pop(k, None)
 
@@ -333,6 +361,7 @@ class StepTrace:
         param_bytes (int): the model's parameters (and buffers).
         data_bytes (int): the graph's tensors.
         ops (int), written (int), flops (int): work of the step.
+        frontier (list): see :class:`FakeTracker`.
     """
 
     peak_bytes: int
@@ -342,12 +371,34 @@ class StepTrace:
     ops: int = 0
     written: int = 0
     flops: int = 0
+    frontier: list[tuple[int, int]] = field(default_factory=list)
+
+    def heap_point(self, scale: float = 2.0) -> tuple[int, int]:
+        """The frontier point with the most resident memory when the heap
+        holds ``scale`` bytes per byte of its high-water."""
+        if not self.frontier:
+            return (self.peak_bytes, 0)
+        return max(self.frontier, key=lambda p: p[0] + scale * p[1])
 
 
 def fake_model(model: torch.nn.Module, fake_mode: FakeTensorMode) -> torch.nn.Module:
     """A copy of ``model`` whose parameters and buffers are fake tensors."""
     with torch.random.fork_rng(devices=[]), FakeCopyMode(fake_mode):
         return copy.deepcopy(model)
+
+
+def default_heap_threshold(device: torch.device | str = "cpu") -> int:
+    """Bytes below which CPU tensors come from glibc's heap: the fixed
+    ``MALLOC_MMAP_THRESHOLD_`` when set, else glibc's dynamic threshold at its
+    64-bit maximum (32 MiB), which it reaches once large blocks have been
+    freed; 0 (no heap) on CUDA."""
+    import os
+    import sys
+
+    if torch.device(device).type != "cpu" or not sys.platform.startswith("linux"):
+        return 0
+    env = os.environ.get("MALLOC_MMAP_THRESHOLD_", "")
+    return int(env) if env.isdigit() else 32 << 20
 
 
 def _data_bytes(data: Data) -> int:
@@ -360,8 +411,8 @@ def trace_step(model: torch.nn.Module, data: Data, loss_fn: Callable,
                weight_decay: float = 0.0, clip_norm: float | None = 1.0,
                device: torch.device | str = "cpu", round_to: int = 1,
                concrete_limit: int | None = None,
-               plain: bool = True, kernel_workspace: bool | None = None
-               ) -> StepTrace:
+               plain: bool = True, kernel_workspace: bool | None = None,
+               heap_threshold: int | None = None) -> StepTrace:
     """One training step of ``model`` on ``data`` under fake tensors.
 
     The step is the Trainer's: ``zero_grad``, ``step(model, data, loss_fn)``
@@ -380,6 +431,8 @@ def trace_step(model: torch.nn.Module, data: Data, loss_fn: Callable,
         concrete_limit (int, optional): see :class:`FakeTracker`; default
             ``4 (N + E) + 4096`` elements.
         plain, kernel_workspace (bool, optional): see :class:`FakeTracker`.
+        heap_threshold (int, optional): see :class:`FakeTracker`; default
+            :func:`heap_threshold` of ``device``.
 
     Raises:
         UnsupportedOpError: an op the dry run cannot follow.
@@ -391,7 +444,10 @@ def trace_step(model: torch.nn.Module, data: Data, loss_fn: Callable,
     n, e = int(data.num_nodes or 0), int(data.num_edges or 0)
     limit = concrete_limit or 4 * (n + e) + 4096
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
-    tracker = FakeTracker(fake_mode, limit, round_to, plain, kernel_workspace)
+    if heap_threshold is None:
+        heap_threshold = default_heap_threshold(dev)
+    tracker = FakeTracker(fake_mode, limit, round_to, plain, kernel_workspace,
+                          heap_threshold)
     params = sum(t.untyped_storage().nbytes() for t in
                  {_key(t): t for t in [*model.parameters(), *model.buffers()]}.values())
     with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
@@ -419,7 +475,7 @@ def trace_step(model: torch.nn.Module, data: Data, loss_fn: Callable,
             peak = tracker.peak
             del opt
     return StepTrace(peak, tracker.phases, params, _data_bytes(data), tracker.ops,
-                     tracker.written, tracker.flops)
+                     tracker.written, tracker.flops, list(tracker.frontier))
 
 
 def _marking(loss_fn: Callable, tracker: FakeTracker) -> Callable:

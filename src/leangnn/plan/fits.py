@@ -232,7 +232,7 @@ def check_fits(cfg, splits=None) -> None:
         est = estimate(cfg, int(g.num_nodes), int(g.num_edges),
                        splits.in_channels, splits.out_channels)
     elif cfg.dataset and cfg.dataset.startswith("csbm:"):
-        from leangnn.data import csbm_nodes
+        from leangnn.graphs.synthetic import csbm_nodes
 
         n = csbm_nodes(cfg.dataset)
         check_graph_fits(n)
