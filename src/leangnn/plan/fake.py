@@ -28,6 +28,7 @@ analytic bound and says so).
 from __future__ import annotations
 
 import copy
+import gc
 import warnings
 import weakref
 from collections.abc import Callable
@@ -82,9 +83,9 @@ class FakeTracker(TorchDispatchMode):
             CUDA caching allocator). (default: ``1``)
         plain (bool, optional): predict a run *without* any dispatch mode:
             add the known internal buffers of kernels (:func:`_workspace`) and
-            count the backward's scatter-into-zeros and gradient accumulation
-            in place (autograd takes out-of-place variants whenever a Python
-            mode is active, this one included). ``False`` counts exactly what
+            count the backward's scatters into fresh zeros in place (autograd
+            takes out-of-place variants whenever a Python mode is active, this
+            one included). ``False`` counts exactly what
             :class:`~leangnn.profile.LiveBytesMeter`, itself a mode, sees.
             (default: ``True``)
         kernel_workspace (bool, optional): the kernels' internal buffers
@@ -123,7 +124,8 @@ class FakeTracker(TorchDispatchMode):
         self._refs: dict[int, list] = {}
         # an output counted as the in-place result of another storage
         self._alias: dict[int, int] = {}
-        self._aliased: dict[int, list[int]] = {}
+        self._raw: dict[int, int] = {}  # tensor objects alive per aliased storage
+        self._zeros: set[int] = set()  # storages born zero-filled
 
     # -------------------------------------------------------------- phases
     def phase(self, name: str) -> None:
@@ -207,13 +209,16 @@ class FakeTracker(TorchDispatchMode):
             with _disable_current_modes():
                 inputs |= {_key(self.fake_mode.from_tensor(t)) for t in tensors
                            if not isinstance(t, FakeTensor)}
+        if func in _ZEROS and outs:
+            self._zeros.add(_key(outs[0]))
         for t in outs:
-            key = self._canon(_key(t))
+            raw = _key(t)
+            key = self._canon(raw)
             if key in inputs and key not in self._refs:
                 continue  # a view of (or in-place op on) an untracked tensor
             if key not in self._refs and self._in_place_in_plain_run(func, args, t):
                 continue
-            self._track(t, key)
+            self._track(t, key, raw)
         ws = _workspace(func, args, kwargs) if self.kernel_workspace else 0
         if ws:
             self._spike(ws)
@@ -223,27 +228,30 @@ class FakeTracker(TorchDispatchMode):
 
     def _in_place_in_plain_run(self, func, args, out: Tensor) -> bool:
         """Count ``out`` as written into its first argument's storage when a
-        run without modes would have done so: the backward's scatters into
-        fresh zeros and the engine's gradient accumulation (``old + new``)."""
+        run without modes would have done so: the backward's scatters into a
+        fresh zeros tensor (``index_select``/``gather``/indexing backward).
+        (Gradient accumulation, which a plain run also does in place, changed
+        no measured peak and made repeated dry runs differ; it is not
+        emulated.)"""
         if not self.plain or self._phase != "backward" or not args or \
                 not isinstance(args[0], Tensor):
             return False
-        if func not in _FUNCTIONAL_BACKWARD and func is not aten.add.Tensor:
+        if func not in _FUNCTIONAL_BACKWARD or _key(args[0]) not in self._zeros:
             return False
-        base = self._canon(_key(args[0]))
+        arg = args[0]
+        base = self._canon(_key(arg))
         ent = self._refs.get(base)
-        if ent is None or ent[2] != "backward" or \
+        if ent is None or ent[0] != 1 or ent[2] != "backward" or \
                 ent[1] != out.untyped_storage().nbytes() or \
-                args[0].shape != out.shape or args[0].dtype != out.dtype:
-            return False
-        key = _key(out)
-        self._alias[key] = base
-        self._aliased.setdefault(base, []).append(key)
-        ent[0] += 1
-        weakref.finalize(out, self._release, base)
+                arg.shape != out.shape or arg.dtype != out.dtype:
+            return False  # not a fresh zeros tensor of its own
+        self._alias[_key(out)] = base
+        self._track(out, base, _key(out))
         return True
 
-    def _track(self, t: Tensor, key: int) -> None:
+    def _track(self, t: Tensor, key: int, raw: int | None = None) -> None:
+        if raw is not None and raw != key:
+            self._raw[raw] = self._raw.get(raw, 0) + 1
         ent = self._refs.get(key)
         if ent is None:
             nbytes = t.untyped_storage().nbytes()
@@ -263,7 +271,16 @@ class FakeTracker(TorchDispatchMode):
             self._point(0)
         else:
             ent[0] += 1
-        weakref.finalize(t, self._release, key)
+        weakref.finalize(t, self._release, key, raw)
+
+    def adopt(self, tensors) -> None:
+        """Count ``tensors`` whose storages are alive but untracked: e.g. a
+        gradient whose Python object died when autograd stored it in
+        ``.grad`` (its finalizer ran; the storage lives on)."""
+        for t in tensors:
+            if t is not None and self._canon(_key(t)) not in self._refs and \
+                    isinstance(t, FakeTensor):
+                self._track(t, self._canon(_key(t)), _key(t))
 
     def _spike(self, nbytes: int) -> None:
         """A kernel's internal buffer: ``nbytes`` above ``live``, freed when
@@ -286,19 +303,26 @@ class FakeTracker(TorchDispatchMode):
         if not f or f[-1][1] < small:
             f.append((big, small))
 
-    def _release(self, key: int) -> None:
+    def _release(self, key: int, raw: int | None = None) -> None:
+        if raw is not None and raw != key and raw in self._raw:
+            # the last tensor on an aliased storage: its address may be reused
+            self._raw[raw] -= 1
+            if self._raw[raw] == 0:
+                del self._raw[raw]
+                self._alias.pop(raw, None)
         ent = self._refs.get(key)
         if ent is None:
             return
         ent[0] -= 1
         if ent[0] == 0:
             del self._refs[key]
+            self._zeros.discard(key)
             self.live -= ent[1]
             if ent[1] < self.heap_threshold:
                 self.small_live -= ent[1]
-            for k in self._aliased.pop(key, ()):
-                self._alias.pop(k, None)
 
+
+_ZEROS = {aten.zeros.default, aten.new_zeros.default, aten.zeros_like.default}
 
 #: functional ops autograd's backward uses under a Python mode where a plain
 #: run writes into a fresh zeros tensor in place (``index_select``,
@@ -444,6 +468,13 @@ def trace_step(model: torch.nn.Module, data: Data, loss_fn: Callable,
     n, e = int(data.num_nodes or 0), int(data.num_edges or 0)
     limit = concrete_limit or 4 * (n + e) + 4096
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+    # Fake outputs rebuilt from the mode's op cache do not always keep the
+    # storage identities a fresh dispatch gives (measured: repeated dry runs
+    # then differ by a gradient buffer); ~1.5x slower without it, exact.
+    fake_mode.cache_enabled = False
+    # Tensors in reference cycles die when the collector runs; starting from
+    # a collected heap makes that moment, and so the trace, repeatable.
+    gc.collect()
     if heap_threshold is None:
         heap_threshold = default_heap_threshold(dev)
     tracker = FakeTracker(fake_mode, limit, round_to, plain, kernel_workspace,
@@ -467,6 +498,7 @@ def trace_step(model: torch.nn.Module, data: Data, loss_fn: Callable,
             opt.zero_grad(set_to_none=True)
             step(fmodel, data, _marking(loss_fn, tracker))
             tracker.phase("optimizer")
+            tracker.adopt([p.grad for p in fmodel.parameters()])
             if clip_norm:
                 torch.nn.utils.clip_grad_norm_(fmodel.parameters(), clip_norm,
                                                foreach=foreach)

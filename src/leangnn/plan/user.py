@@ -10,7 +10,7 @@ rows are the model's own full-batch training (a
 Example::
 
     from torch_geometric.nn import GraphSAGE
-    from leangnn.plan import fit, plan
+    from leangnn.plan.user import fit, plan
 
     print(plan(GraphSAGE(64, 128, 3, 8), data, memory_budget="2GiB"))
     out = fit(model, data, memory_budget="2GiB", epochs=200)
