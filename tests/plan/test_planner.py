@@ -99,6 +99,12 @@ def test_prune_rows_shrink_with_the_core(res_cfg, splits):
     assert needs == sorted(needs, reverse=True) and len(needs) == 3
     assert table.pick.strategy == "full"  # exact beats approximate
     assert all(r.kind == "approximate" for r in prune)
+    # nothing exact fits: the largest core that does, not the fastest
+    half = next(r for r in prune if r.knobs["budget_ratio"] == 0.5)
+    tight = table.with_budget(half.need_bytes)
+    assert tight.pick.knobs["budget_ratio"] == 0.5
+    assert "smaller core" in next(r.why for r in tight.rows
+                                  if r.knobs.get("budget_ratio") == 0.1)
 
 
 def test_plan_and_fit_a_user_model(splits):

@@ -38,7 +38,7 @@ from torch_geometric.data import Data
 from leangnn.plan.fake import StepTrace, UnsupportedOpError, trace_step
 
 __all__ = ["Estimate", "depth_points", "estimate_model", "estimate_config",
-           "default_loss", "largest_graph", "EXTRAPOLATE_ABOVE"]
+           "default_loss", "largest_graph", "core_of", "EXTRAPOLATE_ABOVE"]
 
 #: registered models deeper than this are traced at :func:`depth_points`
 EXTRAPOLATE_ABOVE = 8
@@ -362,13 +362,38 @@ def _epoch_heap(cfg, splits, big: Data, loss_fn, device: torch.device) -> int:
     return heap
 
 
-def _core_graph(cfg, data: Data, device: torch.device) -> tuple[Data, str]:
-    from leangnn.prune.dpr import DPRStrategy
+#: importance scores of recent graphs: the rows of one plan (core ratios)
+#: select cores of the same graph, and PageRank is the costly part
+_SCORES: dict[tuple, Tensor] = {}
 
-    strat = DPRStrategy.from_config(cfg)
-    strat.device = torch.device("cpu")  # the core is traced from host memory
+
+def core_of(data: Data, **dpr) -> Data:
+    """DPR's core training graph of ``data`` (``dpr``: fields of
+    :class:`~leangnn.prune.dpr.DPRConfig`), selected on the CPU; node
+    importance is computed once per graph and method."""
+    from leangnn.prune.dpr import DPRConfig, DPRStrategy
+    from leangnn.prune.importance import node_importance
+
+    method = dpr.get("importance", DPRConfig.importance)
+    key = (id(data), data.edge_index.data_ptr(), int(data.num_nodes), str(method))
+    if key not in _SCORES:
+        if len(_SCORES) >= 4:
+            _SCORES.pop(next(iter(_SCORES)))
+        _SCORES[key] = node_importance(data.edge_index, int(data.num_nodes), method)
+    score = _SCORES[key]
+    dpr["importance"] = lambda edge_index, num_nodes: score
     with torch.random.fork_rng(devices=[]):
-        core = strat.prepare(data).train_data
+        return DPRStrategy(device="cpu", **dpr).prepare(data).train_data
+
+
+def _core_graph(cfg, data: Data, device: torch.device) -> tuple[Data, str]:
+    from dataclasses import fields
+
+    from leangnn.prune.dpr import DPRConfig
+
+    dpr = {f.name: getattr(cfg, f.name) for f in fields(DPRConfig)
+           if getattr(cfg, f.name, None) is not None}
+    core = core_of(data, **dpr)
     return core, (f"core of {int(data.num_nodes)} nodes: {int(core.num_nodes)} "
                   f"nodes, {int(core.num_edges)} edges")
 

@@ -1,9 +1,10 @@
 """Real training epochs measured the way the Trainer measures them.
 
 What the planner's estimates are calibrated on and checked against: the
-Trainer's loop (``zero_grad``, ``strategy.train_step`` per training graph,
-gradient clipping, an Adam step) with the model, strategy and optimizer built
-as :class:`~leangnn.train.Trainer` builds them, after ``strategy.setup``.
+Trainer's loop (the seeded graph order, ``zero_grad``, ``strategy.train_batch``
+per step, gradient clipping, an Adam step, the strategy's epoch hooks) with
+the model, strategy and optimizer built as :class:`~leangnn.train.Trainer`
+builds them, after ``strategy.setup``.
 Memory is :class:`~leangnn.profile.MemoryMeter`'s peak above the loaded state
 (CPU: peak RSS; CUDA: ``max_memory_allocated``, plus ``max_memory_reserved``)
 over the first epoch, the one that also allocates the gradients and Adam
@@ -27,14 +28,21 @@ __all__ = ["measure", "measure_fresh", "MMAP_ENV"]
 MMAP_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536"}
 
 
-def _epoch(model, strategy, optimizer, graphs, loss_fn, clip_norm) -> None:
+def _epoch(model, strategy, optimizer, graphs, loss_fn, clip_norm, epoch: int,
+           seed: int) -> None:
+    # The Trainer's loop (leangnn.train.Trainer._train_epoch): the same seeded
+    # graph order, the strategy's epoch hooks and optimizer steps.
     model.train()
-    for g in graphs:
+    order = torch.randperm(len(graphs), generator=torch.Generator().manual_seed(
+        seed * 100003 + epoch)).tolist()
+    strategy.epoch_start(epoch)
+    for batch in strategy.epoch_batches(order):
         optimizer.zero_grad(set_to_none=True)
-        strategy.train_step(model, g, loss_fn)
+        strategy.train_batch(model, [graphs[i] for i in batch], loss_fn)
         if clip_norm:
             torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
         optimizer.step()
+    strategy.epoch_end(epoch)
 
 
 def measure(cfg, splits=None, epochs: int = 2, live: bool = False) -> dict[str, Any]:
@@ -88,7 +96,8 @@ def measure(cfg, splits=None, epochs: int = 2, live: bool = False) -> dict[str, 
             torch.cuda.synchronize(device)
         t = time.perf_counter()
         try:
-            _epoch(model, strategy, optimizer, splits.train, loss_fn, cfg.clip_norm)
+            _epoch(model, strategy, optimizer, splits.train, loss_fn, cfg.clip_norm,
+                   epoch, cfg.seed)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
         finally:

@@ -5,9 +5,10 @@ memory budget the planner estimates every way leangnn can train a model
 (:mod:`leangnn.plan.estimate`: full batch, the reversible GSR stack at a few
 group counts, DPR's core at a few ratios, offload under the budget), adds the
 allocator overhead calibrated on this machine (:mod:`leangnn.plan.calibrate`)
-and picks: the fastest *exact* strategy that fits (full batch, then offload
-and reversible), a model change (``res`` -> its reversible twin ``gsr``) next,
-and the approximate DPR core only when nothing exact fits. In the spirit of
+and picks: the fastest *exact* strategy that fits (full batch, offload,
+reversible), a model change (``res`` -> its reversible twin ``gsr``) next,
+and the approximate DPR core, the largest that fits, only when nothing exact
+fits. In the spirit of
 Checkmate and PyTorch's ``activation_memory_budget`` (a budget in, a plan
 out), at the granularity of leangnn's strategies.
 
@@ -157,15 +158,15 @@ def mark_table(table: PlanTable) -> PlanTable:
                 r.why = (f"needs {format_bytes(r.need_bytes)} > budget "
                          f"{format_bytes(table.budget_bytes)}")
         return table
-    best = min(ok, key=lambda r: (_CLASS[r.kind], r.epoch_seconds
-                                  if r.epoch_seconds is not None else math.inf,
-                                  r.need_bytes))
+    best = min(ok, key=_preference)
     best.chosen = True
     for r in table.rows:
         if r is best:
-            r.why = f"chosen: the fastest {r.kind} strategy that fits" if \
-                r.kind == "exact" else (
-                f"chosen: nothing exact fits; {r.kind}")
+            r.why = {"exact": "chosen: the fastest exact strategy that fits",
+                     "model change": "chosen: nothing exact fits; the model's "
+                                     "reversible twin does",
+                     "approximate": "chosen: nothing exact fits; the largest "
+                                    "core that does"}[r.kind]
         elif r.need_bytes is None:
             continue
         elif r.host_short:
@@ -176,9 +177,19 @@ def mark_table(table: PlanTable) -> PlanTable:
         elif _CLASS[r.kind] > _CLASS[best.kind]:
             r.why = f"fits, but {r.kind} (an exact strategy fits)" \
                 if best.kind == "exact" else f"fits, but {r.kind}"
+        elif r.kind == "approximate":
+            r.why = "fits, but a smaller core"
         else:
             r.why = "fits, but slower"
     return table
+
+
+def _preference(r: PlanRow) -> tuple:
+    """Exact before a model change before approximate; among approximate
+    rows the largest core (the least pruned), then the fastest."""
+    time_ = r.epoch_seconds if r.epoch_seconds is not None else math.inf
+    return (_CLASS[r.kind], -float(r.knobs.get("budget_ratio", 1.0)), time_,
+            r.need_bytes)
 
 
 def choose(table: PlanTable) -> PlanRow:

@@ -25,7 +25,7 @@ import torch
 from torch_geometric.data import Data
 
 from leangnn.plan.calibrate import Calibration, load_calibration
-from leangnn.plan.estimate import Estimate, default_loss, estimate_model
+from leangnn.plan.estimate import Estimate, core_of, default_loss, estimate_model
 from leangnn.plan.planner import (
     CORE_RATIOS,
     OFFLOAD_PARTS,
@@ -126,10 +126,7 @@ def plan(model: torch.nn.Module, data: Data, memory_budget="4GiB", loss_fn=None,
 
 
 def _core(data: Data, ratio: float) -> tuple[Data, str]:
-    from leangnn.prune.dpr import DPRStrategy
-
-    with torch.random.fork_rng(devices=[]):
-        core = DPRStrategy(budget_ratio=ratio).prepare(data).train_data
+    core = core_of(data, budget_ratio=ratio)
     return core, f"core: {int(core.num_nodes)} nodes, {int(core.num_edges)} edges"
 
 
