@@ -107,3 +107,18 @@ def test_cpu_fit_splits_big_blocks_and_heap(monkeypatch):
     est = Estimate("full", {}, "cpu", step_bytes=1000, big_bytes=800, heap_bytes=100)
     cal.apply(est)
     assert est.run_bytes == pytest.approx(800 + 170 + 3e6, abs=1)
+
+
+def test_default_glibc_fit_is_conservative(monkeypatch):
+    # Under glibc's dynamic threshold the heap's fragmentation depends on the
+    # model: the fit takes the largest factor measured, so plans err on the
+    # side of "does not fit".
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
+    samples = _samples(1.0, 0.0, 2e-5, 1e-9, 3e-10)
+    for s, factor in zip(samples, (1.1, 2.1, 1.5, 1.9, 1.2, 1.6)):
+        s["big_bytes"], s["heap_bytes"] = 0.0, float(32 << 20)
+        s["run_bytes"] = factor * s["heap_bytes"]
+    cal = fit_calibration(samples, "cpu")
+    if cal.allocator != "glibc-default":
+        pytest.skip("not a glibc system")
+    assert cal.heap_scale == pytest.approx(2.1) and cal.const == 0.0

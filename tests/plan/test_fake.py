@@ -245,3 +245,9 @@ def test_heap_frontier_splits_at_the_mmap_threshold():
     assert tracker.peak == 4000
     assert trace.heap_point(2.0) == (4000, 400)   # 4800 > 0 + 2 x 800
     assert trace.heap_point(20.0) == (0, 800)     # 16000 > 4000 + 20 x 400
+
+
+def test_op_budget_stops_a_long_dry_run(graph):
+    model = build_model("res", graph.num_features, 8, 8, 3)
+    with pytest.raises(UnsupportedOpError, match="more than 50 ops"):
+        trace_step(model, graph, default_loss(graph), max_ops=50)

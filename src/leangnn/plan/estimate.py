@@ -72,6 +72,10 @@ class Estimate:
             their own pages and the C heap's high-water at the moment that
             counts (see :class:`~leangnn.plan.fake.FakeTracker`); the
             calibration turns them into resident memory.
+        later (tuple, optional): ``(step, big, heap)`` bytes of epochs after
+            the first (Adam's moments and every graph's heap already there);
+            ``later_run_bytes`` with the overhead. The figures above are the
+            first epoch's, what ``leangnn train --epochs 1`` reports.
     """
 
     strategy: str
@@ -90,6 +94,8 @@ class Estimate:
     phases: dict[str, int] = field(default_factory=dict)
     big_bytes: int = 0
     heap_bytes: int = 0
+    later: tuple[int, int, int] | None = None
+    later_run_bytes: int | None = None
 
     @property
     def run_bytes(self) -> int:
@@ -99,9 +105,11 @@ class Estimate:
 
     @property
     def peak_bytes(self) -> int:
-        """Device bytes the run needs in all (model, resident graph, step,
-        overhead); on CPU the host store of offload counts too."""
-        total = self.model_bytes + self.graph_bytes + self.run_bytes
+        """Device bytes the run needs in all (model, resident graph, the
+        step of its costliest epoch, overhead); on CPU the host store of
+        offload counts too."""
+        run = max(self.run_bytes, self.later_run_bytes or 0)
+        total = self.model_bytes + self.graph_bytes + run
         return total + (self.host_bytes if torch.device(self.device).type == "cpu"
                         else 0)
 
@@ -313,52 +321,74 @@ def estimate_config(cfg, splits, device: torch.device | str | None = None,
     except UnsupportedOpError as e:
         return _finish(_analytic(cfg, splits, data, dev, knobs, str(e)), calibration,
                        t0)
-    peak, (big_b, heap_b) = c["peak"], c["heap"]
-    if cfg.strategy != "prune":
-        heap_b = max(heap_b, _epoch_heap(cfg, splits, data, loss_fn, dev))
-    if len(splits.train) > 1:
-        # From the second graph of an epoch on, Adam's two moments exist
-        # before the step's activations do (the trace, one step from a fresh
-        # optimizer, allocates them after the backward).
-        moments = 2 * c["model_bytes"]
-        peak = max([peak] + [v + moments for k, v in c["phases"].items()
-                             if k != "optimizer"])
-        big_b += moments
-    graphs = splits.train if cfg.strategy != "prune" else [data]
-    est = Estimate(cfg.strategy, knobs, str(dev), peak, c["model_bytes"], graph_bytes,
-                   method="fake+extrapolated" if extrapolated else "fake", note=note,
-                   work=_scale_work(c["work"], data, graphs), phases=c["phases"],
-                   big_bytes=big_b, heap_bytes=heap_b)
+    # The Trainer's first epoch visits the graphs in a seeded order: what
+    # came before the largest graph is still there during its step (Adam's
+    # moments, heap the small graphs' steps left behind). Later epochs have
+    # both from the start (``later_*``).
+    train = splits.train
+    order = torch.randperm(len(train), generator=torch.Generator().manual_seed(
+        cfg.seed * 100003)).tolist()
+    first = next((k for k, i in enumerate(order) if train[i] is big), 0)
+    traced: dict[int, int] = {}
+    first_fig = _with_history(c, cfg, splits, [train[i] for i in order[:first]],
+                              first > 0, loss_fn, dev, traced)
+    graphs = train if cfg.strategy != "prune" else [data]
+    est = Estimate(cfg.strategy, knobs, str(dev), first_fig[0], c["model_bytes"],
+                   graph_bytes, method="fake+extrapolated" if extrapolated else "fake",
+                   note=note, work=_scale_work(c["work"], data, graphs),
+                   phases=c["phases"], big_bytes=first_fig[1], heap_bytes=first_fig[2])
+    if cfg.epochs > 1:
+        est.later = _with_history(c, cfg, splits, [g for g in train if g is not big],
+                                  True, loss_fn, dev, traced)
     return _finish(est, calibration, t0)
 
 
-def _epoch_heap(cfg, splits, big: Data, loss_fn, device: torch.device) -> int:
-    """Heap high-water over an epoch's other training graphs.
+def _with_history(c: dict, cfg, splits, before: list[Data], moments: bool,
+                  loss_fn, device: torch.device, traced: dict) -> tuple[int, int, int]:
+    """(step, big, heap) bytes of the largest graph's step after ``before``
+    graphs' steps (and with Adam's moments alive when ``moments``)."""
+    peak, (big_b, heap_b) = c["peak"], c["heap"]
+    if cfg.strategy != "prune":
+        heap_b = max(heap_b, _epoch_heap(cfg, splits, before, loss_fn, device,
+                                         traced))
+    if moments:
+        # the trace, one step from a fresh optimizer, allocates them after
+        # the backward; here they exist before the step's activations do
+        extra = 2 * c["model_bytes"]
+        peak = max([peak] + [v + extra for k, v in c["phases"].items()
+                             if k != "optimizer"])
+        big_b += extra
+    return peak, big_b, heap_b
+
+
+def _epoch_heap(cfg, splits, before: list[Data], loss_fn, device: torch.device,
+                traced: dict) -> int:
+    """Heap high-water the steps on ``before`` leave behind.
 
     glibc keeps freed heap resident, so the small blocks of every graph's
     step (all of a small graph's activations can be below the mmap
-    threshold) stay under the largest graph's step: measured 35 MiB above
+    threshold) stay under a later, larger graph's step: measured 35 MiB above
     the tensors on the 13 small circuits of the default split.
     """
     from leangnn.plan.fake import default_heap_threshold
 
-    if device.type != "cpu" or not default_heap_threshold(device):
+    threshold = default_heap_threshold(device)
+    if device.type != "cpu" or not threshold or not before:
         return 0
     # A graph whose every activation is below the threshold puts its whole
     # step on the heap: the largest such graph, and the smallest above it
     # (its per-node statistics), bound what the others leave there.
-    threshold = default_heap_threshold(device)
     row = cfg.hidden_channels * 4
-    others = sorted({(int(g.num_nodes), int(g.num_edges)): g for g in splits.train
-                     if g is not big}.items())
+    others = sorted({(int(g.num_nodes), int(g.num_edges)): g for g in before}.items())
     below = [g for (n, _), g in others if n * row < threshold]
     above = [g for (n, _), g in others if n * row >= threshold]
-    graphs = below[-1:] + above[:1]
     heap = 0
-    for g in graphs:
-        c, _ = _trace_config(cfg, g, splits.in_channels, splits.out_channels,
-                             loss_fn, device)
-        heap = max(heap, c["heap"][1])
+    for g in below[-1:] + above[:1]:
+        if id(g) not in traced:
+            t, _ = _trace_config(cfg, g, splits.in_channels, splits.out_channels,
+                                 loss_fn, device)
+            traced[id(g)] = t["heap"][1]
+        heap = max(heap, traced[id(g)])
     return heap
 
 

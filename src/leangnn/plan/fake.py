@@ -49,9 +49,12 @@ from torch.utils.flop_counter import flop_registry
 from torch_geometric.data import Data
 
 __all__ = ["FakeTracker", "StepTrace", "UnsupportedOpError", "fake_model",
-           "trace_step", "default_heap_threshold"]
+           "trace_step", "default_heap_threshold", "MAX_OPS"]
 
 aten = torch.ops.aten
+#: a step of more ops than this is traced no faster than it runs (~1 ms per
+#: op): a model that propagates level by level over a deep circuit DAG
+MAX_OPS = 10_000
 _DATA_DEPENDENT = (DynamicOutputShapeException, DataDependentOutputException)
 
 
@@ -97,6 +100,8 @@ class FakeTracker(TorchDispatchMode):
             the frontier of (bytes on their own pages, heap high-water) that
             :mod:`leangnn.plan.calibrate` turns into resident memory.
             (default: ``0``, no heap)
+        max_ops (int, optional): raise :class:`UnsupportedOpError` after this
+            many ops. (default: no limit)
 
     Attributes:
         live (int): bytes of tracked storages alive now.
@@ -108,9 +113,10 @@ class FakeTracker(TorchDispatchMode):
 
     def __init__(self, fake_mode: FakeTensorMode, concrete_limit: int = 1 << 24,
                  round_to: int = 1, plain: bool = True,
-                 kernel_workspace: bool | None = None, heap_threshold: int = 0):
+                 kernel_workspace: bool | None = None, heap_threshold: int = 0,
+                 max_ops: int = 1 << 62):
         super().__init__()
-        self.heap_threshold = heap_threshold
+        self.heap_threshold, self.max_ops = heap_threshold, max_ops
         self.small_live = self.small_hw = 0
         self.frontier: list[tuple[int, int]] = []
         self.fake_mode, self.limit, self.round_to = fake_mode, concrete_limit, round_to
@@ -201,6 +207,10 @@ class FakeTracker(TorchDispatchMode):
 
     def _note(self, func, args, kwargs, tensors, out) -> None:
         self.ops += 1
+        if self.ops > self.max_ops:
+            raise UnsupportedOpError(
+                f"more than {self.max_ops} ops in one step (e.g. level-by-level "
+                "propagation); a dry run that long is no cheaper than a real step")
         inputs = {self._canon(_key(t)) for t in tensors}
         outs = [t for t in tree_flatten(out)[0] if isinstance(t, Tensor)]
         if any(isinstance(t, FakeTensor) for t in outs):
@@ -436,7 +446,8 @@ def trace_step(model: torch.nn.Module, data: Data, loss_fn: Callable,
                device: torch.device | str = "cpu", round_to: int = 1,
                concrete_limit: int | None = None,
                plain: bool = True, kernel_workspace: bool | None = None,
-               heap_threshold: int | None = None) -> StepTrace:
+               heap_threshold: int | None = None, max_ops: int = MAX_OPS
+               ) -> StepTrace:
     """One training step of ``model`` on ``data`` under fake tensors.
 
     The step is the Trainer's: ``zero_grad``, ``step(model, data, loss_fn)``
@@ -456,7 +467,9 @@ def trace_step(model: torch.nn.Module, data: Data, loss_fn: Callable,
             ``4 (N + E) + 4096`` elements.
         plain, kernel_workspace (bool, optional): see :class:`FakeTracker`.
         heap_threshold (int, optional): see :class:`FakeTracker`; default
-            :func:`heap_threshold` of ``device``.
+            :func:`default_heap_threshold` of ``device``.
+        max_ops (int, optional): give up (:class:`UnsupportedOpError`) after
+            this many traced ops. (default: :data:`MAX_OPS`)
 
     Raises:
         UnsupportedOpError: an op the dry run cannot follow.
@@ -478,7 +491,7 @@ def trace_step(model: torch.nn.Module, data: Data, loss_fn: Callable,
     if heap_threshold is None:
         heap_threshold = default_heap_threshold(dev)
     tracker = FakeTracker(fake_mode, limit, round_to, plain, kernel_workspace,
-                          heap_threshold)
+                          heap_threshold, max_ops)
     params = sum(t.untyped_storage().nbytes() for t in
                  {_key(t): t for t in [*model.parameters(), *model.buffers()]}.values())
     with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
