@@ -143,20 +143,27 @@ class TrainConfig:
         self._check_names()
         self._check_model()
 
+    def _default_model(self) -> str | None:
+        """The strategy's default model; ``res`` instead of a DAG model for a
+        ``csbm:N`` graph, which is not acyclic (``None``: unknown strategy)."""
+        from .nn.models import MODELS
+        from .strategy import STRATEGIES
+
+        if self.strategy not in STRATEGIES:
+            return None
+        model = STRATEGIES[self.strategy].default_model
+        if self.dataset and self.dataset.startswith("csbm:") and \
+                "dag" in MODELS[model].capabilities:
+            return "res"  # the best model for circuits needs a DAG
+        return model
+
     def _resolve_sizes(self) -> None:
         """Unset ``num_layers`` / ``hidden_channels`` / ``epochs``: the
         model's registered defaults, else :data:`SIZE_DEFAULTS`."""
         from .nn.models import MODELS
-        from .strategy import STRATEGIES
 
-        model = self.model
-        if model is None and self.strategy in STRATEGIES:
-            model = STRATEGIES[self.strategy].default_model
+        model = self.model if self.model is not None else self._default_model()
         entry = MODELS.get(model) if isinstance(model, str) else None
-        if entry is not None and "dag" in entry.capabilities and \
-                self.model is None and self.dataset and \
-                self.dataset.startswith("csbm:"):
-            entry = MODELS.get("res")  # what _check_names falls back to
         for name, value in SIZE_DEFAULTS.items():
             if getattr(self, name) is None:
                 setattr(self, name, (entry.defaults if entry else {}).get(name, value))
@@ -220,9 +227,7 @@ class TrainConfig:
         _choose("strategy", self.strategy, STRATEGIES)
         csbm = bool(self.dataset and self.dataset.startswith("csbm:"))
         if self.model is None:
-            self.model = STRATEGIES[self.strategy].default_model
-            if csbm and "dag" in MODELS[self.model].capabilities:
-                self.model = "res"  # the best model for circuits needs a DAG
+            self.model = self._default_model()
         _choose("model", self.model, MODELS)
         if csbm and "dag" in MODELS[self.model].capabilities:
             raise ConfigError(f"model: {self.model!r} propagates in topological "
