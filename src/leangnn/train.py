@@ -109,12 +109,17 @@ class Trainer:
         strategy (Strategy, optional): a strategy object to train with instead
             of the one ``config.strategy`` names (e.g. a benchmark's baseline
             with options the config has no field for).
+        summary_extra (dict, optional): extra top-level entries written into
+            ``summary.json`` (e.g. the planner's estimate beside the measured
+            figures). (default: ``None``)
     """
 
     def __init__(self, config: TrainConfig, splits: GraphSplits | None = None,
                  progress: bool = True, record: bool = True,
-                 strategy: Strategy | None = None):
+                 strategy: Strategy | None = None,
+                 summary_extra: dict[str, Any] | None = None):
         self.cfg = config
+        self.summary_extra = dict(summary_extra or {})
         self.progress = progress
         self.device = torch.device(config.device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
@@ -324,6 +329,7 @@ class Trainer:
             "run_dir": None if self.out is None else str(self.out),
         }
         summary.update(self.strategy.summary())
+        summary.update(self.summary_extra)
         return summary
 
     @staticmethod
