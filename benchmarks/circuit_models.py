@@ -1,27 +1,35 @@
-"""DAG models on the circuit tasks: DAGNN through the Trainer, COP beside it.
+"""Circuit models side by side: DAGNN, generic deep GNNs, analytic baselines.
 
-1. **quality**: :class:`leangnn.nn.dag.DAGNN` trained through the one training
-   loop (:class:`leangnn.train.Trainer`, ``--strategy full``, in memory) on
-   the default split's training circuits and tested on circuits it never saw:
-   the default split's test circuits (``leangnn.circuits.DEFAULT_SPLIT``) and
-   a second split whose test circuits are the ITC-99 ones. Per task
-   (``arrival``, ``signal_prob``, ``critical``), ``--seeds`` seeds, mean +- std
-   of the pooled test metrics and of each test circuit's; for ``signal_prob``
-   the analytic COP baseline (:func:`leangnn.circuits.cop.cop_signal_probability`)
-   on the same nodes.
+1. **quality**: every learned model trained through the one training loop
+   (``leangnn.train.Trainer(TrainConfig(...), record=False)``: the loop and
+   the shared loss of ``leangnn train``) on the default split's training
+   circuits and tested on circuits it never saw: the default split's test
+   circuits (``leangnn.circuits.DEFAULT_SPLIT``) and a second split whose
+   test circuits are the ITC-99 ones. Models (:data:`MODELS`): ``dag`` exactly
+   as ``leangnn train --task X`` builds it (registry sizes,
+   ``DAGNN.TASK_DEFAULTS``), ``dag-pure`` (signal probability without the COP
+   input), ResGNN 8 / 64, GSR 128 (reversible), PyG GraphSAGE 4. Per task,
+   ``--seeds`` seeds, mean +- std of the pooled test metrics and of each test
+   circuit's; for ``signal_prob`` the analytic COP baseline
+   (:func:`leangnn.circuits.cop.cop_signal_probability`) on the same nodes.
 2. **deep**: one training step (= one epoch on one circuit: forward, backward,
    Adam) on ``itc99/b19`` (124k nodes, depth 114) and ``epfl/div`` (depth
-   8,685) for DAGNN and an 8-layer ResGNN of the same width, each in a fresh
-   subprocess (:func:`leangnn.profile.measure_in_subprocess`): step time, peak
-   RSS above the loaded state, bytes saved for backward; and ResGNN's saved
-   bytes per layer, i.e. what a ResGNN as deep as the circuit would keep.
+   8,685) for DAGNN (arrival) and an 8-layer ResGNN of the same width, each in
+   a fresh subprocess (:func:`leangnn.profile.measure_in_subprocess`): step
+   time, peak RSS above the loaded state, bytes saved for backward; and
+   ResGNN's saved bytes per layer, i.e. what a ResGNN as deep as the circuit
+   would keep.
 
     python benchmarks/circuit_models.py                    # everything
     python benchmarks/circuit_models.py --quick            # arrival, 1 seed
+    python benchmarks/circuit_models.py --parts quality --tasks critical \\
+        --models dag res-8
     python benchmarks/circuit_models.py --parts deep
 
-Writes ``results/circuit_models.json`` and the ``circuit_models`` section of
-``benchmarks/README.md`` (``results/quick/`` with ``--quick``).
+Writes ``results/circuit_models.json`` (a rerun of some tasks / splits /
+models keeps the others' runs) and the ``circuit_models`` section of
+``benchmarks/README.md`` (``results/quick/`` with ``--quick``; printed only
+with ``--no-readme``).
 """
 
 from __future__ import annotations
@@ -45,20 +53,29 @@ SPLITS = {
     "itc99": {"test": ["itc99/b17", "itc99/b18", "itc99/b19", "itc99/b20",
                        "itc99/b22"]},
 }
-#: DAGNN options per task (beyond hidden / layers); see the report section.
-TASK_OPTIONS = {
-    "arrival": {"aggr": "max", "reverse": True, "rounds": 1},
-    "signal_prob": {"aggr": "max", "reverse": False, "rounds": 1,
-                    "learn_products": False},
-    "critical": {"aggr": "max", "reverse": True, "rounds": 1,
-                 "quantiles": (0.25, 0.5, 0.75), "product_channels": 0},
+#: The models of the table: name -> (TrainConfig fields, extra DAGNN options
+#: beyond what TrainConfig carries, tasks). ``dag`` is exactly ``leangnn train
+#: --task X``: the registry's sizes and the task's ``DAGNN.TASK_DEFAULTS``.
+#: The generic GNNs use the registry's width (64); the deep ones fewer epochs.
+MODELS = {
+    "dag": ({"model": "dag"}, {}, None),
+    "dag-pure": ({"model": "dag"}, {"cop_input": False, "product_channels": 0},
+                 ("signal_prob",)),
+    "res-8": ({"model": "res", "num_layers": 8}, {}, None),
+    "res-64": ({"model": "res", "num_layers": 64, "epochs": 20}, {}, None),
+    "gsr-128": ({"model": "gsr", "strategy": "reversible", "num_layers": 128,
+                 "epochs": 15}, {}, None),
+    "sage-4": ({"model": "sage", "num_layers": 4}, {}, None),
 }
-#: training options per task (hidden, lr) where they differ from the CLI's
-TASK_TRAIN = {"critical": {"hidden_channels": 8, "lr": 1e-2, "epochs": 60}}
+LABELS = {"dag": "DAGNN (leangnn train default)",
+          "dag-pure": "DAGNN pure (no COP input)", "res-8": "ResGNN 8",
+          "res-64": "ResGNN 64", "gsr-128": "GSR 128 (reversible)",
+          "sage-4": "PyG GraphSAGE 4"}
 TARGETS = {"arrival": "pearson >= 0.99 and r2 >= 0.97",
            "critical": "accuracy >= 0.90",
            "signal_prob": "beats COP on every test circuit (MAE and pearson), "
                           "mean MAE <= 0.02"}
+TASKS = ("arrival", "signal_prob", "critical")
 
 
 def _splits(split: str, task: str):
@@ -83,57 +100,94 @@ def _cop(names: list[str]) -> dict[str, np.ndarray]:
 
 def _ensure_registered() -> bool:
     """Register ``dag`` for this process if the registry does not have it yet."""
-    from leangnn.nn.models import MODELS, register_model
+    from leangnn.nn.models import MODELS as REGISTRY
+    from leangnn.nn.models import register_model
 
-    if "dag" in MODELS:
+    if "dag" in REGISTRY:
         return True
-    register_model("dag", "leangnn.nn.dag:DAGNN",
-                   description="topological-order DAG model (DAGNN / DeepGate)")
+    register_model("dag", "leangnn.nn.dag:DAGNN", capabilities=("dag",),
+                   description="topological-order DAG model (DAGNN / DeepGate)",
+                   defaults={"num_layers": 2, "hidden_channels": 32, "epochs": 40})
     return False
 
 
-def train_one(task: str, split: str, seed: int, args, splits, cop) -> dict:
+def _metrics_row(m: dict) -> dict:
+    return {k: m[k] for k in ("pearson", "r2", "mae", "accuracy")
+            if m.get(k) is not None}
+
+
+def train_one(task: str, split: str, model: str, seed: int, args, splits) -> dict:
+    """One row: train through :class:`leangnn.train.Trainer` (``record=False``,
+    the loop and loss of ``leangnn train``) and score every test circuit."""
     from leangnn.config import TrainConfig
-    from leangnn.metrics import compute_metrics
-    from leangnn.nn.dag import DAGNN
+    from leangnn.nn.models import build_model
     from leangnn.train import Trainer, evaluate_graphs
 
-    hp = {"hidden_channels": args.hidden, "num_layers": args.layers, "lr": args.lr,
-          "epochs": args.epochs, **TASK_TRAIN.get(task, {})}
-    cfg = TrainConfig(task=task, strategy="full", model="dag", seed=seed,
-                      patience=args.patience, device=args.device, **hp)
+    fields, extra, _ = MODELS[model]
+    fields = dict(fields)
+    if args.epochs is not None:
+        fields["epochs"] = min(args.epochs, fields.get("epochs", args.epochs))
+    cfg = TrainConfig(task=task, seed=seed, patience=args.patience,
+                      device=args.device, **fields)
     trainer = Trainer(cfg, splits=splits, progress=False, record=False)
-    # TrainConfig carries no DAG options yet: rebuild the model with the
-    # task's options, from the same seed, and its optimizer.
-    torch.manual_seed(seed)
-    opts = TASK_OPTIONS[task]
-    trainer.model = DAGNN(splits.in_channels, cfg.hidden_channels,
-                          splits.out_channels, cfg.num_layers, dropout=cfg.dropout,
-                          **opts).to(trainer.device)
-    trainer.optimizer = torch.optim.Adam(trainer.model.parameters(), lr=cfg.lr,
-                                         weight_decay=cfg.weight_decay)
+    if extra:  # an option TrainConfig has no field for: same seed, same builder
+        torch.manual_seed(seed)
+        trainer.model = build_model(cfg.model, splits.in_channels,
+                                    cfg.hidden_channels, splits.out_channels,
+                                    cfg.num_layers, **cfg.model_options(),
+                                    **extra).to(trainer.device)
+        trainer.optimizer = torch.optim.Adam(trainer.model.parameters(), lr=cfg.lr,
+                                             weight_decay=cfg.weight_decay)
     t0 = time.perf_counter()
     summary = trainer.fit()
     wall = time.perf_counter() - t0
-    per = {}
-    for g in splits.test:
-        m = evaluate_graphs(trainer.model, trainer.strategy, [g], trainer.loss_fn,
-                            splits.task_type)
-        row = {k: m[k] for k in ("pearson", "r2", "mae", "accuracy") if k in m}
-        if task == "signal_prob":
-            c = compute_metrics(torch.as_tensor(cop[g.name]), g.y.double(),
-                                "regression")
-            row.update(cop_mae=c["mae"], cop_pearson=c["pearson"])
-        per[g.name] = row
-    test = summary["metrics"]["test"]
-    return {"task": task, "split": split, "seed": seed, **hp,
-            "options": {k: list(v) if isinstance(v, tuple) else v
-                        for k, v in opts.items()},
+    per = {g.name: _metrics_row(evaluate_graphs(
+        trainer.model, trainer.strategy, [g], trainer.loss_fn, splits.task_type))
+        for g in splits.test}
+    return {"task": task, "split": split, "model": model, "seed": seed,
+            "training": {"hidden_channels": cfg.hidden_channels,
+                         "num_layers": cfg.num_layers, "lr": cfg.lr,
+                         "epochs": cfg.epochs, "strategy": cfg.strategy},
+            "options": extra,
             "epochs_run": summary["epochs_run"],
             "epoch_seconds_median": summary["time"]["epoch_seconds_median"],
-            "wall_seconds": wall, "test": {k: test[k] for k in (
-                "pearson", "r2", "mae", "accuracy") if test.get(k) is not None},
-            "per_circuit": per}
+            "wall_seconds": wall,
+            "test": _metrics_row(summary["metrics"]["test"]), "per_circuit": per}
+
+
+def baseline_rows(task: str, split: str, splits) -> list[dict]:
+    """The analytic rows: COP for ``signal_prob`` (no training, one "seed");
+    for ``arrival`` / ``critical`` the label's own recursion (static timing),
+    which scores perfectly by construction: a model's gap to it is 1 - its
+    pearson / accuracy."""
+    from leangnn.metrics import compute_metrics
+
+    if task != "signal_prob":
+        return []
+    cop = _cop([g.name for g in splits.test])
+    per = {g.name: _metrics_row(compute_metrics(
+        torch.as_tensor(cop[g.name]), g.y.double(), "regression"))
+        for g in splits.test}
+    pooled = _metrics_row(compute_metrics(
+        torch.as_tensor(np.concatenate([cop[g.name] for g in splits.test])),
+        torch.cat([g.y.double() for g in splits.test]), "regression"))
+    return [{"task": task, "split": split, "model": "cop", "seed": 0,
+             "training": None, "options": {}, "epochs_run": 0,
+             "epoch_seconds_median": 0.0, "wall_seconds": 0.0, "test": pooled,
+             "per_circuit": per}]
+
+
+def _upgrade(run: dict) -> dict | None:
+    """A run of the earlier layout (DAGNN only, no ``model`` key): arrival runs
+    used today's ``dag`` settings and are kept; the others are dropped."""
+    if "model" in run:
+        return run
+    if run["task"] != "arrival":
+        return None
+    keys = ("hidden_channels", "num_layers", "lr", "epochs")
+    return {**{k: v for k, v in run.items() if k not in keys}, "model": "dag",
+            "options": {}, "training": {**{k: run[k] for k in keys},
+                                        "strategy": "full"}}
 
 
 def _mean_std(values: list[float]) -> dict[str, float]:
@@ -143,14 +197,15 @@ def _mean_std(values: list[float]) -> dict[str, float]:
 
 def aggregate(runs: list[dict]) -> list[dict]:
     out = []
-    for key in sorted({(r["task"], r["split"]) for r in runs}):
-        rs = [r for r in runs if (r["task"], r["split"]) == key]
-        agg = {"task": key[0], "split": key[1], "seeds": [r["seed"] for r in rs],
+    keys = sorted({(r["task"], r["split"], r.get("model", "dag")) for r in runs})
+    for key in keys:
+        rs = [r for r in runs if (r["task"], r["split"], r.get("model", "dag")) == key]
+        agg = {"task": key[0], "split": key[1], "model": key[2],
+               "seeds": [r["seed"] for r in rs],
                "test": {k: _mean_std([r["test"][k] for r in rs])
                         for k in rs[0]["test"]},
                "per_circuit": {}, "options": rs[0]["options"],
-               "training": {k: rs[0][k] for k in ("hidden_channels", "num_layers",
-                                                   "lr", "epochs")},
+               "training": rs[0]["training"],
                "epochs_run": [r["epochs_run"] for r in rs]}
         for c in rs[0]["per_circuit"]:
             agg["per_circuit"][c] = {k: _mean_std([r["per_circuit"][c][k] for r in rs])
@@ -172,7 +227,7 @@ def _deep_setup(kind, circuit, hidden, layers, threads, seed=0):
     torch.manual_seed(seed)
     data = load_circuit(circuit, task="arrival")
     if kind == "dag":
-        model = DAGNN(data.num_features, hidden, 1, layers, **TASK_OPTIONS["arrival"])
+        model = DAGNN(data.num_features, hidden, 1, layers, task="arrival")
         t0 = time.perf_counter()
         level_plan(data.edge_index, data.num_nodes)  # once per graph, cached
         plan_s = time.perf_counter() - t0
@@ -241,47 +296,85 @@ def _pm(d: dict, digits: int = 3) -> str:
     return f"{d['mean']:.{digits}f} ± {d['std']:.{digits}f}"
 
 
+_KEYS = {"arrival": ["pearson", "r2"], "critical": ["accuracy"],
+         "signal_prob": ["mae", "pearson"]}
+
+
+def _cell(a: dict | None, task: str) -> str:
+    if a is None:
+        return "not run"
+    t = a["test"]
+    return ", ".join(f"{k} {_pm(t[k])}" for k in _KEYS[task] if k in t)
+
+
 def markdown(result: dict) -> str:
     hp = result["hyperparameters"]
+    quality = result.get("quality", [])
     lines = [
-        "## DAG models on circuits (`benchmarks/circuit_models.py`)",
+        "## Circuit models (`benchmarks/circuit_models.py`)",
         "",
-        "DAGNN (`leangnn.nn.dag`, propagation in topological order with max-plus "
-        "timing and COP-style product channels) trained through the Trainer "
-        f"(`--strategy full`, Adam, early stopping on validation loss with "
-        f"patience {hp['patience']}), seeds {hp['seeds']}; mean ± std over seeds; "
-        "test circuits never seen in training; one CPU thread. "
+        "Every learned row trained through `leangnn.train.Trainer(TrainConfig(...), "
+        "record=False)` (the loop and loss of `leangnn train`; Adam, early "
+        f"stopping on validation loss, patience {hp['patience']}), mean ± std "
+        "over seeds (column 'seeds') of the pooled test metrics; test "
+        "circuits never seen in training (default split: c6288, c7552, epfl/max, "
+        "epfl/sin; itc99 split: b17-b22); one CPU thread per run. `DAGNN` is "
+        "`leangnn train --task X` with no other argument. Generic GNNs at the "
+        "registry width (64); ResGNN 64 and GSR 128 trained for fewer epochs "
+        "(column 'epochs'). COP: analytic, no training. For arrival / critical "
+        "the label's own recursion (static timing) scores 1 by construction: "
+        "the gap is 1 - the model's figure. "
         f"`{result['command']}`.",
         "",
-        "| task | split | pooled test | target | DAGNN options | training | "
-        "s/epoch |",
-        "|---|---|---|---|---|---|---:|",
+        "| task | model | default split | itc99 split | seeds | epochs (ran) | "
+        "s/epoch | target |",
+        "|---|---|---|---|---:|---|---:|---|",
     ]
-    for a in result.get("quality", []):
-        t = a["test"]
-        keys = ["accuracy"] if a["task"] == "critical" else ["pearson", "r2", "mae"]
-        opts = ", ".join(f"{k}={v}" for k, v in a["options"].items())
-        tr = a["training"]
-        lines.append(f"| {a['task']} | {a['split']} | "
-                     + ", ".join(f"{k} {_pm(t[k])}" for k in keys if k in t)
-                     + f" | {TARGETS[a['task']]} | {opts} | hidden "
-                     f"{tr['hidden_channels']}, layers {tr['num_layers']}, lr "
-                     f"{tr['lr']}, epochs {tr['epochs']} (ran {a['epochs_run']}) | "
-                     f"{a['epoch_seconds_median']:.1f} |")
-    for a in result.get("quality", []):
-        lines += ["", f"**{a['task']}, {a['split']} split, per test circuit**", ""]
-        cols = list(next(iter(a["per_circuit"].values())))
-        lines.append("| circuit | " + " | ".join(cols) + " |")
-        lines.append("|---|" + "---:|" * len(cols))
+    by = {(a["task"], a["split"], a["model"]): a for a in quality}
+    for task in TASKS:
+        models = [m for m in list(MODELS) + ["cop"]
+                  if any((task, s, m) in by for s in SPLITS)]
+        for m in models:
+            cells = [_cell(by.get((task, s, m)), task) for s in SPLITS]
+            ref = next(by[(task, s, m)] for s in SPLITS if (task, s, m) in by)
+            tr = ref["training"]
+            ep = "-" if tr is None else f"{tr['epochs']} ({ref['epochs_run']})"
+            lines.append(f"| {task} | {LABELS.get(m, 'COP (analytic)')} | "
+                         + " | ".join(cells) + f" | {len(ref['seeds'])} | {ep} | "
+                         f"{ref['epoch_seconds_median']:.1f} | {TARGETS[task]} |")
+    for (task, split, m), a in by.items():
+        if m != "dag" or task == "arrival":
+            continue
+        cop = by.get((task, split, "cop"))
+        pure = by.get((task, split, "dag-pure"))
+        lines += ["", f"**{task}, {split} split, per test circuit (DAGNN"
+                  + (", DAGNN pure and COP" if cop else "") + ")**", ""]
+        keys = _KEYS[task]
+        head = [f"DAGNN {k}" for k in keys]
+        if pure:
+            head += [f"pure {k}" for k in keys]
+        if cop:
+            head += [f"COP {k}" for k in keys] + ["beats COP"]
+        lines.append("| circuit | " + " | ".join(head) + " |")
+        lines.append("|---|" + "---:|" * len(head))
         for c, row in a["per_circuit"].items():
-            lines.append(f"| {c} | " + " | ".join(_pm(row[k]) for k in cols) + " |")
+            vals = [_pm(row[k]) for k in keys]
+            if pure:
+                vals += [_pm(pure["per_circuit"][c][k]) for k in keys]
+            if cop:
+                cr = cop["per_circuit"][c]
+                vals += [f"{cr[k]['mean']:.3f}" for k in keys]
+                beats = (row["mae"]["mean"] < cr["mae"]["mean"]
+                         and row["pearson"]["mean"] > cr["pearson"]["mean"])
+                vals.append("yes" if beats else "**no**")
+            lines.append(f"| {c} | " + " | ".join(vals) + " |")
     deep = result.get("deep") or []
     if deep:
-        lines += ["", "**Deep circuits**: one training step (forward, backward, "
-                  "Adam; = one epoch on one circuit), fresh subprocess each, "
-                  "CPU threads as given; peak RSS above the loaded state; ResGNN "
-                  "at the circuit's depth is its measured per-layer saved bytes "
-                  "times the depth.", "",
+        lines += ["", "**Cost on deep circuits** (arrival model): one training step "
+                  "(forward, backward, Adam; = one epoch on one circuit), fresh "
+                  "subprocess each, CPU threads as given; peak RSS above the loaded "
+                  "state; ResGNN at the circuit's depth is its measured per-layer "
+                  "saved bytes times the depth.", "",
                   "| circuit | nodes | depth | model | step (s) | peak RSS (MiB) | "
                   "saved for backward (MiB) |", "|---|---:|---:|---|---:|---:|---:|"]
         for r in deep:
@@ -301,34 +394,59 @@ def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--parts", nargs="*", default=["quality", "deep"],
                     choices=["quality", "deep"])
-    ap.add_argument("--tasks", nargs="*", default=list(TASK_OPTIONS),
-                    choices=list(TASK_OPTIONS))
+    ap.add_argument("--tasks", nargs="*", default=list(TASKS), choices=list(TASKS))
     ap.add_argument("--splits", nargs="*", default=list(SPLITS), choices=list(SPLITS))
+    ap.add_argument("--models", nargs="*", default=list(MODELS), choices=list(MODELS))
     ap.add_argument("--seeds", nargs="*", type=int, default=[0, 1, 2])
-    ap.add_argument("--epochs", type=int, default=40)
+    ap.add_argument("--epochs", type=int, default=None,
+                    help="cap every row's epochs (default: each model's own)")
     ap.add_argument("--patience", type=int, default=15)
-    ap.add_argument("--hidden", type=int, default=32)
-    ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--hidden", type=int, default=32, help="deep part's width")
+    ap.add_argument("--layers", type=int, default=2, help="deep part's DAGNN MLPs")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--deep-circuits", nargs="*", default=["itc99/b19", "epfl/div"])
     ap.add_argument("--timeout", type=float, default=1800)
     ap.add_argument("--quick", action="store_true",
-                    help="arrival on the default split, one seed, 15 epochs")
+                    help="arrival on the default split, DAGNN, one seed, 15 epochs")
+    ap.add_argument("--no-readme", action="store_true",
+                    help="print the markdown; leave benchmarks/README.md alone")
     ap.add_argument("--out", default=None)
     ap.add_argument("--render", action="store_true",
                     help="only re-render the README section from --out")
+    ap.add_argument("--merge", nargs="*", default=[],
+                    help="with --render: first merge these results files' runs "
+                         "(and their commands) into --out (runs in --out of the "
+                         "same task, split and model are replaced)")
     args = ap.parse_args(argv)
     if args.quick:
         args.tasks, args.splits, args.seeds = ["arrival"], ["default"], [0]
-        args.epochs, args.parts = 15, ["quality"]
+        args.models, args.epochs, args.parts = ["dag"], 15, ["quality"]
     args.out = args.out or str(results_path("circuit_models.json", args.quick))
     md_path = markdown_path("circuit_models", args.quick)
     if args.render:
         result = json.loads(Path(args.out).read_text())
-        result["quality"] = aggregate(result.get("runs", []))
-        write_section("circuit_models", markdown(result), md_path)
+        runs = [r for r in map(_upgrade, result.get("runs", [])) if r is not None]
+        cmds = [result.get("command", "")]
+        for other in args.merge:
+            extra = json.loads(Path(other).read_text())
+            new = extra.get("runs") or extra.get("runs_in_progress", [])
+            keys = {(r["task"], r["split"], r["model"]) for r in new}
+            runs = [r for r in runs if (r["task"], r["split"], r["model"])
+                    not in keys] + new
+            cmds.append(extra.get("command", f"(partial run from {other})"))
+        if args.merge:
+            result["runs"], result["command"] = runs, " && ".join(c for c in cmds
+                                                                   if c)
+            result["hyperparameters"] = {
+                **result.get("hyperparameters", {}), "patience": args.patience,
+                "seeds": sorted({r["seed"] for r in runs})}
+            write_json(args.out, result)
+        result["quality"] = aggregate(runs)
+        md = markdown(result)
+        if not args.no_readme:
+            write_section("circuit_models", md, md_path)
+        print(md)
         return result
     torch.set_num_threads(args.threads)
     registered = _ensure_registered()
@@ -342,28 +460,30 @@ def main(argv=None) -> dict:
         for task in args.tasks:
             for split in args.splits:
                 splits = _splits(split, task)
-                cop = _cop([g.name for g in splits.test]) \
-                    if task == "signal_prob" else {}
-                for seed in args.seeds:
-                    r = train_one(task, split, seed, args, splits, cop)
-                    log(f"{task} {split} seed {seed}: {r['test']} "
-                        f"({r['epochs_run']} epochs, {r['wall_seconds']:.0f} s)")
-                    runs.append(r)
-    done = {(r["task"], r["split"]) for r in runs}
-    kept = [r for r in prev.get("runs", []) if (r["task"], r["split"]) not in done]
+                runs += baseline_rows(task, split, splits)
+                for model in args.models:
+                    if MODELS[model][2] and task not in MODELS[model][2]:
+                        continue
+                    for seed in args.seeds:
+                        r = train_one(task, split, model, seed, args, splits)
+                        log(f"{task} {split} {model} seed {seed}: {r['test']} "
+                            f"({r['epochs_run']} epochs, {r['wall_seconds']:.0f} s)")
+                        runs.append(r)
+                        # partial results survive an interrupted run
+                        write_json(args.out, {**prev, "runs_in_progress": runs})
+    done = {(r["task"], r["split"], r["model"]) for r in runs}
+    kept = [r for r in map(_upgrade, prev.get("runs", [])) if r is not None
+            and (r["task"], r["split"], r["model"]) not in done]
     cmd = "python benchmarks/circuit_models.py " + shlex.join(
         sys.argv[1:] if argv is None else argv)
     result = {
         "command": cmd.strip(),
-        "hyperparameters": {"hidden": args.hidden, "layers": args.layers,
-                            "lr": args.lr, "epochs": args.epochs,
-                            "patience": args.patience, "seeds": args.seeds,
-                            "task_options": {k: {a: list(b) if isinstance(b, tuple)
-                                                 else b for a, b in v.items()}
-                                             for k, v in TASK_OPTIONS.items()},
-                            "task_training": TASK_TRAIN},
+        "hyperparameters": {"patience": args.patience, "seeds": args.seeds,
+                            "epochs_cap": args.epochs,
+                            "models": {k: {"config": v[0], "options": v[1]}
+                                       for k, v in MODELS.items()}},
         "dag_registered_by_library": registered,
-        # a rerun of some tasks / splits keeps the others' earlier results
+        # a rerun of some tasks / splits / models keeps the others' results
         "quality": aggregate(kept + runs),
         "runs": kept + runs,
         "deep": bench_deep(args, log) if "deep" in args.parts
@@ -371,7 +491,8 @@ def main(argv=None) -> dict:
     }
     write_json(args.out, result)
     md = markdown(result)
-    write_section("circuit_models", md, md_path)
+    if not args.no_readme:
+        write_section("circuit_models", md, md_path)
     print(md)
     return result
 

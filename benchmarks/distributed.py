@@ -23,13 +23,21 @@ layer, only the halo rows each rank needs (forward) and their gradients
 * **measured** on a smaller graph that runs here, P = 1 (plain PyG
   full-batch), 2 and 4 gloo ranks: per-rank peak memory of training above the
   rank's resident data, autograd's saved bytes, epoch time, and the halo bytes
-  the ranks counted (checked equal to the partition count).
+  the ranks counted (checked equal to the partition count); the target per
+  rank is ``(1/P + halo rows of the rank / N)`` of the single-process peak,
+  +10%; plus the composed rows (``--budget``): P ranks each running its part
+  through the layer-wise offload engine under its own device budget
+  (:class:`~leangnn.distributed.RankOffload`; on a CPU the "device" is the
+  host, so the RSS is device + host bytes and the engine's accounting gives
+  the device share).
 
 Timings on a shared 2-core CPU with P ranks of one thread each are not a
 speed-up claim; absolute times only mean something on real hardware.
 
     python benchmarks/distributed.py            # full: 2M counted, 200k run (~40 min)
     python benchmarks/distributed.py --quick    # 100k counted, 20k run (~3 min)
+    python benchmarks/distributed.py --counted-from results/distributed.json
+        # reuse the counted rows of an earlier run (same graph), measure only
 
 Writes ``results/distributed.json`` and the ``distributed`` section of
 ``benchmarks/README.md`` (``--quick``: ``results/quick/``).
@@ -42,13 +50,14 @@ import gc
 import statistics
 import sys
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch_geometric.data import Data
 
-from leangnn.distributed import GraphParallel, halo_counts, spawn
+from leangnn.distributed import GraphParallel, RankOffload, halo_counts, spawn
 from leangnn.graphs.partition import partition_graph
 from leangnn.graphs.synthetic import power_law_graph
 from leangnn.nn.models import build_model
@@ -128,7 +137,8 @@ def _rank_run(ctx, spec: dict) -> dict:
             return _loss(model(data.x, data.edge_index), data)
         resident = (data.x.numel() * 4 + data.edge_index.numel() * 8)
     else:
-        runner = GraphParallel(data)
+        ex = RankOffload(spec["budget"]) if spec.get("budget") else None
+        runner = GraphParallel(data, executor=ex)
         labels = Data(y=data.y, node_mask=data.train_mask, num_nodes=data.num_nodes)
         plan = runner.plan
         resident = (runner.x.numel() * 4 + plan.edge_index.numel() * 8
@@ -140,7 +150,7 @@ def _rank_run(ctx, spec: dict) -> dict:
             runner.train_step(model, labels, _loss)
 
         def fwd():
-            with runner.hooked(model):
+            with runner.hooked(model) if ex is None else nullcontext():
                 out = runner.forward(model)
                 return runner.local_loss(out, labels, _loss)[0]
     meter = MemoryMeter("cpu").start()
@@ -163,25 +173,32 @@ def _rank_run(ctx, spec: dict) -> dict:
            "peak_method": peak.method, "saved_bytes": saved.bytes,
            "resident_bytes": resident}
     out.update(halo or {})
+    if not spec["single"] and ex is not None:
+        out["offload"] = ex.summary()
     return out
 
 
 def measured(nodes: int, avg_degree: float, layers: int, hidden: int, epochs: int,
-             procs: list[int]) -> list[dict]:
+             procs: list[int], budget: str | None = None,
+             budget_procs: tuple[int, ...] = ()) -> list[dict]:
     rows = []
-    for p in procs:
+    runs = [(p, None) for p in procs] + [(p, budget) for p in budget_procs]
+    for p, b in runs:
         spec = {"nodes": nodes, "avg_degree": avg_degree, "layers": layers,
-                "hidden": hidden, "epochs": epochs, "seed": 5, "single": p == 1}
-        log(f"  P={p}: {'PyG full batch, one process' if p == 1 else 'gloo ranks'}")
+                "hidden": hidden, "epochs": epochs, "seed": 5, "single": p == 1,
+                "budget": b}
+        log(f"  P={p}: {'PyG full batch, one process' if p == 1 else 'gloo ranks'}"
+            f"{f', device budget {b} per rank' if b else ''}")
         res = spawn(_rank_run, p, args=(spec,), start_method="spawn",
                     join_timeout=3600)
         steady = [t for r in res for t in r["epoch_s"][1:]]
-        row = {"procs": p, "ranks": res,
+        row = {"procs": p, "budget": b, "ranks": res,
                "epoch_s_median": statistics.median(steady),
                "peak_bytes_max_rank": max(r["peak_bytes"] for r in res),
                "saved_bytes_max_rank": max(r["saved_bytes"] for r in res),
                "resident_bytes_max_rank": max(r["resident_bytes"] for r in res)}
         if p > 1:
+            row["halo_share_max_rank"] = max(r["halo_rows"] for r in res) / nodes
             # forward rows of every epoch + the input halo once; each hidden
             # row's gradient comes back in the backward pass
             h = sum(r["halo_rows"] for r in res)
@@ -199,9 +216,11 @@ def measured(nodes: int, avg_degree: float, layers: int, hidden: int, epochs: in
 def markdown(res: dict) -> str:
     cfg = res["config"]
     n = res["counted_nodes"]
+    cmds = " and ".join(f"`{c.strip()}`" for c in res.get("commands", [])) or (
+        "`python benchmarks/distributed.py`")
     lines = [
         "## Distributed: halo exchange vs replication, CAGNET-1D and SAR", "",
-        f"`python benchmarks/distributed.py{' --quick' if cfg['quick'] else ''}`: "
+        f"{cmds}: "
         f"{cfg['layers']}-layer GraphSAGE, hidden {cfg['hidden']}, float32, METIS "
         "parts. Counted from the partition of the "
         f"{n:,}-node power-law graph (avg degree {cfg['avg_degree']:g}); bytes per "
@@ -240,13 +259,53 @@ def markdown(res: dict) -> str:
         check = ("n/a" if r["procs"] == 1 else
                  f"{r['halo_bytes_measured'] / MiB:,.1f} MiB: "
                  f"{r['halo_bytes_measured'] == r['halo_bytes_counted']}")
+        label = f"{r['procs']} (budget {r['budget']})" if r.get("budget") else (
+            str(r["procs"]))
         lines.append(
-            f"| {r['procs']} | {r['epoch_s_median']:.3f} | "
+            f"| {label} | {r['epoch_s_median']:.3f} | "
             f"{r['peak_bytes_max_rank'] / MiB:,.0f} MiB | "
             f"{r['saved_bytes_max_rank'] / MiB:,.0f} MiB | "
             f"{r['resident_bytes_max_rank'] / MiB:,.1f} MiB | {check} |")
     lines.append("")
     return "\n".join(lines)
+
+
+def target_lines(res: dict) -> list[str]:
+    """Per-rank peak against ``(1/P + halo share) x single-process peak, +10%``."""
+    m = res["measured"]
+    single = next((r for r in m if r["procs"] == 1), None)
+    if single is None:
+        return []
+    base = single["peak_bytes_max_rank"]
+    lines = [
+        "", f"Per-rank peak against the target `(1/P + halo share) x P=1 peak "
+        f"x 1.1` ({res['measured_nodes']:,} nodes; halo share = the largest "
+        "rank's halo rows / N). Composed rows: each rank under the offload engine "
+        "with the given device budget (on this CPU the device is the host: "
+        "RSS = device + host bytes; *device peak* is the engine's accounting, "
+        "parameters x 4 + the largest job).", "",
+        "| P | device budget / rank | chunks / rank | peak / rank | target | "
+        "met | device peak / rank | epoch s |",
+        "|---:|---:|---:|---:|---:|:---|---:|---:|"]
+    for r in m:
+        if r["procs"] == 1:
+            lines.append(f"| 1 | - | - | {base / MiB:,.0f} MiB | - | - | - | "
+                         f"{r['epoch_s_median']:.3f} |")
+            continue
+        target = (1 / r["procs"] + r["halo_share_max_rank"]) * base * 1.1
+        peak = r["peak_bytes_max_rank"]
+        off = [x.get("offload") for x in r["ranks"]]
+        chunks = dev = "-"
+        if off[0]:
+            chunks = "/".join(str(o["num_chunks"][0]) for o in off)
+            dev = f"{max(o['counters']['peak_device_bytes'] for o in off) / MiB:,.1f}"\
+                " MiB"
+        lines.append(
+            f"| {r['procs']} | {r['budget'] or '-'} | {chunks} | {peak / MiB:,.0f} MiB"
+            f" | {target / MiB:,.0f} MiB | {'yes' if peak <= target else 'NO'} | "
+            f"{dev} | {r['epoch_s_median']:.3f} |")
+    lines.append("")
+    return lines
 
 
 def main(argv=None) -> dict:
@@ -265,6 +324,15 @@ def main(argv=None) -> dict:
     ap.add_argument("--parts", type=int, nargs="*", default=[2, 4, 8, 16, 32, 64])
     ap.add_argument("--procs", type=int, nargs="*", default=[1, 2, 4])
     ap.add_argument("--cache-dir", default=None, help="partition cache folder")
+    ap.add_argument("--budget", default=None,
+                    help="also run P ranks each under the offload engine with "
+                    "this device budget (e.g. 16MiB)")
+    ap.add_argument("--budget-procs", type=int, nargs="*", default=[2, 4])
+    ap.add_argument("--append", action="store_true",
+                    help="keep the measured rows already in --out (same "
+                    "measured graph) and add this run's")
+    ap.add_argument("--counted-from", default=None,
+                    help="reuse the counted rows of this earlier results JSON")
     ap.add_argument("--out", default=None)
     ap.add_argument("--markdown", default=None)
     args = ap.parse_args(argv)
@@ -279,20 +347,42 @@ def main(argv=None) -> dict:
                       "layers": args.layers, "hidden": args.hidden,
                       "epochs": args.epochs, "torch": torch.__version__,
                       "cpus": os.cpu_count()},
+           "commands": ["python benchmarks/distributed.py " + " ".join(
+               sys.argv[1:] if argv is None else argv)],
            "counted_nodes": n, "measured_nodes": nrun}
-    log(f"power-law graph: {n:,} nodes, avg degree {args.avg_degree}")
-    data = power_law_graph(n, avg_degree=args.avg_degree, in_channels=64)
-    res["counted_edges"] = int(data.num_edges)
-    res["counted"] = counted(data, args.parts, args.layers, args.hidden,
-                             args.cache_dir)
-    del data
-    gc.collect()
+    if args.counted_from:
+        import json
+
+        old = json.loads(Path(args.counted_from).read_text())
+        res["counted_nodes"] = n = old["counted_nodes"]
+        res["counted_edges"], res["counted"] = old["counted_edges"], old["counted"]
+        res["counted_from"] = args.counted_from
+        log(f"counted rows of {n:,} nodes reused from {args.counted_from}")
+    else:
+        log(f"power-law graph: {n:,} nodes, avg degree {args.avg_degree}")
+        data = power_law_graph(n, avg_degree=args.avg_degree, in_channels=64)
+        res["counted_edges"] = int(data.num_edges)
+        res["counted"] = counted(data, args.parts, args.layers, args.hidden,
+                                 args.cache_dir)
+        del data
+        gc.collect()
     log(f"measured runs on {nrun:,} nodes")
     res["measured"] = measured(nrun, args.avg_degree, args.layers, args.hidden,
-                               args.epochs, args.procs)
+                               args.epochs, args.procs, args.budget,
+                               tuple(args.budget_procs) if args.budget else ())
+    if args.append and Path(args.out).exists():
+        import json
+
+        old = json.loads(Path(args.out).read_text())
+        if old["measured_nodes"] != nrun or old["config"]["epochs"] != args.epochs:
+            raise SystemExit(f"--append: {args.out} measured {old['measured_nodes']}"
+                             f" nodes, {old['config']['epochs']} epochs; this run "
+                             f"{nrun}, {args.epochs}")
+        res["measured"] = old["measured"] + res["measured"]
+        res["commands"] = old.get("commands", []) + res["commands"]
     res["wall_s"] = time.perf_counter() - t0
     out = write_json(args.out, res)
-    md = markdown(res)
+    md = markdown(res) + "\n".join(target_lines(res))
     write_section("distributed", md, args.markdown)
     print(md)
     log(f"benchmarks/distributed.py: wrote {out} in {res['wall_s'] / 60:.1f} min")

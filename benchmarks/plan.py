@@ -18,6 +18,15 @@ synthetic graphs), never on the rows reported here.
     python benchmarks/plan.py              # all rows (~1 h on 2 busy cores)
     python benchmarks/plan.py --quick      # 4 rows, results/quick/
     python benchmarks/plan.py --device cuda
+    python benchmarks/plan.py --section auto   # the 5 ``--strategy auto`` cases
+
+The ``auto`` section plans 5 budget/graph cases (:data:`AUTO_CASES`; in one
+of them full batch does not fit), then trains *every* candidate row of each
+for real (fresh interpreter, 3 epochs: the first measured for memory, the
+fastest of the other two for time) to find the fastest configuration that
+fits, and reports the pick's measured need (never above the budget) and its
+epoch time over the fastest one's (target: at most 1.2x). Writes
+``results/plan_auto.json`` and the ``plan-auto`` section.
 
 Writes ``results/plan.json``, ``results/plan_scatter.png`` and the ``plan``
 section of ``benchmarks/README.md``. Measurements already in the JSON for an
@@ -343,9 +352,160 @@ def plot(res: dict, path: Path) -> None:
         ax.legend(fontsize=8)
 
 
+#: ``--strategy auto`` cases: graph, model and the budget as a share of what
+#: the planner says full batch needs (below 1: full batch does not fit)
+AUTO_CASES = [
+    dict(name="csbm20k-sage-roomy", graph="csbm20k", model="sage", num_layers=3,
+         hidden_channels=64, share=1.5),
+    dict(name="csbm20k-sage-tight", graph="csbm20k", model="sage", num_layers=3,
+         hidden_channels=64, share=0.6),
+    dict(name="csbm20k-res16-tight", graph="csbm20k", model="res", num_layers=16,
+         hidden_channels=32, share=0.5),
+    dict(name="b17-gcn-tight", graph="b17", model="gcn", num_layers=3,
+         hidden_channels=64, share=0.7),
+    dict(name="b17-res8-roomy", graph="b17", model="res", num_layers=8,
+         hidden_channels=32, share=1.3),
+]
+GRAPHS["b17"] = dict(dataset="itc99/b17", val_dataset="iscas85/c17",
+                     test_dataset="iscas85/c432")
+
+
+def _need(row_est, measured_run: int) -> int:
+    """What a row needs in all, measured: the run's peak above the loaded
+    state plus the model and graph tensors (as the planner's need counts)."""
+    return int(measured_run + row_est.model_bytes + row_est.graph_bytes
+               + (row_est.host_bytes if row_est.device == "cpu" else 0))
+
+
+def auto_cases(args, cal) -> dict:
+    from leangnn.config import TrainConfig
+    from leangnn.data import load_graphs
+    from leangnn.plan.measure import measure_fresh
+    from leangnn.plan.planner import choose, plan_config, plan_summary
+
+    out_path = results_path("plan_auto.json", args.quick)
+    old = json.loads(out_path.read_text()) if out_path.is_file() else {}
+    cases = []
+    for case in AUTO_CASES:
+        if args.only and not any(x in case["name"] for x in args.only):
+            continue
+        base = TrainConfig(**GRAPHS[case["graph"]], strategy="auto",
+                           model=case["model"], num_layers=case["num_layers"],
+                           hidden_channels=case["hidden_channels"], epochs=3,
+                           device=args.device)
+        splits = load_graphs(base, progress=False)
+        probe = plan_config(base, splits, "1TiB", calibration=cal,
+                            strategies=("full",))
+        budget = int(probe.rows[0].need_bytes * case["share"])
+        t0 = time.perf_counter()
+        table = plan_config(base, splits, budget, calibration=cal)
+        plan_s = time.perf_counter() - t0
+        pick = choose(table)
+        log(f"auto {case['name']}: budget {budget / MiB:.1f} MiB, pick {pick.label}"
+            f" ({plan_s:.1f} s to plan)")
+        prev = {r["label"]: r for r in old.get(case["name"], {}).get("rows", [])}
+        rows = []
+        for row in table.rows:
+            r = {"label": row.label, "kind": row.kind, "chosen": row.chosen,
+                 "need_bytes": row.need_bytes, "fits": row.fits,
+                 "estimated_epoch_seconds": row.epoch_seconds, "why": row.why}
+            if row.estimate is None:
+                rows.append(r)
+                continue
+            cfg = row.apply(base)
+            p = prev.get(row.label)
+            if p and p.get("config") == cfg.to_dict() and not args.remeasure and \
+                    "measured_run_bytes" in p:
+                r.update({k: p[k] for k in p if k.startswith("measured")})
+            else:
+                log(f"  measure {row.label} ...")
+                try:
+                    m = measure_fresh(cfg, epochs=3, mmap=args.device == "cpu",
+                                      timeout=args.timeout)
+                    r.update(measured_run_bytes=m["run_bytes"],
+                             measured_epoch_seconds=min(m["epoch_seconds"][1:]))
+                except (RuntimeError, TimeoutError) as e:
+                    r["measured_error"] = str(e).splitlines()[-1]
+            r["config"] = cfg.to_dict()
+            if "measured_run_bytes" in r:
+                r["measured_need_bytes"] = _need(row.estimate, r["measured_run_bytes"])
+                r["measured_fits"] = r["measured_need_bytes"] <= budget
+                log(f"    need {r['measured_need_bytes'] / MiB:.1f} MiB (est. "
+                    f"{row.need_bytes / MiB:.1f}), "
+                    f"{r['measured_epoch_seconds']:.2f} s/epoch (est. "
+                    f"{row.epoch_seconds or 0:.2f})")
+            rows.append(r)
+        ok = [r for r in rows if r.get("measured_fits")]
+        exact = [r for r in ok if r["kind"] == "exact"]
+        chosen = next(r for r in rows if r["chosen"])
+        res = {"name": case["name"], "case": case, "budget_bytes": budget,
+               "plan_seconds": plan_s, "plan": plan_summary(table), "rows": rows,
+               "pick": chosen["label"],
+               "pick_measured_need_bytes": chosen.get("measured_need_bytes"),
+               "pick_within_budget": chosen.get("measured_fits"),
+               "pick_epoch_seconds": chosen.get("measured_epoch_seconds")}
+        for key, pool in (("fastest", ok), ("fastest_exact", exact)):
+            if pool and chosen.get("measured_epoch_seconds"):
+                best = min(pool, key=lambda r: r["measured_epoch_seconds"])
+                res[key] = best["label"]
+                res[f"ratio_to_{key}"] = (chosen["measured_epoch_seconds"]
+                                          / best["measured_epoch_seconds"])
+        full = next((r for r in rows if r["label"].startswith("full(")), None)
+        res["full_fits"] = None if full is None else full.get("measured_fits")
+        old[case["name"]] = res
+        write_json(out_path, old)
+        cases.append(res)
+        need = (res["pick_measured_need_bytes"] or 0) / MiB
+        log(f"  pick {res['pick']}: need {need:.1f} MiB of {budget / MiB:.1f}; "
+            "ratio to fastest fitting "
+            f"{res.get('ratio_to_fastest', float('nan')):.2f} "
+            f"({res.get('fastest')})")
+    return {"device": args.device, "calibration": cal.kind, "cases": cases}
+
+
+def auto_markdown(res: dict) -> str:
+    out = ["## Planner: `--strategy auto` on 5 budget/graph cases", "",
+           f"`python benchmarks/plan.py --section auto` on {res['device']} "
+           f"({res['calibration']}, `MALLOC_MMAP_THRESHOLD_=65536`). Budget: a "
+           "share of what the planner says full batch needs. Every candidate row "
+           "was then trained for real (fresh interpreter, 3 epochs: memory over "
+           "the first, time the faster of the other two); *need* is the "
+           "measured peak above the loaded state plus the model and graph "
+           "tensors, what the planner's need counts. Targets: the pick's need "
+           "never above the budget; its epoch time within 1.2x of the fastest "
+           "row that fits (measured).", "",
+           "| case | budget | pick | pick need (est.) | pick s/epoch (est.) | "
+           "fastest that fits | ratio | fastest exact | ratio | full fits |",
+           "|---|---:|---|---:|---:|---|---:|---|---:|---|"]
+    for c in res["cases"]:
+        pick = next(r for r in c["rows"] if r["chosen"])
+        need = c.get("pick_measured_need_bytes")
+        out.append(
+            f"| {c['name']} | {c['budget_bytes'] / MiB:.1f} MiB | {c['pick']} | "
+            + (f"{need / MiB:.1f} ({pick['need_bytes'] / MiB:.1f}) MiB" if need
+               else "failed")
+            + f" | {pick.get('measured_epoch_seconds') or float('nan'):.2f} "
+            f"({pick.get('estimated_epoch_seconds') or float('nan'):.2f}) | "
+            f"{c.get('fastest', '-')} | {c.get('ratio_to_fastest', float('nan')):.2f}"
+            f" | {c.get('fastest_exact', '-')} | "
+            f"{c.get('ratio_to_fastest_exact', float('nan')):.2f} | "
+            f"{'yes' if c.get('full_fits') else 'no'} |")
+    within = [c for c in res["cases"] if c.get("pick_within_budget")]
+    ratios = [c["ratio_to_fastest"] for c in res["cases"] if "ratio_to_fastest" in c]
+    if ratios:
+        out += ["", f"Pick within budget in {len(within)}/{len(res['cases'])} cases; "
+                f"pick / fastest fitting: worst {max(ratios):.2f}x, median "
+                f"{statistics.median(ratios):.2f}x."]
+    out += ["", "Every row of every case (measured need and s/epoch beside the "
+            "estimates) is in `results/plan_auto.json`."]
+    return "\n".join(out)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="4 small rows")
+    ap.add_argument("--section", choices=["estimate", "auto", "all"], default="all",
+                    help="estimate vs measured rows, the auto cases, or both")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--only", nargs="*", default=None,
                     help="row ids (or substrings) to run")
@@ -366,6 +526,14 @@ def main(argv=None) -> int:
                     "results/plan_scatter.png (results/quick/ with --quick)")
     args = ap.parse_args(argv)
 
+    if args.section in ("auto", "all"):
+        cal = calibration(args.device, args.device == "cpu", False, args.quick)
+        res_auto = auto_cases(args, cal)
+        md = Path(args.md) if args.md else markdown_path("plan", args.quick)
+        write_section("plan-auto", auto_markdown(res_auto),
+                      md.with_name("plan_auto.md") if args.md else md)
+        if args.section == "auto":
+            return 0
     configs = QUICK if args.quick else CONFIGS
     if args.only:
         configs = [c for c in configs if any(s in row_id(c) for s in args.only)]

@@ -450,3 +450,120 @@ def test_out_of_memory_is_one_error_line(exc, monkeypatch, capsys):
     monkeypatch.setattr(leangnn.plan.fits, "check_fits", oom)
     assert main(["train", "--quiet"]) == 2
     _assert_one_error_line(capsys.readouterr().err, "out of memory: ")
+
+
+# ------------------------------------------------------------------ planner
+_P = ["plan", "--quiet"]
+PLAN_BAD = [
+    # (argv, what the error line must contain); none loads data
+    ([*_P, "--memory-budget", "4 parsecs"],
+     "--memory-budget: cannot read '4 parsecs' as a positive size"),
+    ([*_P, "--memory-budget=-1GiB"], "--memory-budget: cannot read '-1GiB'"),
+    ([*_P, "--memory-budget", "nan"], "--memory-budget: cannot read 'nan'"),
+    ([*_T, "--strategy", "auto", "--memory-budget", "nan"],
+     "--memory-budget: cannot read 'nan'"),
+    ([*_T, "--memory-budget", "4GiB"], "--memory-budget: only with --strategy auto"),
+    ([*_T, "--strategy", "auto", "--model", "dag"], "cannot plan 'dag'"),
+    ([*_T, "--strategy", "auto", "--device-budget", "1GiB"],
+     "device_budget: strategy 'auto' sets it from memory_budget"),
+    ([*_P, "--layers", "0"], "num_layers: expected a positive integer, got 0"),
+    ([*_P, "--strategy", "auto"], "argument --strategy: invalid choice: 'auto'"),
+    ([*_T, "--resume", "--out", "{run}", "--strategy", "auto"],
+     "was not planned (strategy 'full'); drop --strategy auto"),
+]
+
+
+@pytest.mark.parametrize("argv, expect", PLAN_BAD,
+                         ids=[" ".join(a[2:]) for a, _ in PLAN_BAD])
+def test_bad_plan_invocation_is_one_error_line(argv, expect, tmp_path, no_training,
+                                               capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps(SMALL_CFG))
+    no_training(False)
+    assert main([_fill(a, tmp_path, run) for a in argv]) == 2
+    _assert_one_error_line(capsys.readouterr().err, expect)
+
+
+_C17 = ["--dataset", "iscas85/c17", "--val-dataset", "misc/mux_2", "--test-dataset",
+        "misc/switch", "--layers", "2", "--hidden", "8", "--quiet"]
+
+
+def test_plan_table_json_and_budget_below_every_candidate(capsys):
+    """The JSON has one row per candidate and the pick; with a budget one
+    byte below the smallest need the table shows every row as not fitting,
+    with no pick, and the error is one line naming that candidate and its
+    need (exit 2)."""
+    argv = ["plan", *_C17, "--model", "sage", "--strategy", "prune"]
+    assert main([*argv, "--memory-budget", "1GiB", "--json"]) == 0
+    table = json.loads(capsys.readouterr().out)
+    rows = table["rows"]
+    assert [r["strategy"] for r in rows] == ["prune"] * 3
+    assert [r["knobs"]["budget_ratio"] for r in rows] == [0.5, 0.3, 0.1]
+    assert all(r["fits"] == (r["need_bytes"] <= 1 << 30) for r in rows)
+    assert table["pick"] == rows[0]["label"]  # the largest core that fits
+    assert [r["chosen"] for r in rows] == [True, False, False]
+
+    low = min(rows, key=lambda r: r["need_bytes"])
+    assert main([*argv, "--memory-budget", str(low["need_bytes"] - 1)]) == 2
+    io = capsys.readouterr()
+    _assert_one_error_line(io.err, f"the smallest, {low['label']}, needs")
+    from leangnn.utils import format_bytes
+
+    assert f"~{format_bytes(low['need_bytes'])}" in io.err
+    out = io.out.strip().splitlines()
+    assert out[0].split()[:4] == ["strategy", "knobs", "need", "fits"]
+    assert len(out) == 1 + len(rows) + 1
+    assert all(line.startswith("  prune") and " no " in line for line in out[1:-1])
+    assert "budget_ratio=0.5" in out[1] and out[-1].endswith("pick: none fits")
+
+
+def test_plan_without_budget_uses_free_memory(monkeypatch, capsys):
+    import leangnn.plan.fits
+
+    monkeypatch.setattr(leangnn.plan.fits, "_host_available", lambda: 3 << 30)
+    assert main(["plan", *_C17, "--model", "sage", "--strategy", "full"]) == 0
+    io = capsys.readouterr()
+    assert "no --memory-budget; planning for the free memory of cpu now, " \
+        "3.0 GiB" in io.err
+    assert io.out.strip().splitlines()[-1].startswith("budget 3.0 GiB on cpu")
+
+
+def test_train_auto_records_the_plan_and_resumes(tmp_path, capsys):
+    """--strategy auto under a budget that only the reversible twin and the
+    cores fit trains the pick; config.json holds the resolved strategy,
+    summary.json the plan beside the measured figures; the same command
+    line resumes the run."""
+    from leangnn.config import TrainConfig
+    from leangnn.data import load_graphs
+    from leangnn.plan.planner import plan_config
+
+    cfg = TrainConfig(**{**SMALL_CFG, "strategy": "auto"})
+    table = plan_config(cfg, load_graphs(cfg, progress=False), "1GiB",
+                        strategies=("full",))
+    (full,) = table.rows
+    budget = str(full.need_bytes - 1)
+    run = tmp_path / "run"
+    argv = ["train", *_C17, "--strategy", "auto", "--memory-budget", budget,
+            "--out", str(run)]
+    assert main([*argv, "--epochs", "1"]) == 0
+    out = capsys.readouterr().out
+    cfg = json.loads((run / "config.json").read_text())
+    assert (cfg["strategy"], cfg["model"], cfg["memory_budget"]) == \
+        ("reversible", "gsr", budget)
+    s = json.loads((run / "summary.json").read_text())
+    plan = s["plan"]
+    assert (s["strategy"], s["model"]) == ("reversible", "gsr")
+    assert plan["strategy"] == "reversible" and plan["kind"] == "model change"
+    assert plan["memory_budget_bytes"] == int(budget)
+    assert plan["estimated_peak_bytes"] <= int(budget)
+    assert plan["knobs"]["num_groups"] == cfg["num_groups"]
+    labels = {r["label"]: r for r in plan["rows"]}
+    assert labels[full.label]["need_bytes"] == full.need_bytes
+    assert not labels[full.label]["fits"] and labels[plan["pick"]]["fits"]
+    assert plan["estimated_epoch_seconds"] > 0 and s["memory"]["peak_bytes"] > 0
+    assert "leangnn train: planned reversible(" in out
+    assert main([*argv, "--epochs", "2", "--resume"]) == 0
+    s2 = json.loads((run / "summary.json").read_text())
+    assert s2["epochs_run"] == 2 and s2["plan"] == plan
+    assert json.loads((run / "config.json").read_text())["strategy"] == "reversible"

@@ -211,3 +211,33 @@ def test_numpy_scalars_count_as_python_numbers():
         TrainConfig(num_layers=np.float64(3.0))
     with pytest.raises(ConfigError, match="lr: expected a finite number"):
         TrainConfig(lr=np.float64("inf"))
+
+
+def test_auto_strategy_and_memory_budget():
+    """``auto`` plans the generic deep model by default; the budget is a
+    positive size; what the planner sets cannot be preset; a resolved run
+    keeps its budget and round-trips."""
+    from leangnn.config import AUTO_MODEL, PLANNED_FIELDS
+
+    cfg = TrainConfig(strategy="auto", memory_budget="4GiB")
+    assert (cfg.model, cfg.memory_budget) == (AUTO_MODEL, "4GiB")
+    assert (cfg.num_layers, cfg.hidden_channels) == (
+        TrainConfig(model=AUTO_MODEL).num_layers,
+        TrainConfig(model=AUTO_MODEL).hidden_channels)
+    assert TrainConfig(strategy="auto", model="sage").model == "sage"
+    assert TrainConfig(strategy="auto").memory_budget is None
+    for bad, msg in (("4 parsecs", "memory_budget: cannot read '4 parsecs'"),
+                     ("-1GiB", "memory_budget: cannot read '-1GiB'"),
+                     ("nan", "memory_budget: cannot read 'nan'"),
+                     ("99999999TiB", "memory_budget: expected a size below"),
+                     (4.0, "memory_budget: expected a string")):
+        with pytest.raises(ConfigError, match=msg):
+            TrainConfig(strategy="auto", memory_budget=bad)
+    with pytest.raises(ConfigError, match="cannot plan 'dag'"):
+        TrainConfig(strategy="auto", model="dag")
+    with pytest.raises(ConfigError, match="device_budget: strategy 'auto' sets it"):
+        TrainConfig(strategy="auto", device_budget="1GiB")
+    resolved = TrainConfig(strategy="offload", model="sage", device_budget="4GiB",
+                           num_parts=16, memory_budget="4GiB")
+    assert TrainConfig.from_dict(resolved.to_dict()) == resolved
+    assert set(PLANNED_FIELDS) <= set(resolved.to_dict())

@@ -1,4 +1,5 @@
-"""The ``leangnn`` command line: ``datasets``, ``train``, ``predict``, ``evaluate``.
+"""The ``leangnn`` command line: ``datasets``, ``train``, ``plan``, ``predict``,
+``evaluate``.
 
 Every error a user can cause (an unreadable option, a bad value, a malformed
 netlist, a missing run, a run too large for memory) is printed as one
@@ -18,7 +19,7 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
-from .config import TrainConfig
+from .config import AUTO, AUTO_MODEL, PLANNED_FIELDS, TrainConfig
 
 __all__ = ["main", "build_parser", "UsageError"]
 
@@ -45,6 +46,7 @@ def _datasets(args) -> int:
 
 
 _TRAIN_FLAGS = {  # flag -> config field
+    "memory_budget": "memory_budget",
     "dataset": "dataset", "val_dataset": "val_dataset", "test_dataset": "test_dataset",
     "task": "task", "strategy": "strategy", "model": "model", "conv": "conv",
     "layers": "num_layers", "hidden": "hidden_channels", "dropout": "dropout",
@@ -82,6 +84,13 @@ def _resumed_config(args, given: dict) -> TrainConfig:
         raise FileNotFoundError(f"--resume: no run at {args.out} "
                                 f"({saved} is missing)")
     base = TrainConfig.read(saved)
+    if given.get("strategy") == AUTO:
+        # the same command line again: the saved run holds what was planned
+        if base.get("memory_budget") is None:
+            was = base.get("strategy", TrainConfig.strategy)
+            raise ValueError(f"--resume: the run at {args.out} was not planned "
+                             f"(strategy {was!r}); drop --strategy auto")
+        given = {k: v for k, v in given.items() if k not in PLANNED_FIELDS}
     changed = {k: v for k, v in given.items()
                if base.get(k) != v and k not in RESUMABLE}
     if changed:
@@ -132,6 +141,12 @@ def _train(args) -> int:
     if args.resume and args.force:
         raise ValueError("--resume continues the run in --out and --force starts "
                          "it over; pass one of them")
+    if args.memory_budget is not None:
+        _budget(args.memory_budget)
+        if given.get("strategy") != AUTO:
+            raise ValueError(f"--memory-budget: only with --strategy auto (the "
+                             f"planner's budget), got {args.memory_budget!r}; "
+                             "offload's own budget is --device-budget")
     if args.resume:
         cfg = _resumed_config(args, given)
     else:
@@ -139,14 +154,131 @@ def _train(args) -> int:
         _check_out(cfg.out, args.force)
     # Everything that can fail without loading data fails here, in seconds.
     check_datasets(cfg)
-    check_fits(cfg)
+    splits, extra = None, {}
+    if cfg.strategy == AUTO:
+        cfg, splits, extra = _planned(cfg, args)
+    else:
+        check_fits(cfg)
+        if args.resume:
+            extra = _saved_plan(cfg.out)
 
     from .train import Trainer
 
-    trainer = Trainer(cfg, progress=not args.quiet)
+    trainer = Trainer(cfg, splits=splits, progress=not args.quiet,
+                      summary_extra=extra)
+    if "plan" in extra and trainer.out is not None and not args.resume:
+        from .utils import atomic_write_text
+
+        # beside config.json, for a resumed run's summary
+        Path(trainer.out).mkdir(parents=True, exist_ok=True)
+        atomic_write_text(Path(trainer.out) / PLAN_FILE,
+                          json.dumps(extra["plan"], indent=1) + "\n")
     summary = trainer.fit(resume=args.resume, force=args.force)
     if trainer.strategy.is_main:  # one line per job, not one per rank
         print(f"leangnn train: {Trainer.summary_line(summary)}")
+        if "plan" in summary:
+            print(f"leangnn train: {_plan_line(summary)}")
+    return 0
+
+
+#: the planned run's plan, beside its config.json (read back on --resume)
+PLAN_FILE = "plan.json"
+
+
+def _budget(value) -> int:
+    """``--memory-budget`` read, or a one-line error naming it and the value."""
+    from .utils import parse_bytes
+
+    return parse_bytes(value, "--memory-budget")
+
+
+def _budget_note(cfg, budget) -> None:
+    from .utils import format_bytes
+
+    if cfg.memory_budget is None:
+        print(f"leangnn: note: no --memory-budget; planning for the free memory "
+              f"of {cfg.device} now, {format_bytes(budget)}", file=sys.stderr)
+
+
+def _planned(cfg, args):
+    """Plan ``cfg`` (strategy ``auto``), print the table (stderr) and return
+    the pick's configuration, the loaded graphs and the summary's plan."""
+    import torch
+
+    from .data import load_graphs
+    from .plan.planner import (
+        choose,
+        format_table,
+        plan_config,
+        plan_summary,
+        resolve_budget,
+    )
+    from .utils import get_rng_state, set_rng_state
+
+    budget = resolve_budget(cfg.memory_budget, torch.device(cfg.device))
+    _budget_note(cfg, budget)
+    splits = load_graphs(cfg, progress=not args.quiet)
+    rng = get_rng_state()  # planning must not shift the run's seeded streams
+    try:
+        table = plan_config(cfg, splits, budget)
+    finally:
+        set_rng_state(rng)
+    if not args.quiet:
+        print(format_table(table), file=sys.stderr)
+    row = choose(table)
+    resolved = row.apply(cfg)
+    d = resolved.to_dict()
+    d["memory_budget"] = cfg.memory_budget or str(budget)
+    return TrainConfig.from_dict(d), splits, {"plan": plan_summary(table)}
+
+
+def _saved_plan(out) -> dict:
+    path = Path(out) / PLAN_FILE if out else None
+    if path is None or not path.is_file():
+        return {}
+    try:
+        return {"plan": json.loads(path.read_text())}
+    except ValueError as e:
+        raise ValueError(f"{path}: not a JSON plan: {e}") from None
+
+
+def _plan_line(summary: dict) -> str:
+    from .utils import format_bytes
+
+    p = summary["plan"]
+    mem, t = summary["memory"]["peak_bytes"], summary["time"]["epoch_seconds_median"]
+    est_t = p.get("estimated_epoch_seconds")
+
+    def sec(v):
+        return "n/a" if v is None else f"{v:.3g} s"
+
+    return (f"planned {p.get('pick')} for {format_bytes(p['memory_budget_bytes'])}: "
+            f"estimated peak {format_bytes(p.get('estimated_run_bytes') or 0)}, "
+            f"measured {format_bytes(mem or 0)}; epoch estimated {sec(est_t)}, "
+            f"measured {sec(t)}")
+
+
+def _plan(args) -> int:
+    import torch
+
+    from .data import check_datasets, load_graphs
+    from .plan.planner import choose, format_table, plan_config, resolve_budget
+
+    budget = None if args.memory_budget is None else _budget(args.memory_budget)
+    given = {field: getattr(args, flag) for flag, field in _TRAIN_FLAGS.items()
+             if getattr(args, flag, None) is not None}
+    only = given.pop("strategy", None)
+    given.pop("memory_budget", None)
+    cfg = TrainConfig(**{**given, "strategy": AUTO})
+    check_datasets(cfg)
+    if budget is None:
+        budget = resolve_budget(None, torch.device(cfg.device))
+        _budget_note(cfg, budget)
+    splits = load_graphs(cfg, progress=not (args.quiet or args.json))
+    table = plan_config(cfg, splits, budget,
+                        strategies=None if only is None else (only,))
+    print(table.to_json() if args.json else format_table(table))
+    choose(table)  # nothing fits: the one-line error, exit 2
     return 0
 
 
@@ -239,33 +371,30 @@ def _default(field: str) -> str:
     return f"(default: {value})"
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The ``leangnn`` parser; choices come from the registries at call time,
-    so strategies and models registered before it are offered."""
+def _config_options(a, plan: bool = False) -> None:
+    """The options naming a run's configuration (dataset, model, sizes,
+    strategy knobs), shared by ``train`` and ``plan``; ``a`` is a parser's
+    ``add_argument``."""
     from .circuits import TASKS
     from .nn.models import CONVS, MODELS
     from .strategy import STRATEGIES, option_choices
 
-    p = _Parser(
-        prog="leangnn",
-        description="Train GNNs that are too deep or too large for the memory at "
-                    "hand, on real circuit graphs or your own netlists.")
-    sub = p.add_subparsers(dest="command", required=True)
-
-    d = sub.add_parser("datasets", help="list the bundled circuits with their figures")
-    d.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    d.set_defaults(func=_datasets)
-
-    t = sub.add_parser("train", help="train a model and write a run directory")
-    a = t.add_argument
     a("--dataset", help="training circuits: suite/name, suite, path or csbm:N, "
       "comma-separated (default: the bundled default split)")
     a("--val-dataset", help="validation circuits (default: held out from training)")
     a("--test-dataset", help="test circuits, never seen in training")
     a("--task", choices=list(TASKS), help=f"label to learn {_default('task')}")
-    a("--strategy", choices=list(STRATEGIES),
-      help=f"memory strategy {_default('strategy')}")
+    if plan:
+        a("--strategy", choices=list(STRATEGIES),
+          help="only this strategy's rows (default: every strategy's)")
+    else:
+        a("--strategy", choices=[*STRATEGIES, AUTO],
+          help=f"memory strategy; auto: the planner's pick for --memory-budget "
+          f"{_default('strategy')}")
+    a("--memory-budget", help="the memory to plan for, e.g. 4GiB (default: the "
+      "device's free memory now)" + ("" if plan else "; with --strategy auto"))
     defaults = ", ".join(f"{n}: {e.default_model}" for n, e in STRATEGIES.items())
+    defaults += f", auto: {AUTO_MODEL}"
     a("--model", choices=list(MODELS), help=f"model (default per strategy: "
       f"{defaults})")
     a("--conv", choices=list(CONVS),
@@ -292,11 +421,6 @@ def build_parser() -> argparse.ArgumentParser:
       f"{_default('patience')}")
     a("--seed", type=int, help=f"random seed {_default('seed')}")
     a("--device", help=f"cpu, cuda or cuda:i {_default('device')}")
-    a("--out", help="run directory (default: runs/<time>-<strategy>-<model>-L<L>)")
-    a("--resume", action="store_true", help="continue the run in --out from its "
-      "checkpoint")
-    a("--force", action="store_true", help="start a fresh run in an --out that "
-      "holds an old run (which is overwritten)")
     a("--level-feature", action="store_true", default=None,
       help="add logic level / depth as a node feature")
     a("--groups", type=int, help="gsr / res models: channel groups "
@@ -324,11 +448,44 @@ def build_parser() -> argparse.ArgumentParser:
       f"data parallel (graphs split over the ranks) or auto {_default('dist_mode')}")
     a("--dist-timeout", type=float, help="distributed: seconds a rank waits for a "
       f"dead or stuck peer before the job fails {_default('dist_timeout')}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``leangnn`` parser; choices come from the registries at call time,
+    so strategies and models registered before it are offered."""
+    from .circuits import TASKS
+
+    p = _Parser(
+        prog="leangnn",
+        description="Train GNNs that are too deep or too large for the memory at "
+                    "hand, on real circuit graphs or your own netlists.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    d = sub.add_parser("datasets", help="list the bundled circuits with their figures")
+    d.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    d.set_defaults(func=_datasets)
+
+    t = sub.add_parser("train", help="train a model and write a run directory")
+    a = t.add_argument
+    _config_options(a)
+    a("--out", help="run directory (default: runs/<time>-<strategy>-<model>-L<L>)")
+    a("--resume", action="store_true", help="continue the run in --out from its "
+      "checkpoint")
+    a("--force", action="store_true", help="start a fresh run in an --out that "
+      "holds an old run (which is overwritten)")
     a("--nproc", type=int, help="run --strategy distributed on this many local "
       "processes (or launch with torchrun --nproc-per-node P -m leangnn train "
       "--strategy distributed ...)")
     a("--quiet", action="store_true", help="no progress bars")
     t.set_defaults(func=_train)
+
+    pl = sub.add_parser("plan", help="will it fit? every strategy's estimated "
+                        "memory and epoch time for a budget, and the pick")
+    a = pl.add_argument
+    _config_options(a, plan=True)
+    a("--json", action="store_true", help="print the table as JSON")
+    a("--quiet", action="store_true", help="no progress bars")
+    pl.set_defaults(func=_plan)
 
     pr = sub.add_parser("predict", help="apply a trained run to netlists (no labels "
                         "needed): one row per net")

@@ -25,7 +25,7 @@ import numpy as np
 from .utils import parse_bytes
 
 __all__ = ["TrainConfig", "ConfigError", "MODEL_OPTIONS", "MAX_PARAMETERS",
-           "SIZE_DEFAULTS"]
+           "SIZE_DEFAULTS", "AUTO", "AUTO_MODEL", "PLANNED_FIELDS"]
 
 #: the fields every model gets through :func:`leangnn.nn.models.build_model`
 #: (each model takes the ones its constructor names)
@@ -35,6 +35,16 @@ MODEL_OPTIONS = ("dropout", "conv", "num_groups", "sparsity", "flat_parameters",
 MAX_PARAMETERS = 10**12
 #: sizes of a run whose model registered none (see ``register_model(defaults=)``)
 SIZE_DEFAULTS = {"num_layers": 8, "hidden_channels": 64, "epochs": 60}
+#: ``strategy="auto"``: the planner (:mod:`leangnn.plan`) picks the strategy
+#: and its knobs for ``memory_budget`` before the run starts
+AUTO = "auto"
+#: the model ``auto`` plans when none is given: the generic deep GNN, whose
+#: rows are full batch, its reversible twin (``gsr``) and DPR's core (the
+#: circuits' default ``dag`` model cannot be dry-run, so it cannot be planned)
+AUTO_MODEL = "res"
+#: the fields the planner sets; a resumed planned run keeps the saved ones
+PLANNED_FIELDS = ("strategy", "model", "num_groups", "budget_ratio",
+                  "device_budget", "num_parts")
 _MAX_SEED = 2**32
 _MAX_BUDGET = 1 << 60
 
@@ -56,7 +66,12 @@ class TrainConfig:
         task: a task of :data:`leangnn.circuits.TASKS` (``arrival``,
             ``signal_prob``, ``critical``). (default: ``arrival``)
         strategy: a registered strategy (``full``, ``reversible``, ``prune``,
-            ``offload``; see :func:`leangnn.strategy.register_strategy`).
+            ``offload``; see :func:`leangnn.strategy.register_strategy`), or
+            ``auto``: the planner picks one (and its knobs) for
+            ``memory_budget``; a run records the strategy it resolved to.
+        memory_budget: the memory ``auto`` plans for, e.g. ``"4GiB"``
+            (default: the device's free memory when planning); kept in a
+            planned run's saved configuration.
         model: a registered model (``res``, ``gsr``, ``sage``, ``gcn``,
             ``gat``; default per strategy; see
             :func:`leangnn.nn.models.register_model`).
@@ -119,6 +134,7 @@ class TrainConfig:
     dist_backend: str | None = None
     dist_timeout: float = 300.0
     dist_batch_size: int | None = None
+    memory_budget: str | None = None
 
     def __post_init__(self):
         self.validate()
@@ -149,6 +165,8 @@ class TrainConfig:
         from .nn.models import MODELS
         from .strategy import STRATEGIES
 
+        if self.strategy == AUTO:
+            return AUTO_MODEL
         if self.strategy not in STRATEGIES:
             return None
         model = STRATEGIES[self.strategy].default_model
@@ -200,6 +218,10 @@ class TrainConfig:
                 _checked(parse_bytes, self.device_budget, "device_budget") >= \
                 _MAX_BUDGET:
             _bad("device_budget", self.device_budget, "a size below 1 EiB")
+        if self.memory_budget is not None and \
+                _checked(parse_bytes, self.memory_budget, "memory_budget") >= \
+                _MAX_BUDGET:
+            _bad("memory_budget", self.memory_budget, "a size below 1 EiB")
         for name in ("dataset", "val_dataset", "test_dataset", "out"):
             value = getattr(self, name)
             if value is not None and not value.strip():
@@ -224,7 +246,10 @@ class TrainConfig:
         from .nn.models import CONVS, MODELS
         from .strategy import STRATEGIES, option_choices
 
-        _choose("strategy", self.strategy, STRATEGIES)
+        _choose("strategy", self.strategy, [*STRATEGIES, AUTO])
+        if self.strategy == AUTO and self.device_budget is not None:
+            raise ConfigError(f"device_budget: strategy 'auto' sets it from "
+                              f"memory_budget, got {self.device_budget!r}")
         csbm = bool(self.dataset and self.dataset.startswith("csbm:"))
         if self.model is None:
             self.model = self._default_model()
@@ -242,6 +267,13 @@ class TrainConfig:
         constrained = {k for e in STRATEGIES.values() for k in e.choices}
         for name in sorted(constrained & {f.name for f in fields(self)}):
             _choose(name, getattr(self, name), option_choices(name) or ())
+        if self.strategy == AUTO:
+            if "dag" in MODELS[self.model].capabilities:
+                raise ConfigError(
+                    f"model: strategy 'auto' cannot plan {self.model!r} (a dry run "
+                    "cannot follow its level-by-level propagation); choose a "
+                    f"strategy, or another model (default {AUTO_MODEL!r})")
+            return
         needs = STRATEGIES[self.strategy].requires
         missing = sorted(needs - MODELS[self.model].capabilities)
         if missing:

@@ -14,6 +14,7 @@ ARGS = ["--model", "res", "--dataset", "iscas85/c432,iscas85/c880",
         "--layers", "2", "--hidden", "8", "--epochs", "2", "--quiet"]
 
 
+@pytest.mark.slow  # two CLI runs, one of them P fresh interpreters (~40 s)
 def test_nproc_graph_parallel_equals_one_process(tmp_path, capfd):
     assert main(["train", *ARGS, "--out", str(tmp_path / "full")]) == 0
     assert main(["train", *ARGS, "--nproc", "2", "--dist-mode", "graph",
@@ -38,3 +39,23 @@ def test_nproc_must_be_positive(capsys):
     assert main(["train", *ARGS, "--nproc", "0"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("leangnn: error: --nproc")
+
+
+@pytest.mark.slow  # two CLI runs, one of them P fresh interpreters (~40 s)
+def test_nproc_with_device_budget_equals_one_process(tmp_path):
+    # Each rank runs its part through the offload engine under its budget.
+    args = ["--model", "sage", "--dataset", "iscas85/c880", "--layers", "2",
+            "--hidden", "8", "--epochs", "2", "--quiet"]
+    assert main(["train", *args, "--out", str(tmp_path / "full")]) == 0
+    assert main(["train", *args, "--nproc", "2", "--strategy", "distributed",
+                 "--dist-mode", "graph", "--device-budget", "64MiB",
+                 "--out", str(tmp_path / "dist")]) == 0
+    full = json.loads((tmp_path / "full" / "summary.json").read_text())
+    dist = json.loads((tmp_path / "dist" / "summary.json").read_text())
+    per_rank = dist["distributed"]["offload_per_rank"]
+    assert [r["device_budget"] for r in per_rank] == [64 << 20] * 2
+    assert all(r["counters"]["jobs"] > 0 for r in per_rank)
+    assert full["metrics"]["val"]
+    for key, value in full["metrics"]["val"].items():
+        assert dist["metrics"]["val"][key] == pytest.approx(value, rel=2e-3,
+                                                            abs=1e-4)

@@ -236,3 +236,62 @@ def test_bad_arguments_are_named():
     with pytest.raises(ValueError, match="product_init"):
         DAGNN(15, 8, 1, gate_types=3, product_init="cop")
     assert "aggr=max" in repr(DAGNN(15, 8, 1))
+
+
+@pytest.mark.parametrize("name", ["iscas85/c432", "iscas85/c6288", "epfl/router"])
+def test_cop_input_starts_as_cop(name):
+    from leangnn.circuits.cop import cop_parameters, cop_signal_probability
+
+    data = load_circuit(name, "signal_prob")
+    cop = torch.as_tensor(cop_signal_probability(read_netlist(resolve(name)[0].path)))
+    model = DAGNN(data.num_features, 8, 1, task="signal_prob").double()
+    assert model.cop_input  # the task's default: the hybrid
+    with torch.no_grad():
+        out = model(data.x.double(), data.edge_index).view(-1)
+    torch.testing.assert_close(out, cop, rtol=0, atol=1e-12)
+    # the COP channel stays exact while the other channels and the head learn
+    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    (model(data.x.double(), data.edge_index).view(-1) - data.y.double()).pow(
+        2).mean().backward()
+    opt.step()
+    x = data.x.double()
+    with torch.no_grad():
+        used = torch.stack(model._params("fwd")[5:])  # (a, b, c, e) per type
+        assert torch.equal(used[:, :, 0], torch.as_tensor(
+            cop_parameters(), dtype=used.dtype))
+        assert not torch.equal(model(x, data.edge_index).view(-1), out)
+    # off switch: no COP channel, the output is not COP
+    off = DAGNN(data.num_features, 8, 1, task="signal_prob", cop_input=False,
+                product_channels=0).double()
+    assert off.cop_start is None and "cop_start" not in off.state_dict()
+    with torch.no_grad():
+        assert (off(x, data.edge_index).view(-1) - cop).abs().max() > 0.05
+    with pytest.raises(ValueError, match="cop_input"):
+        DAGNN(data.num_features, 8, 1, cop_input=True, product_channels=0)
+
+
+@pytest.mark.parametrize("name", ["iscas85/c880", "iscas85/c6288", "epfl/max"])
+def test_quantile_head_starts_as_unit_delay_slack_classes(name):
+    from leangnn.circuits.dataset import NUM_CRITICAL_CLASSES
+
+    data = load_circuit(name, "critical")
+    net = read_netlist(resolve(name)[0].path)
+    unit = DelayModel(intrinsic=dict.fromkeys(DelayModel().intrinsic, 1.0),
+                      fanout_coeff=0.0)
+    t = static_timing(net, unit)
+    slack = np.clip(t.slack / t.period, 0, None)
+    cuts = np.quantile(slack, [0.25, 0.5, 0.75])
+    want = np.minimum(np.searchsorted(cuts, slack, side="left"),
+                      NUM_CRITICAL_CLASSES - 1)
+    model = DAGNN(data.num_features, 8, 4, task="critical").double()
+    assert model.quantile_head
+    with torch.no_grad():
+        got = model(data.x.double(), data.edge_index).argmax(1).numpy()
+    assert np.mean(got == want) >= 0.995  # float ties at a cut may differ
+    off = DAGNN(data.num_features, 8, 4, task="critical",
+                quantile_head=False).double()
+    with torch.no_grad():
+        off_got = off(data.x.double(), data.edge_index).argmax(1).numpy()
+    assert np.mean(off_got == want) < 0.9
+    with pytest.raises(ValueError, match="quantile_head"):
+        DAGNN(data.num_features, 8, 3, task="critical", quantile_head=True)

@@ -134,3 +134,77 @@ def test_chunk_builder_cuts_by_edges(graph):
     chunks = b.split(torch.arange(200), max_edges=200)
     assert len(chunks) >= csr.num_edges // 200
     assert sum(c.num_targets for c in chunks) == 200
+
+
+@pytest.fixture(scope="module")
+def hub_graph():
+    d = power_law_graph(120, avg_degree=4, in_channels=4, seed=2)
+    every = torch.arange(120)
+    ei = torch.cat([d.edge_index, torch.stack([every, torch.zeros_like(every)])], 1)
+    ei = torch.unique(ei, dim=1)
+    csr = DstCSR(ei, 120)
+    part = partition_graph(ei, 120, 3, cache=False)
+    return ei, csr, part
+
+
+def test_hub_pieces_cover_its_edges_once_and_fit(hub_graph):
+    ei, csr, part = hub_graph
+    with pytest.raises(BudgetError, match="node 0 with 120 in-edges") as e:
+        ExactSchedule(csr, part, _fits(25))  # no layers given: no split
+    assert e.value.in_degree == 120
+    sched = ExactSchedule(csr, part, _fits(25), num_layers=2)
+    pieces = [ch for ch in sched.chunks if ch.piece is not None]
+    assert {ch.piece.node for ch in pieces} == {0}
+    assert [ch.piece.index for ch in pieces] == list(range(len(pieces)))
+    assert len(pieces) == pieces[0].piece.count == 5  # ceil(120 / 25)
+    edges = []
+    for ch in sched.chunks:
+        assert ch.num_edges <= 25
+        src, dst = ch.edge_index.long()
+        if ch.piece is None:
+            edges.append(torch.stack([ch.sources[src], ch.targets[dst]]))
+            continue
+        # the hub is source 0; only the last piece owns it as a target
+        assert int(ch.sources[0]) == 0 and (dst == 0).all()
+        assert ch.targets.tolist() == ([0] if ch.piece.owner else [])
+        edges.append(torch.stack([ch.sources[src], torch.zeros_like(src)]))
+    got = torch.cat(edges, 1)
+    key = lambda e: torch.sort(e[0] * 120 + e[1])[0]  # noqa: E731
+    assert torch.equal(key(got), key(ei))
+    owner = [j for j, ch in enumerate(sched.chunks) if ch.piece is not None][-1]
+    assert int(sched.owner_pos[0]) == owner
+
+
+def test_hub_pieces_run_owner_last_forward_and_first_backward(hub_graph):
+    _, csr, part = hub_graph
+    sched = ExactSchedule(csr, part, _fits(25), num_layers=3)
+    ids = [j for j, ch in enumerate(sched.chunks) if ch.piece is not None]
+    owner = ids[-1]
+    for k in range(6):
+        order = sched.visit(k)
+        assert sorted(order) == list(range(sched.num_chunks))
+        at = [order.index(j) for j in ids]
+        assert max(at) - min(at) == len(ids) - 1  # a hub's pieces run together
+        if k < 3:
+            assert order.index(owner) == max(at)
+        else:
+            assert order.index(owner) == min(at)
+        steps = sched.step(k, torch.tensor(order))
+        assert torch.equal(steps, k * sched.num_chunks + torch.arange(len(order)))
+
+
+def test_next_use_with_pieces_is_in_the_future_and_exact_outside_hubs(hub_graph):
+    _, csr, part = hub_graph
+    sched = ExactSchedule(csr, part, _fits(25), num_layers=2)
+    h1 = [(1, "S"), (2, "S")]
+    for sweep in (1, 2):
+        order = sched.visit(sweep)
+        for c in order:
+            rows = sched.chunks[c].sources
+            got, _ = sched.next_use(h1, sweep, c, rows)
+            want, _ = _brute_next(sched, h1, sweep, c, rows)
+            now = sweep * sched.num_chunks + order.index(c)
+            assert (got > now).all()
+            if sched.chunks[c].piece is None:
+                keep = rows != 0  # the hub row is read by every piece
+                assert torch.equal(got[keep], want[keep])

@@ -5,6 +5,8 @@
   full-batch training.
 * :class:`DataParallel`: many graphs (netlists), shards per rank, one gradient
   all-reduce per step, equal to one process with the same batch.
+* :class:`RankOffload`: a rank's part through the layer-wise offload engine
+  under its own device budget (graph parallel beyond the sum of the devices).
 * :class:`DistributedStrategy`: both inside the :class:`~leangnn.train.Trainer`
   (``--strategy distributed`` under ``torchrun``, or ``--nproc P``).
 * :func:`spawn` / :func:`launch_processes`: local launchers whose watchdog
@@ -31,6 +33,7 @@ from leangnn.distributed.layers import (
     local_gcn_norm,
     message_passing_layers,
 )
+from leangnn.distributed.rank_offload import RankOffload, RankPlan
 from leangnn.distributed.runtime import (
     DistContext,
     DistributedError,
@@ -42,7 +45,7 @@ from leangnn.distributed.strategy import DistributedStrategy
 
 __all__ = [
     "GraphParallel", "SUPPORTED_CONVS", "check_model", "message_passing_layers",
-    "local_gcn_norm",
+    "local_gcn_norm", "RankOffload", "RankPlan",
     "DataParallel", "batch_mean_loss", "epoch_batches",
     "HaloPlan", "HaloStats", "halo_counts", "halo_exchange",
     "DistributedStrategy", "EpochMeter", "RankEpochRecord",

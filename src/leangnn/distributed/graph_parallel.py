@@ -30,7 +30,7 @@ bit.)
 from __future__ import annotations
 
 from collections.abc import Callable
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import torch
 import torch.distributed as dist
@@ -53,8 +53,10 @@ __all__ = ["GraphParallel", "Executor"]
 
 #: ``executor(model, runner) -> [n_own, out]``: how a rank runs the model on
 #: its part. The default is plain autograd with the hooks above; an offload
-#: executor (each rank under its own device budget) must call
-#: ``runner.exchange(h, layer)`` once per layer, in layer order, like it.
+#: executor (:class:`~leangnn.distributed.rank_offload.RankOffload`, each rank
+#: under its own device budget) must call ``runner.exchange(h, layer)`` once
+#: per layer, in layer order, like it. An executor whose ``host_resident``
+#: attribute is true gets the part's features and plan on the host.
 Executor = Callable[[torch.nn.Module, "GraphParallel"], Tensor]
 
 
@@ -87,7 +89,8 @@ class GraphParallel:
             by default METIS on ``data``, computed on rank 0 and broadcast.
         method (str, optional): ``partition_graph`` method. (default: ``"auto"``)
         seed (int, optional): METIS seed. (default: ``0``)
-        executor (callable, optional): see :data:`Executor`.
+        executor (callable, optional): see :data:`Executor`. (default: plain
+            autograd on ``device``)
 
     Shapes:
         :meth:`forward` returns ``[n_own, out_channels]`` for the owned nodes
@@ -120,12 +123,19 @@ class GraphParallel:
         self.num_nodes = n
         plan = HaloPlan.build(data.edge_index, self.part, self.rank, self.world_size)
         self._owned_cpu = plan.owned
-        self.plan = plan.to(self.device)
-        self.x = data.x[plan.owned].to(self.device)
-        ew, ea = data.get("edge_weight", None), data.get("edge_attr", None)
-        self.edge_weight = None if ew is None else ew[plan.edge_ids].to(self.device)
-        self.edge_attr = None if ea is None else ea[plan.edge_ids].to(self.device)
         self.executor = executor
+        # Where the part lives (the host under an offload executor) and where
+        # halo rows travel (NCCL moves CUDA tensors only).
+        where = (torch.device("cpu") if getattr(executor, "host_resident", False)
+                 else self.device)
+        self.data_device = where
+        self.comm_device = self.device if dist.get_backend(group) == "nccl" else (
+            torch.device("cpu"))
+        self.plan = plan.to(where)
+        self.x = data.x[plan.owned].to(where)
+        ew, ea = data.get("edge_weight", None), data.get("edge_attr", None)
+        self.edge_weight = None if ew is None else ew[plan.edge_ids].to(where)
+        self.edge_attr = None if ea is None else ea[plan.edge_ids].to(where)
         self.stats = HaloStats()
         self._gcn: dict[tuple, tuple[Tensor, Tensor]] = {}
         self._static_halo: tuple[tuple, Tensor] | None = None
@@ -135,7 +145,8 @@ class GraphParallel:
     # ------------------------------------------------------------------ #
     def exchange(self, h: Tensor, layer: int | None = None) -> Tensor:
         """Halo rows of ``h`` (owned rows) from their owners (differentiable)."""
-        return halo_exchange(h, self.plan, self.group, self.stats, layer)
+        return halo_exchange(h, self.plan, self.group, self.stats, layer,
+                             self.comm_device)
 
     def local_input(self, h: Tensor, layer: int | None = None) -> Tensor:
         """``[n_own + n_halo, ...]``: owned rows of ``h`` then their halo rows."""
@@ -267,12 +278,13 @@ class GraphParallel:
             The global loss (identical on every rank) and the bytes of the
             gradient all-reduce.
         """
-        with self.hooked(model):
+        # An executor runs the layers itself: the conv hooks must stay off.
+        with self.hooked(model) if self.executor is None else nullcontext():
             out = self.forward(model)
             loss, _ = self.local_loss(out, data, loss_fn)
             loss.backward()
         nbytes = all_reduce_gradients(model.parameters(), self.group)
-        value = loss.detach().reshape(1).clone()
+        value = loss.detach().reshape(1).to(self.comm_device, copy=True)
         all_reduce_sum(value, self.group)
         return float(value), nbytes
 
@@ -281,16 +293,16 @@ class GraphParallel:
         if self._all_owned is None:
             order = torch.argsort(self.part, stable=True)
             sizes = torch.bincount(self.part, minlength=self.world_size).tolist()
-            self._all_owned = [o.to(self.device) for o in torch.split(order, sizes)]
+            self._all_owned = list(torch.split(order, sizes))
         sizes = [o.numel() for o in self._all_owned]
         # all_gather needs equal shapes (gloo): pad to the largest part.
-        pad = out.new_zeros((max(sizes), *out.shape[1:]))
+        pad = out.new_zeros((max(sizes), *out.shape[1:]), device=self.comm_device)
         pad[: out.size(0)] = out
         bufs = [torch.empty_like(pad) for _ in sizes]
         dist.all_gather(bufs, pad, group=self.group)
         full = out.new_empty((self.num_nodes, *out.shape[1:]))
         for idx, buf in zip(self._all_owned, bufs):
-            full[idx] = buf[: idx.numel()]
+            full[idx.to(full.device)] = buf[: idx.numel()].to(full.device)
         return full
 
     @torch.no_grad()

@@ -153,6 +153,12 @@ class HaloPlan:
                 f"send={sum(self.send_counts)}, edges={self.edge_ids.numel()})")
 
 
+def _to(t: Tensor, device: torch.device | None) -> Tensor:
+    # Host-resident rows (a rank under the offload engine) travel through the
+    # backend's device: NCCL only moves CUDA tensors.
+    return t if device is None else t.to(device, non_blocking=True)
+
+
 def _all_to_all(rows: Tensor, send_counts: list[int], recv_counts: list[int],
                 group) -> Tensor:
     out = rows.new_empty((sum(recv_counts), *rows.shape[1:]))
@@ -167,10 +173,12 @@ class _HaloExchange(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: Tensor, plan: HaloPlan, group, stats: HaloStats | None,
-                layer: int | None) -> Tensor:
+                layer: int | None, comm_device: torch.device | None) -> Tensor:
         ctx.plan, ctx.group, ctx.stats, ctx.layer = plan, group, stats, layer
+        ctx.comm_device = comm_device
         send = x.index_select(0, plan.send_index)
-        out = _all_to_all(send, plan.send_counts, plan.recv_counts, group)
+        out = _all_to_all(_to(send, comm_device), plan.send_counts, plan.recv_counts,
+                          group).to(x.device)
         if stats is not None:
             stats.add(layer, out.size(0), send.numel() * send.element_size(),
                       out.numel() * out.element_size(), backward=False)
@@ -180,17 +188,19 @@ class _HaloExchange(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad: Tensor):
         plan = ctx.plan
-        back = _all_to_all(grad, plan.recv_counts, plan.send_counts, ctx.group)
+        back = _all_to_all(_to(grad, ctx.comm_device), plan.recv_counts,
+                           plan.send_counts, ctx.group).to(grad.device)
         if ctx.stats is not None:
             ctx.stats.add(ctx.layer, back.size(0), grad.numel() * grad.element_size(),
                           back.numel() * back.element_size(), backward=True)
         gx = grad.new_zeros((plan.num_owned, *grad.shape[1:]))
         gx.index_add_(0, plan.send_index, back)
-        return gx, None, None, None, None
+        return gx, None, None, None, None, None
 
 
 def halo_exchange(x: Tensor, plan: HaloPlan, group=None,
-                  stats: HaloStats | None = None, layer: int | None = None) -> Tensor:
+                  stats: HaloStats | None = None, layer: int | None = None,
+                  comm_device: torch.device | str | None = None) -> Tensor:
     """The halo rows of ``x`` from their owners (differentiable).
 
     A collective: every rank of ``group`` must call it, in the same order,
@@ -202,6 +212,9 @@ def halo_exchange(x: Tensor, plan: HaloPlan, group=None,
         group (ProcessGroup, optional): the ranks. (default: all)
         stats (HaloStats, optional): counters to add rows and bytes to.
         layer (int, optional): layer index recorded in ``stats``.
+        comm_device (torch.device or str, optional): where the rows travel
+            when it is not ``x``'s device (host rows over NCCL: the CUDA
+            device); the result is on ``x``'s device. (default: ``None``)
 
     Returns:
         ``[n_halo, ...]`` rows in the plan's halo order.
@@ -209,7 +222,11 @@ def halo_exchange(x: Tensor, plan: HaloPlan, group=None,
     if x.size(0) != plan.num_owned:
         raise ValueError(f"halo_exchange: x has {x.size(0)} rows but rank "
                          f"{plan.rank} owns {plan.num_owned} nodes")
-    return _HaloExchange.apply(x, plan, group, stats, layer)
+    if comm_device is not None:
+        comm_device = torch.device(comm_device)
+        if comm_device == x.device:
+            comm_device = None
+    return _HaloExchange.apply(x, plan, group, stats, layer, comm_device)
 
 
 def halo_counts(edge_index: Tensor, part: Tensor, num_parts: int | None = None

@@ -8,7 +8,10 @@ makes each optimizer step see the gradient a single process would:
 * ``graph`` mode (one big graph, or the Trainer's one-graph steps):
   :class:`~leangnn.distributed.graph_parallel.GraphParallel` on every graph,
   METIS parts per rank, halo exchange per layer. Same trajectory as the
-  ``full`` strategy, up to float rounding.
+  ``full`` strategy, up to float rounding. With ``device_budget`` every rank
+  runs its part through the layer-wise offload engine under that budget
+  (:class:`~leangnn.distributed.rank_offload.RankOffload`): a graph larger
+  than the sum of the devices still trains, with the same gradients.
 * ``data`` mode (many circuits): when the Trainer asks for
   :meth:`DistributedStrategy.epoch_batches` and calls
   :meth:`DistributedStrategy.train_batch`, each step covers ``batch_size``
@@ -34,6 +37,7 @@ from torch_geometric.data import Data
 from leangnn.distributed.counters import EpochMeter
 from leangnn.distributed.data_parallel import DataParallel
 from leangnn.distributed.graph_parallel import GraphParallel
+from leangnn.distributed.rank_offload import RankOffload
 from leangnn.distributed.runtime import (
     DEFAULT_TIMEOUT,
     DistContext,
@@ -67,6 +71,10 @@ class DistributedStrategy(Strategy):
             the number of ranks)
         group (ProcessGroup, optional): run on this group of an initialised
             job instead of joining the default group from the environment.
+        device_budget (int or str, optional): each rank's device bytes for
+            the layer-wise offload engine (graph mode with PyG ``BasicGNN``
+            models: GCN, GraphSAGE, GAT, GIN); ``None`` runs plain autograd.
+            (default: ``None``)
     """
 
     name = "distributed"
@@ -74,7 +82,8 @@ class DistributedStrategy(Strategy):
     def __init__(self, device: torch.device | str = "cpu", mode: str = "auto",
                  backend: str | None = None, timeout: float = DEFAULT_TIMEOUT,
                  partition_method: str = "auto", seed: int = 0,
-                 batch_size: int | None = None, group=None):
+                 batch_size: int | None = None, group=None,
+                 device_budget: int | str | None = None):
         super().__init__(device)
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -86,6 +95,8 @@ class DistributedStrategy(Strategy):
         self.mode, self.backend, self.timeout = mode, backend, float(timeout)
         self.partition_method, self.seed = partition_method, seed
         self.batch_size, self.group = batch_size, group
+        # Validated now (a bad size fails before any process group forms).
+        self.offload = None if device_budget is None else RankOffload(device_budget)
         self.ctx: DistContext | None = None
         self.dp: DataParallel | None = None
         self.meter: EpochMeter | None = None
@@ -94,6 +105,7 @@ class DistributedStrategy(Strategy):
         self._steps = 0
         self._steps_per_epoch = 0
         self._all_records: list[list[dict]] | None = None
+        self._all_offload: list[dict] | None = None
         self._gp_allreduce = 0
         self._num_train = 0
 
@@ -101,11 +113,12 @@ class DistributedStrategy(Strategy):
     def from_config(cls, cfg) -> DistributedStrategy:
         """Build from a :class:`~leangnn.config.TrainConfig` (``device``,
         ``seed`` and, when present, ``dist_mode``, ``dist_backend``,
-        ``dist_timeout``, ``dist_batch_size``)."""
+        ``dist_timeout``, ``dist_batch_size``, ``device_budget``)."""
         return cls(device=cfg.device, mode=getattr(cfg, "dist_mode", None) or "auto",
                    backend=getattr(cfg, "dist_backend", None),
                    timeout=getattr(cfg, "dist_timeout", None) or DEFAULT_TIMEOUT,
-                   seed=cfg.seed, batch_size=getattr(cfg, "dist_batch_size", None))
+                   seed=cfg.seed, batch_size=getattr(cfg, "dist_batch_size", None),
+                   device_budget=getattr(cfg, "device_budget", None))
 
     # ------------------------------------------------------------------ #
     @property
@@ -131,6 +144,11 @@ class DistributedStrategy(Strategy):
         broadcast_parameters(model, self.group)
         if self.mode == "auto":
             self.mode = "graph" if len(train_graphs) == 1 else "data"
+        if self.offload is not None and self.mode == "data":
+            raise ValueError(
+                f"device_budget={self.offload.device_budget} bytes: the per-rank "
+                "offload engine runs graph parallel; use --dist-mode graph (data "
+                f"mode got {len(train_graphs)} training graphs)")
         self.dp = DataParallel(self.group, self.device)
         if self.meter is None:
             self.meter = EpochMeter(self.ctx.rank, self.ctx.world_size, self.device)
@@ -149,7 +167,8 @@ class DistributedStrategy(Strategy):
         hit = self._runners.get(key)
         if hit is None:
             hit = (data, GraphParallel(data, self.group, self.device,
-                                       method=self.partition_method, seed=self.seed))
+                                       method=self.partition_method, seed=self.seed,
+                                       executor=self.offload))
             self._runners[key] = hit  # data kept alive: its pointers stay unique
         return hit[1]
 
@@ -229,10 +248,12 @@ class DistributedStrategy(Strategy):
         """Gather every rank's epoch records (collective)."""
         self._require_setup()
         self.epoch_end(-1)
-        mine = [r.to_dict() for r in self.meter.records]
+        mine = ([r.to_dict() for r in self.meter.records],
+                None if self.offload is None else self.offload.summary())
         out: list[Any] = [None] * self.ctx.world_size
         dist.all_gather_object(out, mine, group=self.group)
-        self._all_records = out
+        self._all_records = [o[0] for o in out]
+        self._all_offload = [o[1] for o in out]
 
     def summary(self) -> dict[str, Any]:
         """Figures for ``summary.json``: per-rank epoch records and the parts."""
@@ -244,10 +265,14 @@ class DistributedStrategy(Strategy):
             name = str(data.get("name", None) or f"graph{len(parts)}")
             parts[name] = {"owned": r.plan.num_owned, "halo": r.plan.num_halo,
                            "local_edges": int(r.plan.edge_ids.numel())}
-        return {"distributed": {
-            "mode": self.mode, "world_size": self.ctx.world_size,
-            "backend": self.ctx.backend, "device": str(self.device),
-            "records_per_rank": ranks, f"rank{self.ctx.rank}_parts": parts}}
+        out = {"mode": self.mode, "world_size": self.ctx.world_size,
+               "backend": self.ctx.backend, "device": str(self.device),
+               "records_per_rank": ranks, f"rank{self.ctx.rank}_parts": parts}
+        if self.offload is not None:
+            # per rank: its budget, chunks and the engine's counters
+            out["offload_per_rank"] = (self._all_offload
+                                       or [self.offload.summary()])
+        return {"distributed": out}
 
     def close(self) -> None:
         """Leave the process group (when this strategy created it)."""

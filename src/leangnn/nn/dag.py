@@ -35,16 +35,18 @@ from .levels import LevelPlan, cell_sweep, level_plan, max_plus, one_intraop_thr
 __all__ = ["DAGNN", "AGGRS", "TASK_DEFAULTS"]
 
 _DEFAULTS = {"reverse": True, "product_channels": 4, "quantiles": (),
-             "learn_products": True}
+             "learn_products": True, "cop_input": False, "quantile_head": False}
 #: per task, the options measured best by ``benchmarks/circuit_models.py``:
 #: slack needs the reverse pass and quartile offsets (its classes are
-#: per-circuit quartiles); signal probability keeps the product channels at
-#: their COP start (learned corrections did not carry to unseen circuits).
+#: per-circuit quartiles), and starts from the unit-delay slack classes
+#: (``quantile_head``); signal probability is the hybrid: the exact COP value
+#: as a fixed channel and the output's start (``cop_input``), plus a learned
+#: correction (learned product channels did not carry to unseen circuits).
 TASK_DEFAULTS = {
     "arrival": {"reverse": True},
     "critical": {"reverse": True, "quantiles": (0.25, 0.5, 0.75),
-                 "product_channels": 0},
-    "signal_prob": {"reverse": False, "learn_products": False},
+                 "product_channels": 0, "quantile_head": True},
+    "signal_prob": {"reverse": False, "learn_products": False, "cop_input": True},
 }
 
 AGGRS = ("max", "sum", "mean", "attention")
@@ -53,6 +55,9 @@ _NUM_GATE_TYPES = 12  # len(leangnn.circuits.GATE_TYPES), without importing circ
 # for an inverter) while Adam moves a parameter about ``lr`` per step; storing
 # them divided by a gain lets them get there in tens, not thousands, of steps.
 _GAIN = 10.0
+# Logit slope of the quantile head's start per unit of offset: sharp enough
+# that the start classifies like its thresholds, soft enough to train.
+_QUANTILE_GAIN = 10.0
 
 
 def _quantile_offsets(f: Tensor, q: Tensor) -> Tensor:
@@ -262,6 +267,20 @@ class DAGNN(torch.nn.Module):
             scalars; ``False`` keeps them at ``product_init`` (with
             ``"cop"``: exact COP probabilities as a fixed channel).
             (default: the task's, else ``True``)
+        cop_input (bool, optional): the hybrid signal-probability model:
+            product channel 0 is held at the exact COP probability (an
+            analytic baseline computed from the structure, not the label's
+            simulation), feeds the GRU, and the output starts as that
+            channel, so training learns a correction to COP (needs the COP
+            start and a product channel). ``False`` is the off switch.
+            (default: the task's, else ``False``)
+        quantile_head (bool, optional): the classification head starts as the
+            ordinal classes of timing channel 0's longest path through each
+            node cut at its per-graph ``quantiles`` (class 0: longest path,
+            least slack), so training starts from unit-delay slack classes and
+            refines the delays (needs ``reverse``, a timing channel and
+            ``out_channels = len(quantiles) + 1``). (default: the task's,
+            else ``False``)
         task (str, optional): ``arrival``, ``critical`` or ``signal_prob``:
             options left ``None`` take that task's measured best setting
             (:data:`TASK_DEFAULTS`, from ``benchmarks/circuit_models.py``).
@@ -281,17 +300,21 @@ class DAGNN(torch.nn.Module):
                  product_channels: int | None = None,
                  quantiles: Sequence[float] | None = None,
                  product_init: str | None = None, learn_products: bool | None = None,
+                 cop_input: bool | None = None, quantile_head: bool | None = None,
                  task: str | None = None):
         super().__init__()
         if task is not None and task not in TASK_DEFAULTS:
             raise ValueError(f"task must be one of {sorted(TASK_DEFAULTS)} (or None), "
                              f"got {task!r}")
         given = {"reverse": reverse, "product_channels": product_channels,
-                 "quantiles": quantiles, "learn_products": learn_products}
+                 "quantiles": quantiles, "learn_products": learn_products,
+                 "cop_input": cop_input, "quantile_head": quantile_head}
         opts = {**_DEFAULTS, **TASK_DEFAULTS.get(task, {}),
                 **{k: v for k, v in given.items() if v is not None}}
         reverse, product_channels = opts["reverse"], opts["product_channels"]
         quantiles, learn_products = opts["quantiles"], opts["learn_products"]
+        cop_input = bool(opts["cop_input"])
+        quantile_head = bool(opts["quantile_head"])
         self.task = task
         if aggr not in AGGRS:
             raise ValueError(f"aggr must be one of {AGGRS}, got {aggr!r}")
@@ -324,6 +347,25 @@ class DAGNN(torch.nn.Module):
                              f"{_NUM_GATE_TYPES} gate-type columns of GATE_TYPES; "
                              f"got {product_init!r} with {len(cols)} columns")
         self.product_init = product_init
+        cop_fits = product_init == "cop" and product_channels >= 1 \
+            and out_channels == 1
+        if cop_input and not cop_fits and given["cop_input"] is None:
+            cop_input = False  # a task default applies where it fits the shapes
+        if cop_input and not cop_fits:
+            raise ValueError("cop_input needs product_init='cop', product_channels "
+                             f">= 1 and out_channels 1; got {product_init!r}, "
+                             f"{product_channels}, {out_channels}")
+        self.cop_input = cop_input
+        q_fits = reverse and timing_channels >= 1 and \
+            out_channels == len(quantiles) + 1
+        if quantile_head and not q_fits and given["quantile_head"] is None:
+            quantile_head = False
+        if quantile_head and not q_fits:
+            raise ValueError("quantile_head needs reverse=True, timing_channels >= 1 "
+                             "and out_channels = len(quantiles) + 1; got "
+                             f"{reverse}, {timing_channels}, {out_channels} with "
+                             f"{len(quantiles)} quantiles")
+        self.quantile_head = quantile_head
         g = max(len(cols), 1)
         c, k, kp = hidden_channels, timing_channels, product_channels
         self.k, self.kp = k, kp
@@ -350,6 +392,8 @@ class DAGNN(torch.nn.Module):
         self.prod = torch.nn.Parameter(torch.empty(4, g, kp),
                                        requires_grad=learn_products)
         self.learn_products = learn_products
+        # cop_input: channel 0 reads this fixed copy, whatever the others learn
+        self.register_buffer("cop_start", torch.empty(4, g, 1) if cop_input else None)
         self.w_p = torch.nn.Parameter(torch.empty(kp, 3 * c))
         # delay = type one-hot @ W + fanin * w_fi + fanout * w_fo + b + MLP(h)
         self.delay_type = torch.nn.Linear(g, k)
@@ -382,6 +426,8 @@ class DAGNN(torch.nn.Module):
             self.prod.copy_(self._product_start()[:, :, None])
             self.prod[:, :, 1:].add_(0.05 * torch.randn_like(self.prod[:, :, 1:]))
             self.prod.div_(_GAIN)
+            if self.cop_input:
+                self.cop_start.copy_(self._product_start()[:, :, None])
             # unit delay per gate: timing channels start as logic levels
             self.delay_type.weight.zero_()
             self.delay_type.bias.fill_(1.0)
@@ -393,6 +439,30 @@ class DAGNN(torch.nn.Module):
                     last = mlp.lins[-1] if isinstance(mlp, MLP) else mlp
                     last.weight.zero_()
                     last.bias.zero_()
+            if self.cop_input:  # the output starts as the COP channel
+                self.skip.weight.zero_()
+                self.skip.bias.zero_()
+                self.skip.weight[0, 0] = 1.0
+            if self.quantile_head:
+                self._quantile_start()
+
+    def _quantile_start(self) -> None:
+        """Skip weights whose logits are ordinal classes of the path channel.
+
+        With offsets ``o_j = (path - q_j) / spread`` at ascending quantiles,
+        ``logit_k = -M (o_Q + ... + o_{Q-k+1})``: consecutive logits differ
+        by ``-M o_j``, which falls as ``j`` falls, so the argmax is the class
+        whose quantile interval holds the path (longest paths: class 0).
+        """
+        k, nq = self.k, len(self.quantiles)
+        nt = 3 * k  # arrival, to-sink, path: K each
+        w = self.skip.weight
+        w.zero_()
+        self.skip.bias.zero_()
+        for cls in range(1, nq + 1):
+            for j in range(nq - cls, nq):  # quantiles j = Q-1 .. Q-cls
+                # offsets block j, path channel 0
+                w[cls, self.kp + nt + j * nt + 2 * k] = -_QUANTILE_GAIN
 
     def _product_start(self) -> Tensor:
         """``[4, G]`` start values of ``(a, b, c, e)`` per gate type."""
@@ -467,7 +537,13 @@ class DAGNN(torch.nn.Module):
 
     def _params(self, d: str) -> list[Tensor]:
         empty = self.w_p.new_zeros(0)
-        prod = list(self.prod * _GAIN) if d == "fwd" and self.kp else [empty] * 4
+        prod = [empty] * 4
+        if d == "fwd" and self.kp:
+            scaled = self.prod * _GAIN
+            if self.cop_input:
+                scaled = torch.cat([self.cop_start.to(scaled.dtype), scaled[:, :, 1:]],
+                                   2)
+            prod = list(scaled)
         return [self.w_m[d], self.w_hh[d], self.b_hh[d],
                 self.att[d] if d in self.att else empty,
                 self.w_p if d == "fwd" and self.kp else empty, *prod]

@@ -24,7 +24,9 @@ By default the residual stream (the buffer) is carried in float64 while every
 group function computes in the input dtype, so the reconstruction is exact
 and the gradients equal plain autograd's (``exact_stream``); dropout masks are
 shared across layers and every group function runs on its own seeded RNG
-stream, so stochastic layers replay exactly too.
+stream, so stochastic layers replay exactly too. Per-graph preprocessing of
+the convs (GCN's normalisation, GAT's self-loops) is done once per pass for
+all group functions (:mod:`leangnn.nn.shared_graph`).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from torch_geometric.nn import GATConv, GCNConv, GraphConv, SAGEConv
 
 from leangnn.nn.flat import FlatParameters
 from leangnn.nn.group_sparse import GroupSparseAct, resolve_k
+from leangnn.nn.shared_graph import shared_graph
 
 __all__ = ["CONVS", "build_conv", "GSRBlock", "GSRStack"]
 
@@ -164,6 +167,12 @@ class GSRStack(torch.nn.Module):
             the memory of a deep stack stays flat with depth. The modules
             keep their attribute names (as views). ``False`` keeps ordinary
             per-module parameters. (default: ``True``)
+        share_graph (bool, optional): preprocess the graph once per pass for
+            all group functions instead of once per call (GCN's
+            normalisation, GAT's self-loops; see
+            :mod:`leangnn.nn.shared_graph`); the same values, computed
+            ``2 L G`` times fewer. ``False`` lets every conv do its own.
+            (default: ``True``)
         **conv_kwargs: passed to every conv.
 
     Shapes:
@@ -176,7 +185,8 @@ class GSRStack(torch.nn.Module):
                  conv: ConvSpec = "sage", sparsity: int | float | None = None,
                  dropout: float = 0.0, disable: bool = False,
                  preserve_rng_state: bool = True, exact_stream: bool = True,
-                 flat_parameters: bool = True, **conv_kwargs):
+                 flat_parameters: bool = True, share_graph: bool = True,
+                 **conv_kwargs):
         super().__init__()
         if not isinstance(num_groups, int) or num_groups < 2:
             raise ValueError(f"num_groups must be an int >= 2, got {num_groups!r}")
@@ -190,7 +200,7 @@ class GSRStack(torch.nn.Module):
         self.hidden_channels, self.num_layers = hidden_channels, num_layers
         self.num_groups, self.dropout = num_groups, dropout
         self.disable, self.preserve_rng_state = disable, preserve_rng_state
-        self.exact_stream = exact_stream
+        self.exact_stream, self.share_graph = exact_stream, share_graph
         self.conv_name = conv if isinstance(conv, str) else getattr(
             conv, "__name__", type(conv).__name__)
         c = hidden_channels // num_groups
@@ -286,6 +296,16 @@ class GSRStack(torch.nn.Module):
             run.seed = int(torch.randint(0, 2**62, (), device="cpu"))
         return run
 
+    def _graph(self, edge_index, num_nodes: int, dtype: torch.dtype, args, kwargs):
+        """Context in which every group function reuses one preprocessing of
+        the graph (see :mod:`leangnn.nn.shared_graph`); yields the
+        ``edge_index`` to pass. The plain-autograd path (``disable``) does not
+        use it: it is the reference that PyG's per-call preprocessing gives."""
+        return shared_graph([b.conv for b in self.blocks], edge_index, num_nodes,
+                            dtype, plain=getattr(self, "share_graph", True)
+                            and not args
+                            and not kwargs)
+
     def _rng(self, run: _Run, layer: int, group: int, device: torch.device):
         if run.seed is None:
             return contextlib.nullcontext()
@@ -308,8 +328,8 @@ class GSRStack(torch.nn.Module):
             _sum_rest(h, u0)
             u = u0
             for i in range(self.num_groups):
-                h[i].add_(self._call(run, layer, i, u, edge_index, args, kwargs,
-                                     dtype))
+                h[i].add_(_wide(self._call(run, layer, i, u, edge_index, args,
+                                           kwargs, dtype), h))
                 u = h[i]
 
     def _forward_autograd(self, x: Tensor, edge_index, args, kwargs,
@@ -338,9 +358,10 @@ class GSRStack(torch.nn.Module):
         tensors = [x, *(a for a in args if isinstance(a, Tensor))]
         if not torch.is_grad_enabled() or not (
                 params or any(t.requires_grad for t in tensors)):
-            with torch.no_grad():
+            with torch.no_grad(), self._graph(edge_index, x.size(0), x.dtype, args,
+                                              kwargs) as graph:
                 h = self._to_groups(x)
-                self._forward_inplace(h, edge_index, args, kwargs, run, x.dtype)
+                self._forward_inplace(h, graph, args, kwargs, run, x.dtype)
                 return self._from_groups(h, x.dtype)
         for key, v in kwargs.items():
             if isinstance(v, Tensor) and v.requires_grad:
@@ -354,7 +375,8 @@ class GSRStack(torch.nn.Module):
         """Reconstruct the input from the output (deterministic, no dropout)."""
         self._bind(autograd=False)
         h = self._to_groups(y)
-        _invert(self, h, edge_index, args, kwargs, _Run(), y.dtype)
+        with self._graph(edge_index, y.size(0), y.dtype, args, kwargs) as graph:
+            _invert(self, h, graph, args, kwargs, _Run(), y.dtype)
         return self._from_groups(h, y.dtype)
 
     def __repr__(self) -> str:
@@ -394,6 +416,14 @@ def _sum_rest(h: Tensor, out: Tensor) -> Tensor:
     return out
 
 
+def _wide(out: Tensor, h: Tensor) -> Tensor:
+    """``out`` in the stream's dtype. Same values as letting ``h.add_(out)``
+    promote, but an in-place op on mixed dtypes takes TensorIterator's
+    casting loop, ~2x slower on CPU than a conversion then a same-dtype op
+    (measured)."""
+    return out.to(h.dtype)
+
+
 @contextlib.contextmanager
 def _seeded(seed: int, device: torch.device):
     """Run on a private RNG stream ``seed``; the caller's stream is untouched."""
@@ -414,10 +444,11 @@ def _invert(stack: GSRStack, h: Tensor, edge_index, args, kwargs, run: _Run,
     u0 = torch.empty_like(h[0])
     for layer in reversed(range(stack.num_layers)):
         for i in range(stack.num_groups - 1, 0, -1):
-            h[i].sub_(stack._call(run, layer, i, h[i - 1], edge_index, args, kwargs,
-                                  dtype))
+            h[i].sub_(_wide(stack._call(run, layer, i, h[i - 1], edge_index, args,
+                                        kwargs, dtype), h))
         _sum_rest(h, u0)
-        h[0].sub_(stack._call(run, layer, 0, u0, edge_index, args, kwargs, dtype))
+        h[0].sub_(_wide(stack._call(run, layer, 0, u0, edge_index, args, kwargs,
+                                    dtype), h))
 
 
 class _GSRFunction(torch.autograd.Function):
@@ -429,7 +460,8 @@ class _GSRFunction(torch.autograd.Function):
         args = rest[:num_args]  # the parameters follow; autograd needs them as inputs
         ctx.num_params = len(rest) - num_args
         h = stack._to_groups(x)
-        stack._forward_inplace(h, edge_index, args, kwargs, run, x.dtype)
+        with stack._graph(edge_index, x.size(0), x.dtype, args, kwargs) as graph:
+            stack._forward_inplace(h, graph, args, kwargs, run, x.dtype)
         ctx.stack, ctx.run, ctx.kwargs, ctx.num_args = stack, run, kwargs, num_args
         ctx.dtype = x.dtype
         # Non-tensor extras (e.g. a SparseTensor adjacency) ride on ctx.
@@ -447,7 +479,7 @@ class _GSRFunction(torch.autograd.Function):
             raise RuntimeError("GSRStack: backward through the same forward twice "
                                "is not supported (its buffers are reused in place)")
         ctx.done = True
-        stack, run, kwargs = ctx.stack, ctx.run, ctx.kwargs
+        stack, kwargs = ctx.stack, ctx.kwargs
         h, _keep, *saved = ctx.saved_tensors
         extras = [s if t else o for s, t, o in zip(saved, ctx.is_tensor, ctx.objects)]
         edge_index, args = extras[0], list(extras[1:])
@@ -457,7 +489,6 @@ class _GSRFunction(torch.autograd.Function):
             args[i] = args[i].detach().requires_grad_()
         arg_grads: list[Tensor | None] = [None] * len(args)
 
-        G = stack.num_groups
         # Parameter gradients live until the optimizer step. Allocating them all
         # up front keeps these small long-lived tensors from landing in the
         # holes freed by each block's temporaries; interleaved, they fragment
@@ -476,43 +507,55 @@ class _GSRFunction(torch.autograd.Function):
         # Gradients flow in the compute dtype, as under plain autograd; only
         # the activations need the wide stream (for exact reconstruction).
         g = stack._to_groups(grad_out.to(dtype), widen=False)
-        u0 = torch.empty_like(h[0])
-        for layer in reversed(range(stack.num_layers)):
-            for i in range(G - 1, -1, -1):
-                if i > 0:
-                    src = h[i - 1]  # y_{i-1}: still the layer's output
-                else:
-                    _sum_rest(h, u0)  # sum of reconstructed x_1..x_{G-1}
-                    src = u0
-                # A fresh leaf in the compute dtype (a copy when the stream is
-                # wider, else a detached view of the buffer).
-                u = src.detach().to(dtype).requires_grad_()
-                bparams = ctx.block_params[layer * G + i]
-                with torch.enable_grad():
-                    out = stack._call(run, layer, i, u, edge_index, args, kwargs,
-                                      dtype)
-                inputs = [u, *bparams, *(args[j] for j in arg_req)]
-                grads = torch.autograd.grad(out, inputs, g[i], allow_unused=True)
-                h[i].sub_(out.detach())  # x_i = y_i - f(.)
-                du = grads[0]
-                if du is not None:
-                    if i > 0:
-                        g[i - 1].add_(du)
-                    else:
-                        g[1:].add_(du)
-                bgrads = block_grads[layer * G + i]
-                for j, gr in enumerate(grads[1:1 + len(bparams)]):
-                    if gr is not None:
-                        bgrads[j].copy_(gr)
-                    elif flat_grad is None:
-                        bgrads[j] = None
-                for j, gj in zip(arg_req, grads[1 + len(bparams):]):
-                    if gj is not None:
-                        arg_grads[j] = gj if arg_grads[j] is None else arg_grads[j] + gj
-                del out, grads, u
+        with stack._graph(edge_index, h.size(1), dtype, args, kwargs) as graph:
+            _fused_backward(ctx, stack, h, g, graph, args, arg_req, arg_grads,
+                            block_grads, flat_grad)
         if stack.flat is not None:
             pgrads = [flat_grad] * ctx.num_params
         else:
             pgrads = [gr for grads in block_grads for gr in grads]
         gx = stack._from_groups(g, dtype) if ctx.needs_input_grad[3] else None
         return (None, None, None, gx, None, *arg_grads, *pgrads)
+
+
+def _fused_backward(ctx, stack: GSRStack, h: Tensor, g: Tensor, edge_index,
+                    args: list, arg_req: list[int], arg_grads: list,
+                    block_grads: list, flat_grad: Tensor | None) -> None:
+    """The backward's walk over the layers in reverse: per group function,
+    one forward with grad enabled that both reconstructs the input in
+    ``h`` and backpropagates ``g`` (both updated in place)."""
+    run, kwargs, dtype, G = ctx.run, ctx.kwargs, ctx.dtype, stack.num_groups
+    u0 = torch.empty_like(h[0])
+    for layer in reversed(range(stack.num_layers)):
+        for i in range(G - 1, -1, -1):
+            if i > 0:
+                src = h[i - 1]  # y_{i-1}: still the layer's output
+            else:
+                _sum_rest(h, u0)  # sum of reconstructed x_1..x_{G-1}
+                src = u0
+            # A fresh leaf in the compute dtype (a copy when the stream is
+            # wider, else a detached view of the buffer).
+            u = src.detach().to(dtype).requires_grad_()
+            bparams = ctx.block_params[layer * G + i]
+            with torch.enable_grad():
+                out = stack._call(run, layer, i, u, edge_index, args, kwargs,
+                                  dtype)
+            inputs = [u, *bparams, *(args[j] for j in arg_req)]
+            grads = torch.autograd.grad(out, inputs, g[i], allow_unused=True)
+            h[i].sub_(_wide(out.detach(), h))  # x_i = y_i - f(.)
+            du = grads[0]
+            if du is not None:
+                if i > 0:
+                    g[i - 1].add_(du)
+                else:
+                    g[1:].add_(du)
+            bgrads = block_grads[layer * G + i]
+            for j, gr in enumerate(grads[1:1 + len(bparams)]):
+                if gr is not None:
+                    bgrads[j].copy_(gr)
+                elif flat_grad is None:
+                    bgrads[j] = None
+            for j, gj in zip(arg_req, grads[1 + len(bparams):]):
+                if gj is not None:
+                    arg_grads[j] = gj if arg_grads[j] is None else arg_grads[j] + gj
+            del out, grads, u

@@ -53,6 +53,37 @@ class DeviceBudget:
             workspace_fraction * free)
         self.cache_share = free - self.workspace
         self.ws, self.slot_width = ws, slot_width
+        #: workspace of forward jobs that keep their autograd graph (set by
+        #: the engine when it retains; its forward phase bounds the graph)
+        self.retain_ws: WorkspaceModel | None = None
+        self._job_ws: dict[tuple, int] = {}
+        self._kept: dict[tuple, int] = {}
+
+    def retained_bytes(self, layer: int, n_s: int, n_t: int, n_e: int) -> int:
+        """Bytes a retaining forward job leaves on the device until its
+        backward: its graph (bounded by the forward-with-graph peak) plus the
+        input block and edge weights the graph saves (the calibration excludes
+        them as inputs)."""
+        key = (layer, n_s, n_t, n_e)
+        kept = self._kept.get(key)
+        if kept is None:
+            ws = self.retain_ws
+            kept = self._kept[key] = (ws.conv_bytes(layer, False, n_s, n_t, n_e)
+                                      + n_s * ws.widths[layer] * ws.elem
+                                      + (n_e * ws.elem if ws.weighted else 0))
+        return kept
+
+    def retain_need(self, sizes: list[tuple[int, int, int]], num_layers: int) -> int:
+        """Workspace an epoch needs to retain every forward job's graph: all
+        graphs at once plus the costliest job of either phase. Retention is
+        planned only when it fits :attr:`workspace`, so every charge stays
+        under resident + cache share + workspace = the budget."""
+        kept = sum(self.retained_bytes(li, *sz) for li in range(num_layers)
+                   for sz in sizes)
+        job = max(max(self.retain_ws(li, False, *sz, self.slot_width),
+                      self.ws(li, True, *sz, self.slot_width))
+                  for li in range(num_layers) for sz in sizes)
+        return kept + job
 
     def job_bytes(self, n_s: int, n_t: int, n_e: int) -> int:
         """Workspace of the costliest layer and phase of a job of that size."""
@@ -84,15 +115,27 @@ class DeviceBudget:
         need = self.job_bytes(*err.sizes)
         return BudgetError(
             f"device_budget={self.total} bytes too small: node {err.node} with "
-            f"{err.sizes[2]} in-edges needs {need} bytes of job workspace, the "
+            f"{getattr(err, 'in_degree', None) or err.sizes[2]} in-edges needs "
+            f"{need} bytes of job workspace, the "
             f"budget leaves {self.workspace}; raise device_budget to at least "
             f"{self.min_budget(need)} bytes")
 
     def charge(self, layer: int, backward: bool, sizes: tuple[int, int, int],
-               cache_bytes: int, counters: OffloadCounters) -> None:
-        """Account one job: update the peak, assert it is under the budget."""
-        need = self.resident + cache_bytes + self.ws(layer, backward, *sizes,
-                                                     self.slot_width)
+               cache_bytes: int, counters: OffloadCounters, retained: int = 0,
+               retaining: bool = False) -> None:
+        """Account one job: update the peak, assert it is under the budget.
+
+        ``retained`` bytes of earlier jobs' autograd graphs are still on the
+        device; a ``retaining`` forward job builds its own (charged with the
+        calibrated forward-with-graph workspace, :attr:`retain_ws`)."""
+        key = (layer, backward, retaining, sizes)
+        job = self._job_ws.get(key)
+        if job is None:
+            # the schedule is static: every epoch charges the same jobs, so
+            # the model is evaluated once per job, not once per job and epoch
+            ws = self.retain_ws if retaining and not backward else self.ws
+            job = self._job_ws[key] = ws(layer, backward, *sizes, self.slot_width)
+        need = self.resident + cache_bytes + retained + job
         counters.peak_device_bytes = max(counters.peak_device_bytes, need)
         counters.jobs += 1
         if need > self.total:

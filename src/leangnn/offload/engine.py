@@ -35,7 +35,7 @@ import torch
 from torch import Tensor
 from torch_geometric.data import Data
 
-from leangnn.graphs.partition import partition_graph
+from leangnn.graphs.partition import Partition, partition_graph
 from leangnn.graphs.sparse import DstCSR
 from leangnn.offload.budget import DeviceBudget
 from leangnn.offload.cache import DeviceCache
@@ -43,7 +43,13 @@ from leangnn.offload.counters import OffloadCounters
 from leangnn.offload.jobs import ArrayLayout, CacheKeys, Epoch, Job, JobRunner
 from leangnn.offload.layerwise import LayerwiseModel
 from leangnn.offload.options import MODES, OffloadOptions
-from leangnn.offload.plane import CountingPlane, DevicePlane, compute_layer, rng_devices
+from leangnn.offload.plane import (
+    CountingPlane,
+    DevicePlane,
+    compute_layer,
+    retain_layer,
+    rng_devices,
+)
 from leangnn.offload.schedule import BudgetError, ExactSchedule, RecomputeSchedule
 from leangnn.offload.workspace import WorkspaceModel
 
@@ -114,6 +120,7 @@ class OffloadEngine:
         self.runner = JobRunner(self.plane, self.cache, self.layout,
                                 CacheKeys(o.cache, self.degree, self.sched,
                                           self.layout.num_arrays), self.split)
+        self.retain = self._plan_retention()
         self.counters = OffloadCounters()
         self.last_train = OffloadCounters()
         self.total = OffloadCounters()
@@ -134,17 +141,34 @@ class OffloadEngine:
                                          o.partition_method, o.seed,
                                          cache_dir=o.cache_dir)
 
-    def _calibrate(self) -> WorkspaceModel:
+    def _calibrate(self, retain: bool = False) -> WorkspaceModel:
         shadow = copy.deepcopy(self.model).train()
         lw = LayerwiseModel(shadow)
+        layer = retain_layer if retain else compute_layer
 
         def run(li, backward, x, ei, w, nt, g):
-            return compute_layer(lw, li, backward, x, ei, w, nt, g)
+            return layer(lw, li, backward, x, ei, w, nt, g)
 
+        key = tuple(repr(m) for m in self.model.modules()) + (
+            ("retain",) if retain else ())
         with torch.random.fork_rng(devices=rng_devices(self.device)):
             return WorkspaceModel(run, self.lw.widths, self.dtype,
-                                  self.csr.weight is not None, self.device,
-                                  key=tuple(repr(m) for m in self.model.modules()))
+                                  self.csr.weight is not None, self.device, key=key)
+
+    def _plan_retention(self) -> bool:
+        """Whether training epochs keep every forward job's graph (option
+        ``retain``): only when all of them and the costliest job fit the
+        workspace at once, and no job is a hub's edge piece."""
+        o = self.options
+        if not o.retain or o.mode != "exact":
+            return False
+        if self.split.retain_ws is None:
+            self.split.retain_ws = self._calibrate(retain=True)
+        chunks = self.sched.chunks
+        if any(getattr(ch, "piece", None) is not None for ch in chunks):
+            return False
+        need = self.split.retain_need([ch.sizes for ch in chunks], self.L)
+        return need <= self.split.workspace
 
     def _schedule(self, like: OffloadEngine | None):
         o, s = self.options, self.split
@@ -156,12 +180,40 @@ class OffloadEngine:
             return like.sched  # same chunks: only the cache differs
         try:
             if o.mode == "exact":
-                return ExactSchedule(self.csr, self.partition, s.fits, o.order,
-                                     s.ratio, topology=topology)
+                return ExactSchedule(self.csr, self._plan_partition(), s.fits,
+                                     o.order, s.ratio, topology=topology,
+                                     num_layers=self.L)
             return RecomputeSchedule(self.csr, self.partition, self.L, s.fits,
                                      s.ratio, topology=topology)
         except BudgetError as e:
             raise s.too_small(e) from None
+
+    def _whole_graph_sizes(self) -> tuple[int, int, int]:
+        # a job whose targets are all nodes has all nodes as sources
+        return (self.N, self.N, self.csr.num_edges)
+
+    def _plan_partition(self) -> Partition:
+        """The partition the exact schedule cuts: one part when one job holds
+        the whole graph (the fewest jobs: per-job overhead and halo re-reads
+        vanish), else the METIS parts."""
+        if self.partition.num_parts > 1 and self.split.fits(
+                *self._whole_graph_sizes()):
+            return Partition(torch.zeros(self.N, dtype=torch.long), 1,
+                             self.partition.method)
+        return self.partition
+
+    @property
+    def whole_graph_budget(self) -> int:
+        """Smallest device budget at which the exact schedule runs every layer
+        as one job (the whole graph on the device, as full-batch training);
+        with ``retain``, one at which those jobs also keep their graphs."""
+        sizes = self._whole_graph_sizes()
+        need = self.split.job_bytes(*sizes)
+        if self.options.retain and self.options.mode == "exact":
+            if self.split.retain_ws is None:
+                self.split.retain_ws = self._calibrate(retain=True)
+            need = max(need, self.split.retain_need([sizes], self.L))
+        return self.split.min_budget(need)
 
     @property
     def L(self) -> int:
@@ -212,6 +264,8 @@ class OffloadEngine:
         return result
 
     def _end_epoch(self, ep: Epoch) -> None:
+        self.plane.drop_retained()
+        self.runner.retain, self.runner.retained = False, 0
         for aid in list(self.cache.slot_of):
             self.cache.unregister(aid)
         self.plane.clear(keep=self.layout.h(0))
@@ -241,13 +295,17 @@ class OffloadEngine:
 
     def _exact_epoch(self, ep: Epoch, train: bool, loss_fn=None, data=None):
         A, L, s, run = self.layout, self.L, self.sched, self.runner.run
+        # retaining, backward reads no layer input: h_l is done after sweep l
+        retain = self.runner.retain = train and self.retain
         acc = {A.h(0): [(0, "S")]}
         for li in range(1, L):
             acc[A.h(li)] = [(li, "S")]
         if train:
-            acc[A.h(0)].append((2 * L - 1, "S"))
+            if not retain:
+                acc[A.h(0)].append((2 * L - 1, "S"))
             for li in range(1, L):
-                acc[A.h(li)].append((2 * L - 1 - li, "S"))
+                if not retain:
+                    acc[A.h(li)].append((2 * L - 1 - li, "S"))
                 acc[A.g(li)] = [(2 * L - 1 - li, "S"), (2 * L - li, "T")]
         ep.accesses = acc
         self.cache.register(A.h(0), self.N)
@@ -269,7 +327,8 @@ class OffloadEngine:
             self._alloc(ep, A.g(li), self.N)
         for k in range(L, 2 * L):
             li = 2 * L - 1 - k
-            self.runner.begin_sweep({A.h(li), A.g(li + 1)}
+            self.runner.begin_sweep(({A.g(li + 1)} if retain else
+                                     {A.h(li), A.g(li + 1)})
                                     | ({A.g(li)} if li else set()))
             for c in s.visit(k):
                 ch = s.chunks[c]

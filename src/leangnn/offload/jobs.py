@@ -180,6 +180,9 @@ class JobRunner:
         self.plane, self.cache, self.layout = plane, cache, layout
         self.keys, self.budget = keys, budget
         self.epoch = Epoch()
+        #: this epoch keeps forward graphs (set by the engine per epoch), and
+        #: the accounted bytes of those still alive
+        self.retain, self.retained = False, 0
 
     def start(self, epoch: Epoch) -> None:
         self.epoch = epoch
@@ -190,11 +193,16 @@ class JobRunner:
     def run(self, job: Job) -> None:
         """Forward job (writes ``dst`` rows) or backward job (reads the
         upstream gradient ``dst`` rows, accumulates into ``grad_src``)."""
+        if self.retain and job.backward:
+            self._run_retained_backward(job)
+            return
         cache, plane, c = self.cache, self.plane, self.epoch.counters
         ch, degree = job.chunk, self.keys.degree
-        self.budget.charge(job.layer, job.backward, ch.sizes, cache.nbytes, c)
+        retaining = self.retain
+        self.budget.charge(job.layer, job.backward, ch.sizes, cache.nbytes, c,
+                           self.retained, retaining)
         caching = cache.num_slots > 0
-        with plane.measured(c):
+        with plane.measured(c, self.retained):
             with plane.bookkeeping():
                 slots = cache.lookup(job.src, job.src_rows)
                 hit = slots >= 0
@@ -210,8 +218,10 @@ class JobRunner:
             c.h2d_meta_bytes += n_e * 8 + (n_e * self.layout.elem if ch.weighted
                                            else 0)
             ei, w = plane.topology(ch)
-            out = plane.compute(job, x, ei, w, g_up)
+            out = plane.compute(job, x, ei, w, g_up, retaining)
             del g_up, ei, w
+            if retaining:
+                self.retained += self.budget.retained_bytes(job.layer, *ch.sizes)
             if job.backward:
                 c.vertex_layer_recomputations += ch.num_targets
             else:
@@ -219,13 +229,17 @@ class JobRunner:
             groups = []
             with plane.bookkeeping():
                 if caching:
+                    # positions, not masks: a bool mask index is a nonzero()
+                    # per use, and with no hit the block is the candidates
                     keys = self.keys(job.src, job.src_rows, ch.sources, job.sweep,
                                      job.position, self.epoch.accesses)
-                    cache.set_keys(slots[hit], keys[hit])
-                    miss = ~hit
-                    groups.append(Candidates(job.src, job.src_rows[miss], keys[miss],
-                                             False, plane.take(x, miss),
-                                             degree[ch.sources[miss]]))
+                    cache.set_keys(slots[hit_pos], keys[hit_pos])
+                    all_miss = hit_pos.numel() == 0
+                    groups.append(Candidates(
+                        job.src, job.src_rows if all_miss else job.src_rows[miss_pos],
+                        keys if all_miss else keys[miss_pos], False,
+                        x if all_miss else plane.take(x, miss_pos),
+                        degree[ch.sources if all_miss else ch.sources[miss_pos]]))
             del x
             if job.backward and job.grad_src is not None:
                 self._accumulate(job, out, groups)
@@ -238,14 +252,39 @@ class JobRunner:
                                          None, self.epoch.accesses)
                     groups.append(Candidates(job.dst, job.dst_rows, keys, True, out,
                                              degree[ch.targets]))
-            if groups:
-                masks = cache.insert(groups, self._writeback)
-                last = groups[-1]
-                if last.dirty:
-                    m = ~masks[-1]
-                    self._write_host(last.aid, last.rows[m], plane.take(last.values, m))
+            self._offer(groups)
+
+    def _run_retained_backward(self, job: Job) -> None:
+        """Backward through the graph the job's forward kept: no input rows
+        are read and nothing is recomputed; the upstream gradient comes in and
+        the input gradient goes out as in a recomputing job."""
+        c, ch = self.epoch.counters, job.chunk
+        self.budget.charge(job.layer, True, ch.sizes, self.cache.nbytes, c,
+                           self.retained)
+        with self.plane.measured(c, self.retained):
+            g_up = self._read_grad(job)
+            gx = self.plane.backprop(job, g_up)
+            del g_up
+            self.retained -= self.budget.retained_bytes(job.layer, *ch.sizes)
+            groups = []
+            if job.grad_src is not None:
+                self._accumulate(job, gx, groups)
+            del gx
+            self._offer(groups)
 
     # -------------------------------------------------------------- helpers
+    def _offer(self, groups: list) -> None:
+        """Offer a job's candidates to the cache; dirty rows of the last group
+        that lose go to the host."""
+        if not groups:
+            return
+        masks = self.cache.insert(groups, self._writeback)
+        last = groups[-1]
+        if last.dirty:
+            m = ~masks[-1]
+            self._write_host(last.aid, last.rows[m],
+                             self.plane.take(last.values, m))
+
     def _write_host(self, aid: int, rows: Tensor, vals: Tensor | None) -> None:
         self.epoch.counters.d2h_bytes += rows.numel() * self.layout.row_bytes(aid)
         partial = self.epoch.partial.get(aid)
@@ -266,14 +305,20 @@ class JobRunner:
         with plane.bookkeeping():
             slots = cache.lookup(aid, rows)
             res = slots >= 0
+            res_pos = torch.nonzero(res).flatten()
             keys = self.keys(aid, rows, gids, job.sweep, job.position,
                              self.epoch.accesses)
-            cache.set_keys(slots[res], keys[res])
-            miss = ~res
-        if res.any():
-            cache.add_(slots[res], plane.take(gx, res))
-        groups.append(Candidates(aid, rows[miss], keys[miss], True,
-                                 plane.take(gx, miss), self.keys.degree[gids[miss]]))
+            cache.set_keys(slots[res_pos], keys[res_pos])
+        if not res_pos.numel():  # nothing resident: every row is a candidate
+            groups.append(Candidates(aid, rows, keys, True, gx,
+                                     self.keys.degree[gids]))
+            return
+        cache.add_(slots[res_pos], plane.take(gx, res_pos))
+        with plane.bookkeeping():
+            miss_pos = torch.nonzero(~res).flatten()
+        groups.append(Candidates(aid, rows[miss_pos], keys[miss_pos], True,
+                                 plane.take(gx, miss_pos),
+                                 self.keys.degree[gids[miss_pos]]))
 
     def _read_grad(self, job: Job) -> Tensor | None:
         c, plane = self.epoch.counters, self.plane

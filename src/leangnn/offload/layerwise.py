@@ -99,6 +99,7 @@ class LayerwiseModel:
         self._bipartite = not self.is_gcn
         self._takes_size = "size" in inspect.signature(conv.forward).parameters
         self._takes_weight = "edge_weight" in inspect.signature(conv.forward).parameters
+        self.partial = None  # hubs' edge-split jobs, built on first use
 
     def check(self) -> None:
         """Raise when the model's current mode is not node-wise."""
@@ -163,6 +164,12 @@ class LayerwiseModel:
                 h = conv((x, x[:num_targets]), edge_index, **kwargs)
             else:
                 h = conv(x, edge_index, **kwargs)[:num_targets]
+        return self.post(li, h)
+
+    def post(self, li: int, h: Tensor) -> Tensor:
+        """Layer ``l``'s node-wise ops after the conv (activation, norm,
+        dropout; none after the last layer)."""
+        m = self.model
         if li < self.num_layers - 1:
             if m.act is not None and m.act_first:
                 h = m.act(h)
@@ -171,6 +178,24 @@ class LayerwiseModel:
                 h = m.act(h)
             h = m.dropout(h)
         return h
+
+    def piece(self, li: int, backward: bool, piece, x: Tensor, edge_index: Tensor,
+              edge_weight: Tensor | None = None,
+              grad: Tensor | None = None) -> Tensor | None:
+        """One edge-split job of a hub (:mod:`~leangnn.offload.partial`):
+        forward returns the hub's row (owner) or ``[0, C]``; backward
+        accumulates parameter gradients and returns the sources' gradient
+        (``None`` for the first layer)."""
+        if self.partial is None:
+            from leangnn.offload.partial import PartialAggregator
+
+            self.partial = PartialAggregator(self)
+        conv = self.model.convs[li]
+        with self._raw_gcn(conv):
+            if backward:
+                return self.partial.backward(li, piece, x, edge_index, edge_weight,
+                                             grad)
+            return self.partial.forward(li, piece, x, edge_index, edge_weight)
 
     def param_bytes(self) -> int:
         return sum(p.numel() * p.element_size() for p in self.model.parameters())

@@ -49,6 +49,13 @@ class OffloadOptions:
             device (weights, gradients, two Adam moments). (default: ``4``)
         seed (int, optional): METIS seed. (default: ``0``)
         cache_dir (str, optional): partition cache folder. (default: ``None``)
+        retain (bool, optional): when the budget's workspace holds every
+            forward job's autograd graph at once (about what full-batch
+            training keeps), keep them and backpropagate through them instead
+            of recomputing each layer in backward (each vertex embedding is
+            then computed once per layer *and epoch*, as in PyG full batch).
+            Smaller budgets fall back to recomputation. Exact mode only.
+            (default: ``False``)
     """
 
     device_budget: int | str
@@ -64,6 +71,7 @@ class OffloadOptions:
     resident_factor: int = 4
     seed: int = 0
     cache_dir: str | None = None
+    retain: bool = False
 
     def __post_init__(self):
         self.device_budget = parse_bytes(self.device_budget, "device_budget")
@@ -83,6 +91,8 @@ class OffloadOptions:
                              f"{self.workspace_fraction!r}")
         if self.order not in ORDERS:
             raise ValueError(f"order must be one of {ORDERS}, got {self.order!r}")
+        if not isinstance(self.retain, bool):
+            raise ValueError(f"retain must be a bool, got {self.retain!r}")
         if not isinstance(self.resident_factor, int) or self.resident_factor < 1:
             raise ValueError(f"resident_factor must be an int >= 1, got "
                              f"{self.resident_factor!r}")

@@ -29,7 +29,8 @@ from leangnn.offload.schedule import Chunk
 from leangnn.offload.store import HostStore, ShapeStore
 from leangnn.profile import LiveBytesMeter
 
-__all__ = ["CountingPlane", "DevicePlane", "compute_layer", "rng_devices"]
+__all__ = ["CountingPlane", "DevicePlane", "compute_layer", "retain_layer",
+           "rng_devices"]
 
 
 def compute_layer(lw: LayerwiseModel, li: int, backward: bool, x: Tensor,
@@ -46,6 +47,21 @@ def compute_layer(lw: LayerwiseModel, li: int, backward: bool, x: Tensor,
         out = lw.layer(li, x, ei, nt, w)
         torch.autograd.backward(out, g)
     return x.grad
+
+
+def retain_layer(lw: LayerwiseModel, li: int, backward: bool, x: Tensor,
+                 ei: Tensor, w: Tensor | None, nt: int,
+                 g: Tensor | None) -> tuple[Tensor, Tensor]:
+    """A retaining job's compute: layer ``li`` forward *with* its autograd
+    graph (returns the input leaf and the output, whose graph stays alive
+    until backpropagated); ``backward=True`` also backpropagates ``g`` (the
+    workspace calibration's upper bound of the later backward)."""
+    x = x.detach().requires_grad_(li > 0)
+    with torch.enable_grad():
+        out = lw.layer(li, x, ei.long(), nt, w)
+        if backward:
+            torch.autograd.backward(out, g)
+    return x, out
 
 
 def rng_devices(device: torch.device) -> list[int]:
@@ -127,7 +143,7 @@ class CountingPlane:
         """``dst[rows] = src`` (the recompute baseline's output)."""
 
     # --------------------------------------------------------------- jobs
-    def measured(self, counters: OffloadCounters):
+    def measured(self, counters: OffloadCounters, retained: int = 0):
         return nullcontext()
 
     def bookkeeping(self):
@@ -147,8 +163,15 @@ class CountingPlane:
     def topology(self, ch: Chunk) -> tuple[Tensor | None, Tensor | None]:
         return None, None
 
-    def compute(self, job: Job, x, ei, w, g) -> Tensor | None:
+    def compute(self, job: Job, x, ei, w, g, retain: bool = False) -> Tensor | None:
         return None
+
+    def backprop(self, job: Job, g) -> Tensor | None:
+        """A retaining job's backward: the input gradient (``None`` here)."""
+        return None
+
+    def drop_retained(self) -> None:
+        """Forget every retained graph (end of epoch, or an error)."""
 
     def take(self, t: Tensor | None, mask: Tensor) -> Tensor | None:
         return None
@@ -189,6 +212,8 @@ class DevicePlane(CountingPlane):
         self.num_nodes, self.strict = num_nodes, strict
         self.seed = 0
         self._meter: LiveBytesMeter | None = None
+        # rng_key -> (input leaf, output) of retaining forward jobs
+        self.saved: dict[tuple, tuple[Tensor, Tensor]] = {}
 
     def pool_host_bytes(self) -> int:
         pool = self.cache.pool
@@ -246,7 +271,7 @@ class DevicePlane(CountingPlane):
 
     # --------------------------------------------------------------- jobs
     @contextmanager
-    def measured(self, counters: OffloadCounters):
+    def measured(self, counters: OffloadCounters, retained: int = 0):
         if not self.strict or self.device.type == "cuda":
             yield
             return
@@ -260,7 +285,9 @@ class DevicePlane(CountingPlane):
                 yield
         finally:
             self._meter = None
-        used = self.budget.resident + self.cache.nbytes + meter.peak
+        # graphs retained by earlier jobs were allocated outside this meter:
+        # they count with their accounted bytes
+        used = self.budget.resident + self.cache.nbytes + retained + meter.peak
         counters.peak_device_bytes_measured = max(
             counters.peak_device_bytes_measured, used)
         if used > self.budget.total:
@@ -281,6 +308,10 @@ class DevicePlane(CountingPlane):
 
     def assemble(self, aid: int, rows: Tensor, slots: Tensor, hit_pos: Tensor,
                  miss_pos: Tensor) -> Tensor:
+        if not hit_pos.numel():
+            # every row from the host: the gathered rows are the block (no
+            # second copy into an assembled one)
+            return self.gather(aid, rows)
         w = self.layout.width(aid)
         block = torch.empty(rows.numel(), w, dtype=self.layout.dtype,
                             device=self.device)
@@ -314,10 +345,28 @@ class DevicePlane(CountingPlane):
         w = None if ch.edge_weight is None else self._to_dev(ch.edge_weight)
         return self._to_dev(ch.edge_index), w
 
-    def compute(self, job: Job, x, ei, w, g) -> Tensor | None:
+    def compute(self, job: Job, x, ei, w, g, retain: bool = False) -> Tensor | None:
         with self._rng(job.rng_key):
+            if retain and not job.backward:
+                leaf, out = retain_layer(self.lw, job.layer, False, x, ei, w,
+                                         job.chunk.num_targets, None)
+                self.saved[job.rng_key] = (leaf, out)
+                # what goes to the store and the cache must not join the graph
+                return out.detach()
+            if job.chunk.piece is not None:  # a hub's edge piece (offload.partial)
+                return self.lw.piece(job.layer, job.backward, job.chunk.piece, x,
+                                     ei.long(), w, g)
             return compute_layer(self.lw, job.layer, job.backward, x, ei, w,
                                  job.chunk.num_targets, g)
+
+    def backprop(self, job: Job, g) -> Tensor | None:
+        leaf, out = self.saved.pop(job.rng_key)
+        torch.autograd.backward(out, g)
+        del out
+        return leaf.grad if job.layer > 0 else None
+
+    def drop_retained(self) -> None:
+        self.saved.clear()
 
     def take(self, t: Tensor | None, mask: Tensor) -> Tensor | None:
         return None if t is None else t[self._to_dev(mask)]

@@ -17,7 +17,12 @@ Two schedules run in the same engine:
   shared between partitions are recomputed in every one of them.
 
 Chunks are cut so each job fits the device workspace (a ``fits(|S|, |T|,
-|E|)`` test supplied by the engine).
+|E|)`` test supplied by the engine). A node whose in-edges alone do not fit
+(a hub) is split into edge pieces, one job each, whose partial aggregates
+combine exactly (:mod:`~leangnn.offload.partial`); a hub's pieces are
+consecutive chunks, visited in order by forward sweeps (the owner of the
+target last) and in reverse by backward sweeps (the owner first), whatever
+the sweep's direction.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from torch import Tensor
 from leangnn.graphs.partition import Partition
 from leangnn.graphs.sparse import DstCSR
 from leangnn.offload.cache import INF_STEP
+from leangnn.offload.partial import Piece
 
 __all__ = ["Chunk", "ChunkBuilder", "overlap_order", "ExactSchedule",
            "RecomputeSchedule", "BudgetError"]
@@ -44,13 +50,17 @@ class BudgetError(ValueError):
     """The device budget cannot hold the parameters or a one-node job.
 
     ``node`` and ``sizes`` (``|S|, |T|, |E|``) name the job that did not fit,
-    when one did not.
+    when one did not; ``in_degree`` is that node's in-edges (the smallest
+    job, one in-edge, is ``sizes`` when even that does not fit).
     """
 
     def __init__(self, message: str, node: int | None = None,
-                 sizes: tuple[int, int, int] | None = None):
+                 sizes: tuple[int, int, int] | None = None,
+                 in_degree: int | None = None):
         super().__init__(message)
         self.node, self.sizes = node, sizes
+        self.in_degree = in_degree if in_degree is not None or sizes is None \
+            else sizes[2]
 
 
 @dataclass
@@ -58,7 +68,9 @@ class Chunk:
     """One job's subgraph: ``targets`` ``T`` and ``sources`` ``S`` (``T``
     first, then the halo; global ids), local edges ``[2, E_c]`` (int32) from
     ``S``-positions to ``T``-positions, and their weights. Schedules built
-    only to count (``topology=False``) keep ``num_edges`` but no edges."""
+    only to count (``topology=False``) keep ``num_edges`` but no edges.
+    ``piece`` marks an edge-split job of a hub (its targets are empty but
+    for the last piece; the hub is its first source)."""
 
     targets: Tensor
     sources: Tensor
@@ -66,6 +78,7 @@ class Chunk:
     edge_weight: Tensor | None
     num_edges: int = 0
     weighted: bool = False
+    piece: Piece | None = None
 
     @property
     def num_targets(self) -> int:
@@ -86,14 +99,17 @@ class ChunkBuilder:
             oversized chunks into enough pieces at once.
         topology (bool, optional): build the local edges (``False``: sizes
             and sources only, for counting). (default: ``True``)
+        split_hubs (bool, optional): split a node whose one-node job does
+            not fit into edge pieces instead of raising. (default: ``False``)
     """
 
     def __init__(self, csr: DstCSR, fits: Fits, estimate: Callable | None = None,
-                 topology: bool = True):
+                 topology: bool = True, split_hubs: bool = False):
         self.csr = csr
         self.fits = fits
         self.estimate = estimate
         self.topology = topology
+        self.split_hubs = split_hubs
         self._mark = torch.zeros(csr.num_nodes, dtype=torch.bool)
         self._halo = torch.zeros(csr.num_nodes, dtype=torch.bool)
         self._loc = torch.zeros(csr.num_nodes, dtype=torch.long)
@@ -153,19 +169,75 @@ class ChunkBuilder:
         if self.fits(*ch.sizes):
             out.append(ch)
             return
+        if targets.numel() == 1 and self.split_hubs:
+            del ch
+            out.extend(self.pieces(int(targets[0])))
+            return
         if targets.numel() == 1:
             need = "" if self.estimate is None else (
                 f" (it needs {self.estimate(*ch.sizes):.2f}x the workspace)")
             raise BudgetError(
                 f"device_budget too small: node {int(targets[0])} with "
                 f"{ch.sizes[2]} in-edges does not fit the device workspace{need}; "
-                "raise device_budget", int(targets[0]), ch.sizes)
+                "raise device_budget", int(targets[0]), ch.sizes, ch.sizes[2])
         k = 2
         if self.estimate is not None:
             k = max(2, int(np.ceil(self.estimate(*ch.sizes))))
         del ch
         for piece in self._cut(targets, k):
             self._split(piece, out)
+
+
+    def piece_edges(self, node: int) -> int:
+        """Most in-edges of ``node`` one piece may carry (distinct sources
+        assumed); ``0`` when not even one in-edge fits."""
+        lo, hi = 0, int(self.csr.in_degree(torch.tensor([node]))[0])
+        while lo < hi:  # the workspace grows with the edges: bisect
+            mid = (lo + hi + 1) // 2
+            if self.fits(mid + 1, 1, mid):
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    def pieces(self, node: int) -> list[Chunk]:
+        """``node``'s in-edges as consecutive edge pieces, each fitting.
+
+        Raises:
+            BudgetError: not even a one-edge piece fits (the message names
+                the node and its in-degree).
+        """
+        ids, _ = self.csr.edge_ids(torch.tensor([node]))
+        deg = ids.numel()
+        per = self.piece_edges(node)
+        if per == 0:
+            need = "" if self.estimate is None else (
+                f" (one in-edge needs {self.estimate(2, 1, 1):.2f}x the workspace)")
+            raise BudgetError(
+                f"device_budget too small: node {node} with {deg} in-edges does "
+                f"not fit the device workspace even one in-edge at a time{need}; "
+                "raise device_budget", node, (2, 1, 1), deg)
+        k = -(-deg // per)
+        bounds = torch.linspace(0, deg, k + 1).round().long().tolist()
+        v = torch.tensor([node])
+        out = []
+        for i in range(k):
+            pid = ids[bounds[i]:bounds[i + 1]]
+            src = self.csr.col[pid]
+            halo = torch.unique(src[src != node])
+            sources = torch.cat([v, halo])
+            targets = v if i == k - 1 else v[:0]
+            piece = Piece(node, i, k, deg)
+            weighted = self.csr.weight is not None
+            if not self.topology:
+                out.append(Chunk(targets, sources, None, None, pid.numel(), weighted,
+                                 piece))
+                continue
+            self._loc[sources] = torch.arange(sources.numel())
+            ei = torch.stack([self._loc[src], torch.zeros_like(src)]).to(torch.int32)
+            w = self.csr.weight[pid] if weighted else None
+            out.append(Chunk(targets, sources, ei, w, pid.numel(), weighted, piece))
+        return out
 
 
 def overlap_order(sets: list[Tensor], num_nodes: int) -> list[int]:
@@ -219,16 +291,22 @@ class ExactSchedule:
             splitting).
         topology (bool, optional): keep the chunks' local edges (``False``
             when the schedule is only replayed to count). (default: ``True``)
+        num_layers (int, optional): layers of the model; given, a hub whose
+            one-node job does not fit is split into edge pieces (sweeps
+            ``k < num_layers`` are forward, the rest backward). (default:
+            ``None``: no split, such a hub raises :class:`BudgetError`)
     """
 
     def __init__(self, csr: DstCSR, partition: Partition, fits: Fits,
                  order: str = "overlap", estimate: Callable | None = None,
-                 topology: bool = True):
+                 topology: bool = True, num_layers: int | None = None):
         if order not in ("overlap", "natural"):
             raise ValueError(f"order must be 'overlap' or 'natural', got {order!r}")
         n = csr.num_nodes
         self.topology = topology
-        builder = ChunkBuilder(csr, fits, estimate, topology)
+        self.num_layers = num_layers
+        builder = ChunkBuilder(csr, fits, estimate, topology,
+                               split_hubs=num_layers is not None)
         parts = partition.nodes()
         if order == "overlap" and len(parts) > 2:
             closure = [torch.unique(torch.cat([v, csr.in_neighbors(v)]))
@@ -245,7 +323,35 @@ class ExactSchedule:
                 self.chunk_part.append(p)
         self.num_chunks = c = len(self.chunks)
         self.num_nodes = n
+        self.num_pieces = sum(ch.piece is not None for ch in self.chunks)
+        self._orders()
         self._index(n, c)
+
+    def _orders(self) -> None:
+        """Visit orders and ranks when hubs are split: units (a chunk, or a
+        hub's pieces) alternate direction as usual; inside a hub, forward
+        runs its pieces in order (owner last), backward in reverse."""
+        self._visit: dict[tuple[bool, int], list[int]] = {}
+        self._rank: dict[tuple[bool, int], Tensor] = {}
+        if not self.num_pieces:
+            return
+        units, j = [], 0
+        while j < self.num_chunks:
+            pc = self.chunks[j].piece
+            size = 1 if pc is None else pc.count
+            units.append(list(range(j, j + size)))
+            j += size
+        for fwd in (True, False):
+            for d in (1, -1):
+                seq = []
+                for u in (units if d == 1 else units[::-1]):
+                    seq.extend(u if fwd else u[::-1])
+                rank = torch.empty(self.num_chunks, dtype=torch.long)
+                rank[torch.tensor(seq)] = torch.arange(self.num_chunks)
+                self._visit[fwd, d], self._rank[fwd, d] = seq, rank
+
+    def _kind(self, k: int) -> tuple[bool, int]:
+        return (self.num_layers is None or k < self.num_layers, self.direction(k))
 
     def _index(self, n: int, c: int) -> None:
         # Every row of every chunk's S as (row, position) in visiting order; a
@@ -286,10 +392,14 @@ class ExactSchedule:
 
     def visit(self, k: int) -> list[int]:
         c = self.num_chunks
+        if self.num_pieces:
+            return list(self._visit[self._kind(k)])
         return list(range(c)) if self.direction(k) == 1 else list(range(c - 1, -1, -1))
 
     def step(self, k: int, pos: Tensor) -> Tensor:
         c = self.num_chunks
+        if self.num_pieces:
+            return k * c + self._rank[self._kind(k)][pos]
         j = pos if self.direction(k) == 1 else c - 1 - pos
         return k * c + j
 
@@ -335,6 +445,16 @@ class ExactSchedule:
             pos = self.prev_pos[seg].long()
             remaining += self.rank[seg].long()
         within = torch.where(pos >= 0, self.step(k, pos.clamp(min=0)), INF_STEP)
+        if self.num_pieces:
+            # inside a hub the visit is not monotone in position: the row's
+            # other neighbour in position order may come next instead (an
+            # approximation only for rows a hub's pieces share)
+            now = self.step(k, torch.tensor(chunk))
+            other = (self.prev_pos if self.direction(k) == 1 else self.next_pos)[seg]
+            other = other.long()
+            alt = torch.where(other >= 0, self.step(k, other.clamp(min=0)), INF_STEP)
+            within = torch.where(within > now, within, INF_STEP)
+            within = torch.minimum(within, torch.where(alt > now, alt, INF_STEP))
         return torch.minimum(within, later), remaining
 
     def __repr__(self) -> str:

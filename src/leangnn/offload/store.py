@@ -14,7 +14,14 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["ShapeStore", "HostStore"]
+__all__ = ["ShapeStore", "HostStore", "is_all_rows"]
+
+
+def is_all_rows(rows: Tensor, n: int) -> bool:
+    """Whether ``rows`` is ``0, 1, ..., n - 1`` (O(n) check, no copy)."""
+    if rows.numel() != n or n == 0:
+        return False
+    return int(rows[0]) == 0 and bool((rows.diff() == 1).all())
 
 
 class ShapeStore:
@@ -109,8 +116,12 @@ class HostStore(ShapeStore):
         self.arrays.pop(name, None)
 
     def gather(self, name: str, rows: Tensor) -> Tensor:
-        """Rows of ``name`` (a host copy, pinned when the store is)."""
+        """Rows of ``name``: a host copy (pinned when the store is), or the
+        array itself when ``rows`` is every row in order (a whole-graph job;
+        callers only read it, and a copy of every row would be pure cost)."""
         src = self.arrays[name]
+        if is_all_rows(rows, src.size(0)):
+            return src
         if not self.pin:
             return src.index_select(0, rows)
         out = torch.empty((rows.numel(), src.size(1)), dtype=src.dtype,

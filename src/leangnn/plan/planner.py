@@ -33,14 +33,22 @@ from leangnn.plan.estimate import Estimate, estimate_config
 from leangnn.utils import format_bytes, json_safe, parse_bytes
 
 __all__ = ["PlanRow", "PlanTable", "plan_config", "choose", "format_table",
-           "candidates", "GROUPS", "CORE_RATIOS", "OFFLOAD_PARTS"]
+           "candidates", "resolve_budget", "plan_summary", "GROUPS", "CORE_RATIOS",
+           "OFFLOAD_PARTS"]
 
 GROUPS = (2, 4)               #: reversible group counts tried
 CORE_RATIOS = (0.5, 0.3, 0.1)  #: DPR core ratios tried
-OFFLOAD_PARTS = (8,)          #: offload METIS part counts tried
+OFFLOAD_PARTS = (4, 8, 16)    #: offload METIS part counts tried
 
 #: preference among fitting rows, then speed: exact, model change, approximate
 _CLASS = {"exact": 0, "model change": 1, "approximate": 2}
+#: among exact rows that fit, full batch first: it computes each layer once
+#: with nothing recomputed or copied, and was the fastest row that fits in
+#: every case of ``benchmarks/plan.py`` (reversible recomputes the forward in
+#: the backward, offload moves every embedding through the host store); the
+#: calibrated time estimate ranks the rows within a strategy (groups, parts),
+#: where it only has to order similar work, not compare unlike kernels
+_SPEED_RANK = {"full": 0, "reversible": 1, "offload": 2}
 
 
 @dataclass
@@ -80,7 +88,7 @@ class PlanRow:
         keys = [k for k in ("model", "num_layers", "num_groups", "budget_ratio",
                             "device_budget", "num_parts") if k in self.knobs]
         return f"{self.strategy}(" + ", ".join(
-            f"{k}={self.knobs[k]}" for k in keys) + ")"
+            f"{k}={_knob(k, self.knobs[k])}" for k in keys) + ")"
 
     def apply(self, cfg):
         """``cfg`` (a TrainConfig) with this row's strategy and knobs."""
@@ -108,6 +116,8 @@ class PlanTable:
         calibration (str): the machine kind whose calibration was used
             (``uncalibrated`` when none is stored).
         seconds (float): what planning took.
+        speed (float): the machine's speed factor measured when planning
+            (see :mod:`leangnn.plan.speed`; 1: as calibrated).
     """
 
     rows: list[PlanRow]
@@ -115,6 +125,7 @@ class PlanTable:
     device: str
     calibration: str = ""
     seconds: float = 0.0
+    speed: float = 1.0
 
     @property
     def pick(self) -> PlanRow | None:
@@ -134,6 +145,7 @@ class PlanTable:
         pick = self.pick
         return json_safe({"budget_bytes": self.budget_bytes, "device": self.device,
                           "calibration": self.calibration, "seconds": self.seconds,
+                          "speed": self.speed,
                           "pick": None if pick is None else pick.label,
                           "rows": [r.to_dict() for r in self.rows]})
 
@@ -179,6 +191,9 @@ def mark_table(table: PlanTable) -> PlanTable:
                 if best.kind == "exact" else f"fits, but {r.kind}"
         elif r.kind == "approximate":
             r.why = "fits, but a smaller core"
+        elif r.strategy != best.strategy and \
+                _SPEED_RANK.get(r.strategy, 3) > _SPEED_RANK.get(best.strategy, 3):
+            r.why = f"fits, but {best.strategy} fits too (no recompute, no copies)"
         else:
             r.why = "fits, but slower"
     return table
@@ -188,8 +203,8 @@ def _preference(r: PlanRow) -> tuple:
     """Exact before a model change before approximate; among approximate
     rows the largest core (the least pruned), then the fastest."""
     time_ = r.epoch_seconds if r.epoch_seconds is not None else math.inf
-    return (_CLASS[r.kind], -float(r.knobs.get("budget_ratio", 1.0)), time_,
-            r.need_bytes)
+    return (_CLASS[r.kind], -float(r.knobs.get("budget_ratio", 1.0)),
+            _SPEED_RANK.get(r.strategy, 3), time_, r.need_bytes)
 
 
 def choose(table: PlanTable) -> PlanRow:
@@ -218,7 +233,7 @@ def format_table(table: PlanTable) -> str:
     head = ["strategy", "knobs", "need", "fits", "epoch", "why"]
     rows = []
     for r in table.rows:
-        knobs = ", ".join(f"{k}={v}" for k, v in r.knobs.items()
+        knobs = ", ".join(f"{k}={_knob(k, v)}" for k, v in r.knobs.items()
                           if k not in ("hidden_channels",))
         rows.append([("* " if r.chosen else "  ") + r.strategy, knobs,
                      "n/a" if r.need_bytes is None else format_bytes(r.need_bytes),
@@ -229,10 +244,48 @@ def format_table(table: PlanTable) -> str:
     lines = ["  ".join(h.ljust(w) for h, w in zip(head, widths)).rstrip()]
     lines += ["  ".join(c.ljust(w) for c, w in zip(x, widths)).rstrip() for x in rows]
     pick = table.pick
+    speed = "" if table.speed == 1.0 else f", times x{table.speed:.2g} measured now"
     lines.append(f"budget {format_bytes(table.budget_bytes)} on {table.device} "
-                 f"({table.calibration}); planned in {table.seconds:.1f} s; pick: "
+                 f"({table.calibration}{speed}); planned in {table.seconds:.1f} s; "
+                 "pick: "
                  + (pick.label if pick else "none fits"))
     return "\n".join(lines)
+
+
+def _knob(key: str, value) -> str:
+    if key == "device_budget" and value is not None:
+        try:
+            return format_bytes(parse_bytes(value, key)).replace(" ", "")
+        except ValueError:
+            pass
+    return str(value)
+
+
+def plan_summary(table: PlanTable) -> dict[str, Any]:
+    """The ``plan`` entry of a planned run's ``summary.json``: the budget,
+    the pick with its knobs and estimates (``estimated_run_bytes`` is what
+    ``memory.peak_bytes`` measures: the peak above the loaded state;
+    ``estimated_epoch_seconds`` what ``time.epoch_seconds_median`` does),
+    and every row in brief."""
+    pick = table.pick
+    out: dict[str, Any] = {
+        "memory_budget_bytes": table.budget_bytes, "device": table.device,
+        "calibration": table.calibration, "plan_seconds": table.seconds,
+        "speed": table.speed,
+        "pick": None if pick is None else pick.label}
+    if pick is not None:
+        est = pick.estimate
+        out.update(strategy=pick.strategy, kind=pick.kind, knobs=dict(pick.knobs),
+                   config=dict(pick.config),
+                   estimated_peak_bytes=pick.need_bytes,
+                   estimated_run_bytes=None if est is None else max(
+                       est.run_bytes, est.later_run_bytes or 0),
+                   estimated_epoch_seconds=pick.epoch_seconds,
+                   method=None if est is None else est.method)
+    out["rows"] = [{"label": r.label, "kind": r.kind, "need_bytes": r.need_bytes,
+                    "fits": r.fits, "epoch_seconds": r.epoch_seconds, "why": r.why}
+                   for r in table.rows]
+    return json_safe(out)
 
 
 # ---------------------------------------------------------------- budgets
@@ -252,11 +305,15 @@ def estimate_row(strategy: str, est: Estimate, cal: Calibration, kind: str,
          config: dict) -> PlanRow:
     need = math.ceil(est.peak_bytes * cal.budget_scale)
     short = ""
+    if est.method == "analytic":
+        # a lower bound only (measured ~8x under for the dag model): a pick
+        # on it could run out of the very budget it was chosen for
+        short = "not chosen: only a lower bound (the dry run cannot follow it)"
     if est.host_bytes:
         from leangnn.plan.fits import available_bytes
 
         host = available_bytes("cpu")
-        if host is not None and est.host_bytes > host:
+        if host is not None and est.host_bytes > host and not short:
             short = (f"host store needs {format_bytes(est.host_bytes)} > "
                      f"{format_bytes(host)} free host memory")
     return PlanRow(strategy, dict(est.knobs), kind, need, False, est.epoch_seconds,
@@ -312,7 +369,8 @@ def plan_config(cfg, splits, memory_budget=None, device=None,
         memory_budget (int or str, optional): e.g. ``"4GiB"``; default: the
             device's free memory now.
         device (str, optional): default ``cfg.device``.
-        calibration (Calibration, optional): default: this machine's.
+        calibration (Calibration, optional): default: this machine's, with
+            its speed measured now (:meth:`Calibration.now`).
         strategies (tuple of str, optional): only these strategies' rows.
 
     Returns:
@@ -322,7 +380,7 @@ def plan_config(cfg, splits, memory_budget=None, device=None,
     t0 = time.perf_counter()
     dev = torch.device(device or cfg.device)
     budget = resolve_budget(memory_budget, dev)
-    cal = calibration or load_calibration(dev)
+    cal = calibration or load_calibration(dev).now(dev)
     rows = []
     for strategy, fields, kind in candidates(cfg, budget):
         if strategies is not None and strategy not in strategies:
@@ -341,7 +399,7 @@ def plan_config(cfg, splits, memory_budget=None, device=None,
             continue
         rows.append(estimate_row(strategy, est, cal, kind, fields))
     table = PlanTable(rows, budget, str(dev),
-                      cal.kind if cal.calibrated else "uncalibrated")
+                      cal.kind if cal.calibrated else "uncalibrated", speed=cal.speed)
     mark_table(table)
     table.seconds = time.perf_counter() - t0
     return table

@@ -52,7 +52,7 @@ def _is_layerwise(model: torch.nn.Module) -> str | None:
     return None
 
 
-def plan(model: torch.nn.Module, data: Data, memory_budget="4GiB", loss_fn=None,
+def plan(model: torch.nn.Module, data: Data, memory_budget=None, loss_fn=None,
          device="cpu", lr: float = 1e-3, clip_norm: float | None = 1.0,
          calibration: Calibration | None = None,
          strategies: tuple[str, ...] | None = None) -> PlanTable:
@@ -67,7 +67,7 @@ def plan(model: torch.nn.Module, data: Data, memory_budget="4GiB", loss_fn=None,
         data (Data): the graph (``x``, ``edge_index``, ``y``, optional
             ``node_mask``).
         memory_budget (int or str, optional): e.g. ``"4GiB"``; ``None``: the
-            device's free memory now. (default: ``"4GiB"``)
+            device's free memory now. (default: ``None``)
         loss_fn (callable, optional): ``loss_fn(out, data)``; default
             cross-entropy (integer ``y``) or MSE.
         device (str, optional): the training device. (default: ``"cpu"``)
@@ -83,7 +83,7 @@ def plan(model: torch.nn.Module, data: Data, memory_budget="4GiB", loss_fn=None,
     t0 = time.perf_counter()
     dev = torch.device(device)
     budget = resolve_budget(memory_budget, dev)
-    cal = calibration or load_calibration(dev)
+    cal = calibration or load_calibration(dev).now(dev)
     loss_fn = loss_fn or default_loss(data)
     name = type(model).__name__
     reversible = hasattr(model, "stack") and hasattr(model.stack, "num_groups")
@@ -96,19 +96,23 @@ def plan(model: torch.nn.Module, data: Data, memory_budget="4GiB", loss_fn=None,
                              knobs={"model": name})
         rows.append(estimate_row(strategy, est, cal, "exact",
                                  {"strategy": strategy}))
-    knobs = {"model": name, "device_budget": budget, "num_parts": OFFLOAD_PARTS[0]}
     why = _is_layerwise(model) if "offload" in wanted else "not requested"
-    if why is None:
+    full = None
+    for parts in OFFLOAD_PARTS if "offload" in wanted else ():
+        knobs = {"model": name, "device_budget": budget, "num_parts": parts}
+        if why is not None:
+            rows.append(unavailable_row("offload", knobs, f"not possible: {why}"))
+            break
         try:
-            est = _offload_model(model, data, loss_fn, dev, budget, cal, knobs)
+            if full is None:
+                full = estimate_model(model, data, loss_fn, dev)
+            est = _offload_model(model, data, dev, budget, cal, knobs, full)
             rows.append(estimate_row("offload", est, cal, "exact",
                                      {"strategy": "offload", "device_budget": budget,
-                                      "num_parts": OFFLOAD_PARTS[0]}))
+                                      "num_parts": parts}))
         except (ValueError, RuntimeError) as e:
             rows.append(unavailable_row("offload", knobs, "not possible: "
                                         + str(e).splitlines()[0]))
-    elif "offload" in wanted:
-        rows.append(unavailable_row("offload", knobs, f"not possible: {why}"))
     for ratio in CORE_RATIOS if "prune" in wanted else ():
         core, note = _core(data, ratio)
         est = estimate_model(model, core, loss_fn, dev, "prune", lr=lr,
@@ -119,7 +123,7 @@ def plan(model: torch.nn.Module, data: Data, memory_budget="4GiB", loss_fn=None,
         rows.append(estimate_row("prune", est, cal, "approximate",
                                  {"strategy": "prune", "budget_ratio": ratio}))
     table = PlanTable(rows, budget, str(dev),
-                      cal.kind if cal.calibrated else "uncalibrated")
+                      cal.kind if cal.calibrated else "uncalibrated", speed=cal.speed)
     mark_table(table)
     table.seconds = time.perf_counter() - t0
     return table
@@ -130,16 +134,16 @@ def _core(data: Data, ratio: float) -> tuple[Data, str]:
     return core, f"core: {int(core.num_nodes)} nodes, {int(core.num_edges)} edges"
 
 
-def _offload_model(model, data, loss_fn, device, budget, cal, knobs) -> Estimate:
+def _offload_model(model, data, device, budget, cal, knobs, full: Estimate
+                   ) -> Estimate:
     from leangnn.offload import OffloadEngine, OffloadOptions
 
     t0 = time.perf_counter()
-    opts = OffloadOptions(budget, min(OFFLOAD_PARTS[0], int(data.num_nodes)),
+    opts = OffloadOptions(budget, min(knobs["num_parts"], int(data.num_nodes)),
                           device=device, virtual=True)
     with torch.random.fork_rng(devices=[]):
         eng = OffloadEngine(model, data, options=opts)
         counters = eng.simulate(train=True)
-    full = estimate_model(model, data, loss_fn, device)
     params = full.model_bytes
     work = {**full.work, "jobs": counters.jobs}
     pool = eng.cache.nbytes if device.type == "cpu" else 0  # counted on both sides
@@ -157,7 +161,7 @@ def _offload_model(model, data, loss_fn, device, budget, cal, knobs) -> Estimate
 
 
 def fit(model: torch.nn.Module, data: Data, loss_fn=None, strategy: str = "auto",
-        memory_budget="4GiB", epochs: int = 100, lr: float = 1e-3,
+        memory_budget=None, epochs: int = 100, lr: float = 1e-3,
         clip_norm: float | None = 1.0, device="cpu",
         weight_decay: float = 0.0) -> dict[str, Any]:
     """Train ``model`` on ``data`` through the strategy the planner picks.

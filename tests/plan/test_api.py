@@ -1,0 +1,123 @@
+"""The planner's Python API: ``leangnn.plan(...)`` (a callable module),
+``leangnn.fit(...)`` on PyG models and leangnn's deep models, lazily loaded."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import types
+
+import pytest
+import torch
+from torch_geometric.nn import GCN
+
+import leangnn
+from leangnn.data import with_mask
+from leangnn.graphs.synthetic import contextual_sbm
+from leangnn.nn.models import build_model
+from leangnn.plan.calibrate import Calibration
+from leangnn.plan.estimate import default_loss
+from leangnn.plan.planner import PlanTable
+
+EXACT = Calibration("test", "glibc-mmap", calibrated=True)
+
+
+@pytest.fixture(scope="module")
+def data():
+    g = contextual_sbm(300, avg_degree=6.0, in_channels=8, seed=5)
+    return with_mask(g, g.train_mask)
+
+
+def test_import_leangnn_stays_cheap():
+    code = ("import sys, leangnn\n"
+            "loaded = sorted(m for m in sys.modules if m.startswith('leangnn'))\n"
+            "assert loaded == ['leangnn', 'leangnn.plan', 'leangnn.plan.vertex'], "
+            "loaded\n"
+            "assert callable(leangnn.plan) and callable(leangnn.fit)\n"
+            "import leangnn.config, leangnn.data\n"  # they import plan.fits
+            "assert 'leangnn.plan.planner' not in sys.modules\n")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_plan_is_a_callable_module_with_lazy_names():
+    import leangnn.plan.planner as planner
+
+    assert isinstance(leangnn.plan, types.ModuleType)
+    assert leangnn.plan.PlanTable is planner.PlanTable
+    assert leangnn.plan.choose is planner.choose
+    from leangnn.plan import Estimate, plan_config
+
+    assert plan_config is planner.plan_config and Estimate.__name__ == "Estimate"
+    assert {"PlanTable", "fit", "plan_config"} <= set(dir(leangnn.plan))
+    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+        leangnn.plan.nothing  # noqa: B018
+
+
+def test_plan_call_returns_the_table(data):
+    model = GCN(8, 16, 2, int(data.y.max()) + 1)
+    before = [p.detach().clone() for p in model.parameters()]
+    table = leangnn.plan(model, data, memory_budget="1GiB", calibration=EXACT,
+                         strategies=("full",))
+    assert isinstance(table, PlanTable) and table.budget_bytes == 1 << 30
+    assert [r.strategy for r in table.rows] == ["full"]
+    assert table.pick.strategy == "full" and str(table).endswith(table.pick.label)
+    # planning does not touch the model
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+def _reference_training(model, data, epochs, lr, clip):
+    """Plain PyTorch: Adam on the masked loss, gradient clipping."""
+    loss_fn = default_loss(data)
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    losses = []
+    for _ in range(epochs):
+        opt.zero_grad()
+        loss = loss_fn(model(data.x, data.edge_index), data)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def test_fit_auto_trains_a_pyg_gcn_like_plain_pytorch(data):
+    torch.manual_seed(1)
+    model = GCN(8, 16, 2, int(data.y.max()) + 1)
+    ref = GCN(8, 16, 2, int(data.y.max()) + 1)
+    ref.load_state_dict(model.state_dict())
+    out = leangnn.fit(model, data, strategy="auto", memory_budget="1GiB",
+                      epochs=15, lr=0.02)
+    assert out["row"].strategy == "full" and out["row"].chosen
+    assert isinstance(out["plan"], PlanTable)
+    losses = _reference_training(ref, data, 15, 0.02, 1.0)
+    assert out["losses"] == pytest.approx(losses, rel=1e-5)
+    assert losses[-1] < losses[0]
+    for a, b in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,strategy", [("res", "full"), ("gsr", "reversible")])
+def test_fit_auto_trains_our_deep_models(data, name, strategy):
+    torch.manual_seed(2)
+    classes = int(data.y.max()) + 1
+    model = build_model(name, 8, 8, classes, 3, num_groups=2)
+    ref = build_model(name, 8, 8, classes, 3, num_groups=2)
+    ref.load_state_dict(model.state_dict())
+    out = leangnn.fit(model, data, default_loss(data), strategy="auto",
+                      memory_budget="1GiB", epochs=5, lr=0.01)
+    assert out["row"].strategy == strategy
+    losses = _reference_training(ref, data, 5, 0.01, 1.0)
+    assert out["losses"] == pytest.approx(losses, rel=1e-4)
+
+
+def test_fit_budget_below_the_row_is_one_line(data):
+    model = GCN(8, 16, 2, int(data.y.max()) + 1)
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(ValueError) as e:
+        leangnn.fit(model, data, strategy="full", memory_budget="1KiB", epochs=1)
+    msg = str(e.value)
+    assert "\n" not in msg and "full(model=GCN) needs ~" in msg and "1.0 KiB" in msg
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    with pytest.raises(ValueError, match="memory_budget: cannot read '4 parsecs'"):
+        leangnn.plan(model, data, memory_budget="4 parsecs")
