@@ -59,6 +59,10 @@ SPLITS = {
 #: The generic GNNs use the registry's width (64); the deep ones fewer epochs.
 MODELS = {
     "dag": ({"model": "dag"}, {}, None),
+    # critical at the size and rate it needs (the CLI's defaults are per model,
+    # not per task: `leangnn train --task critical --hidden 8 --lr 1e-3`)
+    "dag-h8": ({"model": "dag", "hidden_channels": 8, "lr": 1e-3}, {},
+               ("critical",)),
     "dag-pure": ({"model": "dag"}, {"cop_input": False, "product_channels": 0},
                  ("signal_prob",)),
     "res-8": ({"model": "res", "num_layers": 8}, {}, None),
@@ -68,6 +72,7 @@ MODELS = {
     "sage-4": ({"model": "sage", "num_layers": 4}, {}, None),
 }
 LABELS = {"dag": "DAGNN (leangnn train default)",
+          "dag-h8": "DAGNN, --hidden 8 --lr 1e-3",
           "dag-pure": "DAGNN pure (no COP input)", "res-8": "ResGNN 8",
           "res-64": "ResGNN 64", "gsr-128": "GSR 128 (reversible)",
           "sage-4": "PyG GraphSAGE 4"}

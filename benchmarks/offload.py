@@ -237,6 +237,145 @@ def timing(data, model, frac, parts, reps, device, cache_dir) -> dict:
     return res
 
 
+def _grads(model):
+    return [p.grad.detach().clone() for p in model.parameters()]
+
+
+def _rel_err(a, b) -> float:
+    return max(float((x - y).abs().max() / y.abs().max().clamp_min(1e-30))
+               for x, y in zip(a, b))
+
+
+OVERHEAD_TARGETS = {"whole": 1.2, "need_25": 2.5}
+
+
+def probe_param_bytes(model) -> int:
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def overhead(data, model, loss_fn, fracs, parts, reps, device, cache_dir,
+             name, policies=("st", "none")) -> dict:
+    """Issue 12 item 4: the engine's epoch against PyG full batch, side by side.
+
+    Budgets: ``whole`` (the smallest at which every layer is one job that
+    keeps its autograd graph, i.e. the graph and everything full-batch
+    training holds are on the device), then ``fracs`` of the full-batch
+    vertex-data need. Every engine has ``retain=True`` (it retains only
+    where the budget holds the graphs). Rounds alternate PyG and every
+    engine; medians per configuration, and the median of per-round ratios
+    (robust to a load that drifts between rounds).
+    """
+    device = torch.device(device)
+    model = model.to(device)
+    need = full_batch_vertex_bytes(model, data.num_nodes)
+    probe = OffloadEngine(model, data, need, parts, "st", device=device,
+                          retain=True, virtual=True, cache_dir=cache_dir)
+    budgets = {"whole": (probe.whole_graph_budget, "st")}
+    del probe
+    pyg_peak = None
+    if device.type == "cpu":
+        with LiveBytesMeter(exclude=[data.x, data.edge_index,
+                                     *model.parameters()]) as m:
+            pyg_full_batch_epoch(model, data, loss_fn)
+        pyg_peak = m.peak
+        # what PyG itself needs on top of the parameters and their state
+        budgets["pyg_peak"] = (pyg_peak + 4 * probe_param_bytes(model), "st")
+    for f in fracs:
+        for pol in policies:
+            budgets[f"need_{f * 100:g}" + ("" if pol == "st" else f"_{pol}")] = (
+                int(f * need), pol)
+    dev_data = data.to(device) if device.type == "cuda" else data
+    model.zero_grad(set_to_none=True)
+    ref_loss = pyg_full_batch_epoch(model, dev_data, loss_fn)
+    ref_grads = _grads(model)
+    engines, rows = {}, {}
+    for key, (b, pol) in budgets.items():
+        t = time.perf_counter()
+        eng = OffloadEngine(model, data, b, parts, pol, device=device, retain=True,
+                            cache_dir=cache_dir)
+        setup = time.perf_counter() - t
+        model.zero_grad(set_to_none=True)
+        loss = eng.train_step(loss_fn, data)  # warm-up epoch, checked for exactness
+        engines[key] = eng
+        rows[key] = {"budget_bytes": b, "budget_over_need": b / need, "cache": pol,
+                     "num_chunks": eng.num_chunks, "retain": eng.retain,
+                     "setup_s": setup, "loss_rel_err": abs(loss - ref_loss)
+                     / max(abs(ref_loss), 1e-30),
+                     "grad_rel_err": _rel_err(_grads(model), ref_grads),
+                     "counters": counters(eng.counters)}
+        log(f"  {name} {key}: {b / MiB:,.0f} MiB, {eng.num_chunks} chunks/sweep, "
+            f"retain={eng.retain}, grad rel err {rows[key]['grad_rel_err']:.1e}")
+    times = {k: [] for k in ["pyg_full_batch", *engines]}
+    for _ in range(reps):
+        _sync(device)
+        t = time.perf_counter()
+        pyg_full_batch_epoch(model, dev_data, loss_fn)
+        _sync(device)
+        times["pyg_full_batch"].append(time.perf_counter() - t)
+        for key, eng in engines.items():
+            model.zero_grad(set_to_none=True)
+            _sync(device)
+            t = time.perf_counter()
+            eng.train_step(loss_fn, data)
+            _sync(device)
+            times[key].append(time.perf_counter() - t)
+    pyg = times["pyg_full_batch"]
+    for key, r in rows.items():
+        r["median_s"] = statistics.median(times[key])
+        r["all_s"] = times[key]
+        r["ratio"] = r["median_s"] / statistics.median(pyg)
+        r["ratio_per_round"] = statistics.median(
+            a / b for a, b in zip(times[key], pyg))
+        r["target"] = OVERHEAD_TARGETS.get(key.removesuffix("_none"))
+        if r["target"] is not None:
+            r["met"] = bool(r["ratio_per_round"] <= r["target"])
+    res = {"name": name, "device": str(device), "nodes": int(data.num_nodes),
+           "edges": int(data.num_edges), "need_bytes": need, "parts": parts,
+           "reps": reps, "pyg_full_batch_median_s": statistics.median(pyg),
+           "pyg_full_batch_all_s": pyg, "budgets": rows}
+    if pyg_peak is not None:
+        res["pyg_full_batch_peak_bytes"] = pyg_peak
+    del engines
+    gc.collect()
+    model.to("cpu")
+    return res
+
+
+def overhead_markdown(runs: list[dict], cmd: str) -> str:
+    lines = ["### Offload overhead against PyG full batch (issue 12, item 4)", "",
+             f"`{cmd}`: 3-layer GCN, 16 METIS parts, `st` cache, `retain=True`; "
+             "medians of alternating rounds in one run; ratio = median of the "
+             "per-round ratios engine / PyG full batch. `whole` is the smallest "
+             "budget (engine accounting, margins included) at which every layer "
+             "is one job that keeps its autograd graph; `pyg_peak` is PyG's own "
+             "measured peak (live-bytes meter) plus parameters, gradients and "
+             "Adam moments; the other budgets are fractions of the full-batch "
+             "vertex-data need, with the `st` cache and with none (`_none`).", "",
+             "| graph | nodes | edges | budget | of need | jobs/sweep | backward | "
+             "offload epoch | PyG full batch | ratio | target | grad rel err |",
+             "|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|"]
+    for r in runs:
+        for key, b in r["budgets"].items():
+            tgt = b.get("target")
+            tgt_s = "-" if tgt is None else (
+                f"<= {tgt}x {'met' if b['met'] else '**missed**'}")
+            lines.append(
+                f"| {r['name']} | {r['nodes']:,} | {r['edges']:,} | "
+                f"{b['budget_bytes'] / MiB:,.1f} MiB ({key}, {b['cache']}) | "
+                f"{b['budget_over_need']:.2f}x | {b['num_chunks']} | "
+                f"{'retained graph' if b['retain'] else 'recompute'} | "
+                f"{b['median_s']:.2f} s | {r['pyg_full_batch_median_s']:.2f} s | "
+                f"**{b['ratio_per_round']:.2f}x** | {tgt_s} | "
+                f"{b['grad_rel_err']:.1e} |")
+        if "pyg_full_batch_peak_bytes" in r:
+            lines.append(f"| {r['name']} | | | PyG full-batch peak "
+                         f"{r['pyg_full_batch_peak_bytes'] / MiB:,.0f} MiB | "
+                         f"{r['pyg_full_batch_peak_bytes'] / r['need_bytes']:.1f}x "
+                         "| | | | | | | |")
+    lines.append("")
+    return "\n".join(lines)
+
+
 def smallest_budget(data, model, fracs, parts, max_chunks, cache_dir, like) -> dict:
     """Walk budgets down; plan each (virtual), run one real epoch at the
     smallest whose schedule stays under ``max_chunks`` jobs per sweep."""
@@ -385,11 +524,55 @@ def markdown(res: dict) -> str:
             + ", ".join(f"{p['budget_fraction']:.2%}: "
                         + (f"{p['num_chunks']}" if p["fits"] else "a hub does not fit")
                         for p in mb["plans"]) + ".")
+    if res.get("overhead"):
+        lines.append("")
+        lines.append(overhead_markdown(res["overhead"], "python benchmarks/offload.py"
+                                       + (" --quick" if cfg["quick"] else "")))
     if res.get("plot"):
         lines.append("")
         lines.append(f"![traffic vs budget]({'../' + res['plot']})")
     lines.append("")
     return "\n".join(lines)
+
+
+def overhead_cmd(args) -> str:
+    cmd = "python benchmarks/offload.py --overhead-only"
+    if args.quick:
+        cmd += " --quick"
+    if args.overhead_fracs != [1.0, 0.25]:
+        cmd += " --overhead-fracs " + " ".join(f"{f:g}" for f in args.overhead_fracs)
+    if args.reps != 3:
+        cmd += f" --reps {args.reps}"
+    skip = [k for k in ("circuits", "powerlaw") if k in args.skip]
+    if skip:
+        cmd += " --skip " + " ".join(skip)
+    return cmd
+
+
+def overhead_runs(args, new_model, quick: bool) -> list[dict]:
+    """The overhead rows on the timing graph (50k nodes; 20k quick) and the
+    circuits union, on CPU (and on CUDA when there is one)."""
+    nt = 20_000 if quick else 50_000
+    devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    runs = []
+    if "powerlaw" not in args.skip:
+        log(f"overhead vs PyG full batch on a {nt:,}-node graph")
+        g = power_law_graph(nt, avg_degree=args.avg_degree, in_channels=64, seed=2)
+        for dev in devices:
+            runs.append(overhead(g, new_model(64, 8), ce_loss, args.overhead_fracs,
+                                 args.parts, args.reps, dev, args.cache_dir,
+                                 f"power-law {nt // 1000}k"))
+        del g
+    if "circuits" not in args.skip:
+        log("overhead vs PyG full batch on the ITC-99 + EPFL union")
+        circ, _ = circuits_union()
+        for dev in devices:
+            runs.append(overhead(circ, new_model(circ.x.size(1), 1), mse_loss,
+                                 args.overhead_fracs, args.parts, args.reps, dev,
+                                 args.cache_dir, "ITC-99+EPFL"))
+        del circ
+    gc.collect()
+    return runs
 
 
 def main(argv=None) -> dict:
@@ -404,7 +587,17 @@ def main(argv=None) -> dict:
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads (1: stable on a shared machine)")
     ap.add_argument("--skip", nargs="*", default=[],
-                    choices=["circuits", "sweep", "timing", "min-budget", "baseline"])
+                    choices=["circuits", "sweep", "timing", "min-budget", "baseline",
+                             "overhead", "powerlaw"])
+    ap.add_argument("--overhead-only", action="store_true",
+                    help="only the overhead rows (issue 12 item 4): PyG full batch "
+                         "vs the engine at the whole-graph budget and at "
+                         "--overhead-fracs of the need; writes "
+                         "results/offload_overhead.json")
+    ap.add_argument("--overhead-fracs", type=float, nargs="+", default=[1.0, 0.25],
+                    help="budgets as fractions of the need (add 0.0625 for the "
+                         "6.25%% row)")
+    ap.add_argument("--reps", type=int, default=3, help="alternating timing rounds")
     ap.add_argument("--max-chunks", type=int, default=None,
                     help="smallest-budget search: stop planning lower once a sweep "
                          "has this many chunks (default 2000 quick, 2500 full)")
@@ -436,6 +629,14 @@ def main(argv=None) -> dict:
         torch.manual_seed(0)
         return build_model(args.model, in_ch, args.hidden, out_ch, 3)
 
+    if args.overhead_only:
+        res["overhead"] = overhead_runs(args, new_model, quick)
+        res["wall_s"] = time.perf_counter() - t0
+        out = write_json(args.out.replace("offload.json", "offload_overhead.json")
+                         if args.out.endswith("offload.json") else args.out, res)
+        print(overhead_markdown(res["overhead"], overhead_cmd(args)))
+        log(f"benchmarks/offload.py --overhead-only: wrote {out}")
+        return res
     log(f"power-law graph: {n:,} nodes, avg degree {args.avg_degree}")
     data = power_law_graph(n, avg_degree=args.avg_degree, in_channels=64)
     model = new_model(64, 8)
@@ -500,6 +701,9 @@ def main(argv=None) -> dict:
         for t in res["timing"]:
             log(f"  {t['device']}: " + ", ".join(
                 f"{k}={v:.2f}s" for k, v in t["median_s"].items()))
+
+    if "overhead" not in args.skip:
+        res["overhead"] = overhead_runs(args, new_model, quick)
 
     res["wall_s"] = time.perf_counter() - t0
     out = write_json(args.out, res)

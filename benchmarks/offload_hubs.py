@@ -178,7 +178,7 @@ def markdown(res: dict) -> str:
 
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--scales", type=int, nargs="+", default=[18, 20])
+    ap.add_argument("--scales", type=int, nargs="*", default=[18, 20])
     ap.add_argument("--fractions", type=float, nargs="+", default=[0.25, 0.0625])
     ap.add_argument("--edge-factor", type=float, default=12.0)
     ap.add_argument("--model", default="gcn", choices=["gcn", "sage", "gat"])

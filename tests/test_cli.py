@@ -468,6 +468,9 @@ PLAN_BAD = [
      "device_budget: strategy 'auto' sets it from memory_budget"),
     ([*_P, "--layers", "0"], "num_layers: expected a positive integer, got 0"),
     ([*_P, "--strategy", "auto"], "argument --strategy: invalid choice: 'auto'"),
+    ([*_P, "--strategy", "distributed"], "argument --strategy: invalid choice"),
+    ([*_T, "--strategy", "auto", "--nproc", "2"],
+     "--nproc: the planner does not plan multi-process runs"),
     ([*_T, "--resume", "--out", "{run}", "--strategy", "auto"],
      "was not planned (strategy 'full'); drop --strategy auto"),
 ]

@@ -128,6 +128,9 @@ def _train(args) -> int:
     from .plan.fits import check_fits
 
     if args.nproc is not None:
+        if args.strategy == AUTO:
+            raise ValueError("--nproc: the planner does not plan multi-process "
+                             "runs; pass --strategy distributed, or drop --nproc")
         if args.nproc < 1:
             raise ValueError(f"--nproc: expected a positive number of processes, "
                              f"got {args.nproc}")
@@ -385,7 +388,9 @@ def _config_options(a, plan: bool = False) -> None:
     a("--test-dataset", help="test circuits, never seen in training")
     a("--task", choices=list(TASKS), help=f"label to learn {_default('task')}")
     if plan:
-        a("--strategy", choices=list(STRATEGIES),
+        from .plan.planner import PLANNED
+
+        a("--strategy", choices=list(PLANNED),
           help="only this strategy's rows (default: every strategy's)")
     else:
         a("--strategy", choices=[*STRATEGIES, AUTO],

@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import ctypes
 import multiprocessing as mp
+import os
 import resource
+import subprocess
 import sys
 import time
 import traceback
@@ -47,6 +49,8 @@ __all__ = [
     "peak_rss_bytes",
     "reset_peak_rss",
     "measure_in_subprocess",
+    "CommandPeak",
+    "run_with_peak_rss",
 ]
 
 
@@ -440,3 +444,76 @@ def measure_in_subprocess(
         raise RuntimeError(f"measured subprocess failed:\n{payload}")
     return payload, report
 
+
+
+@dataclass
+class CommandPeak:
+    """Peak resident memory of a command, measured from outside its process.
+
+    Attributes:
+        peak_bytes (int): the child's peak RSS (``ru_maxrss`` from ``wait4``,
+            the kernel's own high-water mark of that process).
+        sampled_peak_bytes (int): highest ``VmRSS`` seen by polling
+            ``/proc/<pid>/status`` (0 where ``/proc`` is missing).
+        seconds (float): wall time. returncode (int): exit status.
+        stdout (str), stderr (str): what the command printed.
+    """
+
+    peak_bytes: int
+    sampled_peak_bytes: int
+    seconds: float
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def run_with_peak_rss(cmd: list[str], interval: float = 0.05,
+                      timeout: float | None = None,
+                      env: dict[str, str] | None = None) -> CommandPeak:
+    """Run ``cmd`` and measure its peak RSS from outside the process.
+
+    What a user sees in ``top`` or a cgroup limit: the whole process, import
+    and data loading included, not a region inside it. The peak is the
+    kernel's ``ru_maxrss`` of exactly this child (``os.wait4``), so nothing
+    between two polls is missed; ``VmRSS`` is also polled as a cross-check.
+
+    Args:
+        cmd (list of str): the command line.
+        interval (float, optional): polling period in seconds. (default: ``0.05``)
+        timeout (float, optional): kill the command after this many seconds.
+        env (dict, optional): the child's environment. (default: inherited)
+
+    Raises:
+        TimeoutError: the command ran past ``timeout`` (it is killed).
+    """
+    import tempfile
+
+    t0 = time.perf_counter()
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env)
+        sampled, status = 0, f"/proc/{proc.pid}/status"
+        while True:
+            pid, code, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid == proc.pid:
+                break
+            try:
+                with open(status) as f:
+                    for line in f:
+                        if line.startswith("VmRSS:"):
+                            sampled = max(sampled, int(line.split()[1]) * 1024)
+                            break
+            except OSError:
+                pass
+            if timeout is not None and time.perf_counter() - t0 > timeout:
+                proc.kill()
+                os.wait4(proc.pid, 0)
+                proc.returncode = -9
+                raise TimeoutError(f"{cmd[:3]}...: still running after {timeout} s")
+            time.sleep(interval)
+        proc.returncode = os.waitstatus_to_exitcode(code)
+        scale = 1 if sys.platform == "darwin" else 1024
+        out.seek(0)
+        err.seek(0)
+        return CommandPeak(usage.ru_maxrss * scale, sampled,
+                           time.perf_counter() - t0, proc.returncode,
+                           out.read(), err.read())

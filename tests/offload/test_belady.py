@@ -147,6 +147,9 @@ def test_min_bounds_every_engine_policy(seed, frac):
         assert m.lower_bound_bytes <= counts[pol].traffic_bytes
         assert m.traffic_bytes <= counts[pol].traffic_bytes, pol
     # recording leaves the engine as it was: it still counts the same
+    total = engines["st"].total.to_dict()
+    record_trace(engines["st"])
+    assert engines["st"].total.to_dict() == total
     assert engines["st"].simulate().traffic_bytes == counts["st"].traffic_bytes
 
 
@@ -156,3 +159,24 @@ def test_record_trace_refuses_the_recompute_baseline():
     eng = OffloadEngine(model, d, "8MiB", 3, "lru", mode="recompute", virtual=True)
     with pytest.raises(ValueError, match="mode='exact'"):
         record_trace(eng)
+    real = OffloadEngine(model, d, "8MiB", 3, "lru")
+    with pytest.raises(ValueError, match="virtual=True"):
+        record_trace(real)
+
+
+def test_trace_of_a_retaining_engine_reproduces_its_counters():
+    # backward through kept forward graphs reads no layer input
+    d = power_law_graph(300, avg_degree=6, in_channels=8, num_classes=4, seed=3)
+    torch.manual_seed(0)
+    model = build_model("gcn", 8, 16, 4, 3)
+    probe = OffloadEngine(model, d, "1MiB", 4, "lru", virtual=True, retain=True)
+    eng = OffloadEngine(model, d, probe.whole_graph_budget, 4, "lru", virtual=True,
+                        retain=True)
+    assert eng.retain
+    c = eng.simulate()
+    tr = record_trace(eng)
+    assert not any(a.op == READ for t, s in enumerate(tr.steps)
+                   for a in s if tr.sweeps[t] >= 3)
+    lru = simulate(tr, policy="lru")
+    assert (lru.h2d_bytes, lru.d2h_bytes) == (c.h2d_bytes, c.d2h_bytes)
+    assert simulate(tr).traffic_bytes <= c.traffic_bytes

@@ -314,3 +314,72 @@ def test_options_object_and_counting_engine():
     _engine_grads(a, model, data)
     assert counting.simulate().to_dict() == a.counters.to_dict()
     assert counting.cache.pool is None and a.cache.pool is not None
+
+
+@pytest.mark.parametrize("name", ["gcn", "sage", "gat"])
+def test_whole_graph_budget_runs_one_job_per_layer_and_retains(name):
+    """At the budget the engine names for the whole graph, every layer is one
+    job; with ``retain`` the backward runs through the forward's graphs (no
+    recomputation, no layer input read again) and stays exact."""
+    data, model = _graph(), _model(name)
+    ref_loss, ref_grads = _reference(model, data)
+    n = data.num_nodes
+    plain = OffloadEngine(model, data, "1MiB", 7, "st")
+    whole = plain.whole_graph_budget
+    assert OffloadEngine(model, data, whole - 1, 7, "st").num_chunks > 1
+    one = OffloadEngine(model, data, whole, 7, "st")
+    assert one.num_chunks == 1 and not one.retain
+    _assert_close(*_engine_grads(one, model, data), ref_loss, ref_grads, 1e-10)
+    assert one.counters.vertex_layer_recomputations == 3 * n
+
+    keep = OffloadEngine(model, data, "1MiB", 7, "st", retain=True)
+    budget = keep.whole_graph_budget
+    assert budget >= whole and not keep.retain  # 1 MiB holds no graph here
+    for policy in ("st", "none"):
+        eng = OffloadEngine(model, data, budget, 7, policy, retain=True, strict=True)
+        base = OffloadEngine(model, data, budget, 7, policy)
+        assert eng.retain and eng.num_chunks == 1
+        loss, grads = _engine_grads(eng, model, data)
+        _assert_close(loss, grads, ref_loss, ref_grads, 1e-10)
+        c = eng.counters
+        assert c.vertex_layer_computations == 3 * n
+        assert c.vertex_layer_recomputations == 0
+        assert c.peak_device_bytes <= budget
+        assert 0 < c.peak_device_bytes_measured <= budget
+        _engine_grads(base, model, data)
+        # backward reads only gradients (the layer inputs are not fetched
+        # again, from cache or host) and sends no topology
+        b = base.counters
+        assert c.h2d_bytes <= b.h2d_bytes
+        assert c.cache_hits + c.cache_misses < b.cache_hits + b.cache_misses
+        assert c.h2d_meta_bytes < b.h2d_meta_bytes
+        virt = OffloadEngine(model, data, budget, 7, policy, retain=True,
+                             virtual=True)
+        got, want = virt.simulate().to_dict(), c.to_dict()
+        got.pop("peak_device_bytes_measured")
+        want.pop("peak_device_bytes_measured")
+        assert got == want
+
+
+def test_retain_falls_back_below_its_budget_and_keeps_dropout_masks():
+    data, model = _graph(300), _model("gat", dropout=0.3)
+    need = full_batch_vertex_bytes(model, data.num_nodes)
+    small = OffloadEngine(model, data, need, 4, "st", retain=True)
+    assert not small.retain
+    ref_loss, ref_grads = _reference(model.eval(), data)
+    _assert_close(*_engine_grads(small, model, data), ref_loss, ref_grads, 1e-10)
+    assert small.counters.vertex_layer_recomputations == 3 * data.num_nodes
+    # training mode (dropout): the retained graph holds the forward's masks,
+    # the recomputing engine redraws the same ones from the job's key
+    model.train()
+    budget = small.whole_graph_budget
+    keep = OffloadEngine(model, data, budget, 4, "st", retain=True)
+    again = OffloadEngine(model, data, budget, 4, "st")
+    assert keep.retain and not again.retain
+    torch.manual_seed(5)
+    a = _engine_grads(keep, model, data)
+    torch.manual_seed(5)
+    b = _engine_grads(again, model, data)
+    _assert_close(*a, *b, 1e-12)
+    with pytest.raises(ValueError, match="retain"):
+        OffloadOptions("1MiB", retain="yes")

@@ -37,7 +37,7 @@ lies between the two.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import Tensor
@@ -151,6 +151,9 @@ class _Recorder:
         self.runner, self.layout = runner, layout
         self.steps: list[list[Access]] = []
         self.sweeps: list[int] = []
+        # set by the engine per epoch: backward jobs through kept forward
+        # graphs read no layer input
+        self.retain, self.retained = False, 0
 
     def start(self, epoch) -> None:
         self.runner.start(epoch)
@@ -158,8 +161,9 @@ class _Recorder:
     def begin_sweep(self, active) -> None:
         pass
 
-    def run(self, job) -> None:
-        step = [Access(READ, job.src, job.src_rows)]
+    def run(self, job, upcoming=None) -> None:
+        reads = not (self.retain and job.backward)
+        step = [Access(READ, job.src, job.src_rows)] if reads else []
         if not job.backward:
             step.append(Access(HOST_WRITE if job.dst_on_host else PRODUCE, job.dst,
                                job.dst_rows))
@@ -180,24 +184,28 @@ def record_trace(engine, train: bool = True) -> CacheTrace:
     decision is taken and the engine's counters are left as they were.
 
     Args:
-        engine (OffloadEngine): an exact-mode engine (``virtual=True`` is
-            cheapest).
+        engine (OffloadEngine): an exact-mode counting engine
+            (``virtual=True``).
         train (bool, optional): a training epoch (else a prediction).
             (default: ``True``)
     """
     if engine.options.mode != "exact":
         raise ValueError(f"record_trace: needs mode='exact', got "
                          f"{engine.options.mode!r}")
-    runner, last, total = engine.runner, engine.last_train, engine.total
-    rec = _Recorder(runner, engine.layout)
+    if engine.plane.materialises:
+        raise ValueError("record_trace: needs a counting engine (virtual=True); "
+                         "build one with like=<this engine> to share its schedule")
+    # the epoch merges its (empty) counters into ``total`` in place
+    saved = (engine.runner, engine.counters, engine.last_train,
+             replace(engine.total))
+    rec = _Recorder(engine.runner, engine.layout)
+    # Until the engine offers a job hook, its runner is swapped from outside:
+    # the sweeps call only start/begin_sweep/run on it.
     engine.runner = rec
     try:
-        if engine.plane.materialises:
-            engine._run(train)  # a real engine: sweeps only, no job runs
-        else:
-            engine.simulate(train)
+        engine.simulate(train)
     finally:
-        engine.runner, engine.last_train, engine.total = runner, last, total
+        engine.runner, engine.counters, engine.last_train, engine.total = saved
     lay = engine.layout
     aids = {a.aid for s in rec.steps for a in s}
     return CacheTrace(rec.steps, {a: engine.N for a in aids},

@@ -122,8 +122,9 @@ class DeviceBudget:
 
     def charge(self, layer: int, backward: bool, sizes: tuple[int, int, int],
                cache_bytes: int, counters: OffloadCounters, retained: int = 0,
-               retaining: bool = False) -> None:
-        """Account one job: update the peak, assert it is under the budget.
+               retaining: bool = False) -> int:
+        """Account one job: update the peak, assert it is under the budget;
+        returns the job's accounted device bytes.
 
         ``retained`` bytes of earlier jobs' autograd graphs are still on the
         device; a ``retaining`` forward job builds its own (charged with the
@@ -141,6 +142,7 @@ class DeviceBudget:
         if need > self.total:
             raise AssertionError(f"offload accounting exceeded the device budget: "
                                  f"{need} > {self.total} bytes")
+        return need
 
     def to_dict(self) -> dict:
         return {"device_budget": self.total, "resident_bytes": self.resident,

@@ -56,6 +56,11 @@ from leangnn.offload.workspace import WorkspaceModel
 __all__ = ["OffloadEngine", "OffloadCounters", "OffloadOptions", "MODES"]
 
 
+def _upcoming(sched, order: list[int], i: int):
+    """The chunk of the job after ``order[i]`` in its sweep (``None`` last)."""
+    return sched.chunks[order[i + 1]] if i + 1 < len(order) else None
+
+
 class OffloadEngine:
     """Exact layer-wise full-graph training with a budgeted device cache.
 
@@ -314,10 +319,12 @@ class OffloadEngine:
         self._alloc(ep, A.h(L), self.N, cacheable=False)
         for k in range(L):
             self.runner.begin_sweep({A.h(k), A.h(k + 1)})
-            for c in s.visit(k):
+            order = s.visit(k)
+            for i, c in enumerate(order):
                 ch = s.chunks[c]
                 run(Job(k, k, ch, False, A.h(k), ch.sources, A.h(k + 1), ch.targets,
-                        position=c, dst_on_host=k == L - 1, rng_key=(k, c)))
+                        position=c, dst_on_host=k == L - 1, rng_key=(k, c)),
+                    _upcoming(s, order, i))
             self._release_done(ep, k)
         if not train:
             return self.plane.array(A.h(L))
@@ -330,11 +337,13 @@ class OffloadEngine:
             self.runner.begin_sweep(({A.g(li + 1)} if retain else
                                      {A.h(li), A.g(li + 1)})
                                     | ({A.g(li)} if li else set()))
-            for c in s.visit(k):
+            order = s.visit(k)
+            for i, c in enumerate(order):
                 ch = s.chunks[c]
                 run(Job(k, li, ch, True, A.h(li), ch.sources, A.g(li + 1),
                         ch.targets, position=c, dst_on_host=li == L - 1,
-                        grad_src=A.g(li) if li else None, rng_key=(li, c)))
+                        grad_src=A.g(li) if li else None, rng_key=(li, c)),
+                    _upcoming(s, order, i))
             self._release_done(ep, k)
         return loss
 

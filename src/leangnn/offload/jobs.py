@@ -190,17 +190,20 @@ class JobRunner:
     def begin_sweep(self, active: set[int]) -> None:
         self.keys.begin_sweep(self.cache, active)
 
-    def run(self, job: Job) -> None:
+    def run(self, job: Job, upcoming: Chunk | None = None) -> None:
         """Forward job (writes ``dst`` rows) or backward job (reads the
-        upstream gradient ``dst`` rows, accumulates into ``grad_src``)."""
+        upstream gradient ``dst`` rows, accumulates into ``grad_src``);
+        ``upcoming`` (the next job's chunk) has its topology copied while
+        this job runs, where the device and the budget allow."""
         if self.retain and job.backward:
             self._run_retained_backward(job)
             return
         cache, plane, c = self.cache, self.plane, self.epoch.counters
         ch, degree = job.chunk, self.keys.degree
         retaining = self.retain
-        self.budget.charge(job.layer, job.backward, ch.sizes, cache.nbytes, c,
-                           self.retained, retaining)
+        need = self.budget.charge(job.layer, job.backward, ch.sizes, cache.nbytes, c,
+                                  self.retained, retaining)
+        plane.prefetch(upcoming, self.budget.total - need)
         caching = cache.num_slots > 0
         with plane.measured(c, self.retained):
             with plane.bookkeeping():

@@ -14,7 +14,9 @@ identical to the full-graph forward:
   a halo node's degree inside a chunk is not its degree in the graph;
 * bipartite convs get ``(x_S, x_T)`` so only the targets are computed;
 * the post-conv ops (activation, norm, dropout) must be node-wise; batch
-  statistics (``BatchNorm`` in training, graph-mode ``LayerNorm``) are refused.
+  statistics (``BatchNorm`` in training, graph-mode ``LayerNorm``) are refused;
+* a hub whose in-edges do not fit one job runs as edge pieces
+  (:meth:`LayerwiseModel.piece`, :mod:`~leangnn.offload.partial`).
 """
 
 from __future__ import annotations
@@ -190,12 +192,9 @@ class LayerwiseModel:
             from leangnn.offload.partial import PartialAggregator
 
             self.partial = PartialAggregator(self)
-        conv = self.model.convs[li]
-        with self._raw_gcn(conv):
-            if backward:
-                return self.partial.backward(li, piece, x, edge_index, edge_weight,
-                                             grad)
-            return self.partial.forward(li, piece, x, edge_index, edge_weight)
+        if backward:
+            return self.partial.backward(li, piece, x, edge_index, edge_weight, grad)
+        return self.partial.forward(li, piece, x, edge_index, edge_weight)
 
     def param_bytes(self) -> int:
         return sum(p.numel() * p.element_size() for p in self.model.parameters())

@@ -91,13 +91,9 @@ class _Kernel:
 
 
 class _GCN(_Kernel):
-    def messages(self, x, src, w):
-        # the conv's lin has no bias: projecting after the weighted sum is
-        # the same linear map, on one row instead of the piece's sources
-        m = x.index_select(0, src)
-        return m if w is None else m * w.view(-1, 1)
-
     def update(self, agg, x_v):
+        # the conv's lin has no bias: projecting after the weighted sum is the
+        # same linear map, on one row instead of every source of the piece
         out = self.conv.lin(agg)
         return out if self.conv.bias is None else out + self.conv.bias
 
@@ -199,16 +195,16 @@ def piece_kernel(conv) -> _Kernel:
     raise ValueError(f"offload: {type(conv).__name__} cannot be split across jobs")
 
 
-def _edges(kernel: _Kernel, ei: Tensor, w: Tensor | None, piece: Piece):
+def _sources(kernel: _Kernel, ei: Tensor, piece: Piece) -> Tensor:
+    """Local sources of the piece's edges (all into source 0, the hub)."""
     src = ei[0].long()
     if kernel.reduce == "softmax" and kernel.conv.add_self_loops:
         # the conv drops the graph's self-loops and adds one per target:
-        # the owner piece carries it
-        keep = src != 0
-        src = src[keep]
+        # the owner piece carries it (attention convs take no edge weights)
+        src = src[src != 0]
         if piece.owner:
             src = torch.cat([src, src.new_zeros(1)])
-    return src, w
+    return src
 
 
 class PartialAggregator:
@@ -270,7 +266,8 @@ class PartialAggregator:
             return [(msg * tie).sum(0)]
         return [msg.sum(0)]
 
-    def _value(self, k: _Kernel, state: list[Tensor], piece: Piece) -> list[Tensor]:
+    @staticmethod
+    def _value(k: _Kernel, state: list[Tensor]) -> list[Tensor]:
         """The combined state in :meth:`_linear`'s layout."""
         if k.reduce == "softmax":
             return [state[2], state[1]]
@@ -293,7 +290,7 @@ class PartialAggregator:
         """A piece's forward: combine its partial state; the owner returns
         the hub's output row ``[1, C]``, the others ``[0, C]``."""
         k, key = self.kernel(li), (li, piece.node)
-        src, w = _edges(k, ei, w, piece)
+        src = _sources(k, ei, piece)
         with torch.no_grad():
             part = self._partial(k, x, src, w)
             if piece.index > 0:
@@ -301,7 +298,7 @@ class PartialAggregator:
             self.state[key] = part
             if not piece.owner:
                 return x.new_empty(0, self.lw.widths[li + 1])
-            return self._update(k, li, self._value(k, part, piece), x[:1], piece)
+            return self._update(k, li, self._value(k, part), x[:1], piece)
 
     def backward(self, li: int, piece: Piece, x: Tensor, ei: Tensor,
                  w: Tensor | None, g: Tensor) -> Tensor | None:
@@ -310,7 +307,7 @@ class PartialAggregator:
         visited first, also backpropagates the update from ``g [1, C]``."""
         k, key = self.kernel(li), (li, piece.node)
         state = self.state[key]
-        src, w = _edges(k, ei, w, piece)
+        src = _sources(k, ei, piece)
         x = x.detach().requires_grad_(li > 0)
         with torch.enable_grad():
             part = self._linear(k, x, src, w, state)
@@ -318,7 +315,7 @@ class PartialAggregator:
                 # value: exactly the forward's state; gradient: through this
                 # piece's share, and kept for the other pieces
                 agg = [v + (p - p.detach()) for v, p in
-                       zip(self._value(k, state, piece), part)]
+                       zip(self._value(k, state), part)]
                 for a in agg:
                     if a.requires_grad:
                         a.retain_grad()

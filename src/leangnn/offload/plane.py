@@ -173,6 +173,10 @@ class CountingPlane:
     def drop_retained(self) -> None:
         """Forget every retained graph (end of epoch, or an error)."""
 
+    def prefetch(self, ch: Chunk | None, headroom: int) -> None:
+        """Start copying ``ch``'s topology to the device while the current job
+        runs (CUDA only), when ``headroom`` device bytes hold it."""
+
     def take(self, t: Tensor | None, mask: Tensor) -> Tensor | None:
         return None
 
@@ -214,6 +218,13 @@ class DevicePlane(CountingPlane):
         self._meter: LiveBytesMeter | None = None
         # rng_key -> (input leaf, output) of retaining forward jobs
         self.saved: dict[tuple, tuple[Tensor, Tensor]] = {}
+        # CUDA: a copy stream overlaps the next job's topology copy with this
+        # job's compute; the schedule is static, so each chunk's topology is
+        # pinned once and reused every epoch
+        self._copy = (torch.cuda.Stream(device) if device.type == "cuda"
+                      else None)
+        self._pinned: dict[int, tuple[Tensor, Tensor | None]] = {}
+        self._ahead: dict[int, tuple[Tensor, Tensor | None, object]] = {}
 
     def pool_host_bytes(self) -> int:
         pool = self.cache.pool
@@ -234,6 +245,7 @@ class DevicePlane(CountingPlane):
             torch.cuda.reset_peak_memory_stats(self.device)
 
     def end_epoch(self, counters: OffloadCounters) -> None:
+        self._ahead.clear()
         if self.device.type != "cuda":
             return
         torch.cuda.synchronize(self.device)
@@ -341,7 +353,44 @@ class DevicePlane(CountingPlane):
                 self.store.gather(self.layout.name(aid), rows[host_pos])))
         return vals
 
+    def _pinned_topology(self, ch: Chunk) -> tuple[Tensor, Tensor | None]:
+        hit = self._pinned.get(id(ch))
+        if hit is None:
+            w = None if ch.edge_weight is None else ch.edge_weight.pin_memory()
+            hit = self._pinned[id(ch)] = (ch.edge_index.pin_memory(), w)
+        return hit
+
+    def prefetch(self, ch: Chunk | None, headroom: int) -> None:
+        if (self._copy is None or ch is None or ch.edge_index is None
+                or id(ch) in self._ahead):
+            return
+        nbytes = ch.edge_index.numel() * ch.edge_index.element_size() + (
+            0 if ch.edge_weight is None
+            else ch.edge_weight.numel() * ch.edge_weight.element_size())
+        if nbytes > headroom:  # the budget has no room for it beside this job
+            return
+        ei_h, w_h = self._pinned_topology(ch)
+        with torch.cuda.stream(self._copy):
+            ei = ei_h.to(self.device, non_blocking=True)
+            w = None if w_h is None else w_h.to(self.device, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record(self._copy)
+        self._ahead[id(ch)] = (ei, w, done)
+
     def topology(self, ch: Chunk) -> tuple[Tensor, Tensor | None]:
+        ahead = self._ahead.pop(id(ch), None)
+        if ahead is not None:
+            ei, w, done = ahead
+            cur = torch.cuda.current_stream(self.device)
+            cur.wait_event(done)
+            # allocated on the copy stream, used (and freed) on this one
+            for t in (ei, w):
+                if t is not None:
+                    t.record_stream(cur)
+            return ei, w
+        if self._copy is not None and ch.edge_index is not None:
+            ei_h, w_h = self._pinned_topology(ch)
+            return self._to_dev(ei_h), None if w_h is None else self._to_dev(w_h)
         w = None if ch.edge_weight is None else self._to_dev(ch.edge_weight)
         return self._to_dev(ch.edge_index), w
 

@@ -143,9 +143,6 @@ class Calibration:
             heap's high-water (freed small blocks stay resident and
             fragment); measured = big bytes + ``heap_scale`` x heap bytes +
             const replaces ``scale`` when set.
-        speed (float): the machine's speed now over the calibrated one (see
-            :func:`leangnn.plan.speed.speed_factor`; set when planning, not
-            stored): every time estimate is multiplied by it.
         calibrated (bool): measured here (``False``: defaults).
         error (dict): median and worst relative error of the fit.
         samples (list): the measurements fitted.
@@ -164,7 +161,6 @@ class Calibration:
     offload_bytes_scale: float = 1.0
     offload_host_scale: float | None = None
     heap_scale: float | None = None
-    speed: float = 1.0
     calibrated: bool = False
     measured_at: str = ""
     error: dict[str, float] = field(default_factory=dict)
@@ -193,16 +189,15 @@ class Calibration:
                     + self.offload_host_scale * work["host_bytes"])
         return self.offload_bytes_scale * step_bytes
 
-    def seconds(self, work: dict[str, float], scaled: bool = True) -> float | None:
-        """Epoch seconds of traced ``work`` (``None`` without any), times
-        :attr:`speed` when ``scaled``."""
+    def seconds(self, work: dict[str, float]) -> float | None:
+        """Epoch seconds of traced ``work`` (``None`` without any)."""
         if not work or "ops" not in work:
             return None
         t = (self.per_op * work["ops"] + self.per_byte * work["written"]
              + self.per_flop * work["flops"])
         if "jobs" in work:
             t = self.offload_scale * t + self.per_job * work["jobs"]
-        return float(t * (self.speed if scaled else 1.0))
+        return float(t)
 
     def apply(self, est) -> None:
         """Fill ``est``'s allocator overhead and epoch time in place."""
@@ -223,24 +218,11 @@ class Calibration:
 
     # ------------------------------------------------------------- storage
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d.pop("speed")  # measured when planning, never stored
-        return d
-
-    def now(self, device: torch.device | str = "cpu") -> Calibration:
-        """A copy whose :attr:`speed` is measured now (a short probe; see
-        :mod:`leangnn.plan.speed`); itself when uncalibrated."""
-        if not self.calibrated:
-            return self
-        from dataclasses import replace
-
-        from leangnn.plan.speed import speed_factor
-
-        return replace(self, speed=speed_factor(self, device))
+        return asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Calibration:
-        known = {f.name for f in fields(cls)} - {"speed"}
+        known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in known})
 
     def save(self, path: str | Path | None = None) -> Path:

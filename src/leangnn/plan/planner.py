@@ -33,9 +33,11 @@ from leangnn.plan.estimate import Estimate, estimate_config
 from leangnn.utils import format_bytes, json_safe, parse_bytes
 
 __all__ = ["PlanRow", "PlanTable", "plan_config", "choose", "format_table",
-           "candidates", "resolve_budget", "plan_summary", "GROUPS", "CORE_RATIOS",
-           "OFFLOAD_PARTS"]
+           "candidates", "resolve_budget", "plan_summary", "PLANNED", "GROUPS",
+           "CORE_RATIOS", "OFFLOAD_PARTS"]
 
+#: the strategies the planner has rows for
+PLANNED = ("full", "reversible", "offload", "prune")
 GROUPS = (2, 4)               #: reversible group counts tried
 CORE_RATIOS = (0.5, 0.3, 0.1)  #: DPR core ratios tried
 OFFLOAD_PARTS = (4, 8, 16)    #: offload METIS part counts tried
@@ -116,8 +118,6 @@ class PlanTable:
         calibration (str): the machine kind whose calibration was used
             (``uncalibrated`` when none is stored).
         seconds (float): what planning took.
-        speed (float): the machine's speed factor measured when planning
-            (see :mod:`leangnn.plan.speed`; 1: as calibrated).
     """
 
     rows: list[PlanRow]
@@ -125,7 +125,6 @@ class PlanTable:
     device: str
     calibration: str = ""
     seconds: float = 0.0
-    speed: float = 1.0
 
     @property
     def pick(self) -> PlanRow | None:
@@ -145,7 +144,6 @@ class PlanTable:
         pick = self.pick
         return json_safe({"budget_bytes": self.budget_bytes, "device": self.device,
                           "calibration": self.calibration, "seconds": self.seconds,
-                          "speed": self.speed,
                           "pick": None if pick is None else pick.label,
                           "rows": [r.to_dict() for r in self.rows]})
 
@@ -244,10 +242,8 @@ def format_table(table: PlanTable) -> str:
     lines = ["  ".join(h.ljust(w) for h, w in zip(head, widths)).rstrip()]
     lines += ["  ".join(c.ljust(w) for c, w in zip(x, widths)).rstrip() for x in rows]
     pick = table.pick
-    speed = "" if table.speed == 1.0 else f", times x{table.speed:.2g} measured now"
     lines.append(f"budget {format_bytes(table.budget_bytes)} on {table.device} "
-                 f"({table.calibration}{speed}); planned in {table.seconds:.1f} s; "
-                 "pick: "
+                 f"({table.calibration}); planned in {table.seconds:.1f} s; pick: "
                  + (pick.label if pick else "none fits"))
     return "\n".join(lines)
 
@@ -271,7 +267,6 @@ def plan_summary(table: PlanTable) -> dict[str, Any]:
     out: dict[str, Any] = {
         "memory_budget_bytes": table.budget_bytes, "device": table.device,
         "calibration": table.calibration, "plan_seconds": table.seconds,
-        "speed": table.speed,
         "pick": None if pick is None else pick.label}
     if pick is not None:
         est = pick.estimate
@@ -369,8 +364,7 @@ def plan_config(cfg, splits, memory_budget=None, device=None,
         memory_budget (int or str, optional): e.g. ``"4GiB"``; default: the
             device's free memory now.
         device (str, optional): default ``cfg.device``.
-        calibration (Calibration, optional): default: this machine's, with
-            its speed measured now (:meth:`Calibration.now`).
+        calibration (Calibration, optional): default: this machine's.
         strategies (tuple of str, optional): only these strategies' rows.
 
     Returns:
@@ -380,7 +374,7 @@ def plan_config(cfg, splits, memory_budget=None, device=None,
     t0 = time.perf_counter()
     dev = torch.device(device or cfg.device)
     budget = resolve_budget(memory_budget, dev)
-    cal = calibration or load_calibration(dev).now(dev)
+    cal = calibration or load_calibration(dev)
     rows = []
     for strategy, fields, kind in candidates(cfg, budget):
         if strategies is not None and strategy not in strategies:
@@ -399,7 +393,7 @@ def plan_config(cfg, splits, memory_budget=None, device=None,
             continue
         rows.append(estimate_row(strategy, est, cal, kind, fields))
     table = PlanTable(rows, budget, str(dev),
-                      cal.kind if cal.calibrated else "uncalibrated", speed=cal.speed)
+                      cal.kind if cal.calibrated else "uncalibrated")
     mark_table(table)
     table.seconds = time.perf_counter() - t0
     return table

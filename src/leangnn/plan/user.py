@@ -83,7 +83,7 @@ def plan(model: torch.nn.Module, data: Data, memory_budget=None, loss_fn=None,
     t0 = time.perf_counter()
     dev = torch.device(device)
     budget = resolve_budget(memory_budget, dev)
-    cal = calibration or load_calibration(dev).now(dev)
+    cal = calibration or load_calibration(dev)
     loss_fn = loss_fn or default_loss(data)
     name = type(model).__name__
     reversible = hasattr(model, "stack") and hasattr(model.stack, "num_groups")
@@ -123,7 +123,7 @@ def plan(model: torch.nn.Module, data: Data, memory_budget=None, loss_fn=None,
         rows.append(estimate_row("prune", est, cal, "approximate",
                                  {"strategy": "prune", "budget_ratio": ratio}))
     table = PlanTable(rows, budget, str(dev),
-                      cal.kind if cal.calibrated else "uncalibrated", speed=cal.speed)
+                      cal.kind if cal.calibrated else "uncalibrated")
     mark_table(table)
     table.seconds = time.perf_counter() - t0
     return table

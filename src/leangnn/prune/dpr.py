@@ -70,7 +70,10 @@ class DPRConfig:
         max_decoder_rows (int): cap on decoder training rows (random sample).
         anchor_features (bool): feed anchor-weighted input features too.
         sparse_adj (bool): run the encoder on a ``torch.sparse_csr`` adjacency
-            (no ``[E, C]`` message tensor; PyG convs that support it).
+            (no ``[E, C]`` message tensor; PyG convs that support it). On by
+            default: on the 2.45M-node CSBM at ``r = 0.3`` the message tensor
+            of the core's 18.6M edges alone is 4.4 GiB per layer at 64
+            channels. ``False`` is the off switch (``edge_index`` messages).
         chunk_size (int): rows per decoder training/inference chunk.
         anchor_chunk_size (int): sources per anchor walk product.
         seed (int): seed for sparsification, row sampling and decoder init.
@@ -97,7 +100,7 @@ class DPRConfig:
     decoder_rows: str = "both"
     max_decoder_rows: int = 500_000
     anchor_features: bool = True
-    sparse_adj: bool = False
+    sparse_adj: bool = True
     chunk_size: int = 16384
     anchor_chunk_size: int = 1024
     seed: int = 0
