@@ -433,13 +433,14 @@ def main(argv=None) -> dict:
         result = json.loads(Path(args.out).read_text())
         runs = [r for r in map(_upgrade, result.get("runs", [])) if r is not None]
         cmds = [result.get("command", "")]
+        merged = []
         for other in args.merge:
             extra = json.loads(Path(other).read_text())
-            new = extra.get("runs") or extra.get("runs_in_progress", [])
-            keys = {(r["task"], r["split"], r["model"]) for r in new}
-            runs = [r for r in runs if (r["task"], r["split"], r["model"])
-                    not in keys] + new
-            cmds.append(extra.get("command", f"(partial run from {other})"))
+            merged += extra.get("runs") or extra.get("runs_in_progress", [])
+            cmds.append(extra.get("command", f"(partial run into {other})"))
+        keys = {(r["task"], r["split"], r["model"]) for r in merged}
+        runs = [r for r in runs if (r["task"], r["split"], r["model"])
+                not in keys] + merged
         if args.merge:
             result["runs"], result["command"] = runs, " && ".join(c for c in cmds
                                                                    if c)

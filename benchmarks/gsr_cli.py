@@ -95,7 +95,7 @@ def markdown(res: dict) -> str:
                      f"{m['process_peak_mib']:.1f} | "
                      f"{m['process_above_baseline_mib']:.1f} |")
     r = s["ratios"]
-    lines += ["", f"| check | value | target | met |", "|---|---:|---:|---|"]
+    lines += ["", "| check | value | target | met |", "|---|---:|---:|---|"]
     for key, label in (("trainer_peak_mib", "Trainer peak"),
                        ("process_above_baseline_mib",
                         "process peak above baseline"),

@@ -270,7 +270,8 @@ def overhead(data, model, loss_fn, fracs, parts, reps, device, cache_dir,
     need = full_batch_vertex_bytes(model, data.num_nodes)
     probe = OffloadEngine(model, data, need, parts, "st", device=device,
                           retain=True, virtual=True, cache_dir=cache_dir)
-    budgets = {"whole": (probe.whole_graph_budget, "st")}
+    budgets = {"whole" + ("" if pol == "st" else f"_{pol}"):
+               (probe.whole_graph_budget, pol) for pol in policies}
     del probe
     pyg_peak = None
     if device.type == "cpu":
@@ -540,7 +541,7 @@ def overhead_cmd(args) -> str:
     if args.quick:
         cmd += " --quick"
     if args.overhead_fracs != [1.0, 0.25]:
-        cmd += " --overhead-fracs " + " ".join(f"{f:g}" for f in args.overhead_fracs)
+        cmd += " --overhead-fracs" + "".join(f" {f:g}" for f in args.overhead_fracs)
     if args.reps != 3:
         cmd += f" --reps {args.reps}"
     skip = [k for k in ("circuits", "powerlaw") if k in args.skip]
@@ -594,7 +595,7 @@ def main(argv=None) -> dict:
                          "vs the engine at the whole-graph budget and at "
                          "--overhead-fracs of the need; writes "
                          "results/offload_overhead.json")
-    ap.add_argument("--overhead-fracs", type=float, nargs="+", default=[1.0, 0.25],
+    ap.add_argument("--overhead-fracs", type=float, nargs="*", default=[1.0, 0.25],
                     help="budgets as fractions of the need (add 0.0625 for the "
                          "6.25%% row)")
     ap.add_argument("--reps", type=int, default=3, help="alternating timing rounds")

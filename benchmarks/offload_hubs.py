@@ -56,7 +56,7 @@ def plan_rows(data, model, frac, args, replay=True) -> list[dict]:
     need = full_batch_vertex_bytes(model, data.num_nodes)
     budget = int(frac * need)
     rows, like = [], None
-    for pol in POLICIES:
+    for pol in args.policies:
         row = {"policy": pol, "budget_fraction": frac, "budget_bytes": budget,
                "need_bytes": need}
         t0 = time.perf_counter()
@@ -185,6 +185,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--parts", type=int, default=16)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--policies", nargs="+", default=list(POLICIES),
+                    choices=POLICIES)
     ap.add_argument("--replay", type=int, nargs="*", default=None,
                     help="scales whose epochs are replayed (default: all)")
     ap.add_argument("--check-scale", type=int, default=18,

@@ -222,3 +222,27 @@ def test_summary_records_the_environment(tmp_path):
     assert env == s["env"]
     assert env["num_threads"] == torch.get_num_threads()
     assert env["torch"] == torch.__version__
+
+
+def test_heap_trim_between_phases_changes_no_result(tmp_path, monkeypatch):
+    import leangnn.train as train_mod
+
+    calls = []
+    real = train_mod.release_free_heap
+    monkeypatch.setattr(train_mod, "release_free_heap",
+                        lambda: calls.append(1) or real())
+    kw = dict(model="gsr", num_layers=4, hidden_channels=8, num_groups=2,
+              dropout=0.1, epochs=2)
+    cfg = TrainConfig(**{**TINY, **kw, "out": str(tmp_path / "on")})
+    on = Trainer(cfg, progress=False, trim_heap=True).fit()
+    assert len(calls) == 2 * 2  # after every epoch and every validation pass
+    cfg = TrainConfig(**{**TINY, **kw, "out": str(tmp_path / "off")})
+    off = Trainer(cfg, progress=False, trim_heap=False).fit()
+    assert len(calls) == 4  # the off switch
+    assert on["metrics"] == off["metrics"]
+    assert _lines(tmp_path / "on" / "metrics.jsonl") == _lines(
+        tmp_path / "off" / "metrics.jsonl")
+    monkeypatch.setenv("LEANGNN_TRIM_HEAP", "0")
+    assert not Trainer(cfg, progress=False, record=False).trim_heap
+    monkeypatch.setenv("LEANGNN_TRIM_HEAP", "1")
+    assert Trainer(cfg, progress=False, record=False).trim_heap

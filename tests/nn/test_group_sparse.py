@@ -12,6 +12,7 @@ from leangnn.nn.group_sparse import (
     pack_bits,
     resolve_k,
     unpack_bits,
+    unpacked_masks,
 )
 from leangnn.profile import SavedTensorsMeter
 
@@ -98,6 +99,38 @@ def test_compact_backward_saves_bits_not_the_input():
     with SavedTensorsMeter() as meter:
         dense_reference(xi, 4, 16)
     assert meter.bytes >= dense_bytes
+
+
+def test_unpacked_masks_same_gradient_mask_kept_whole():
+    """Inside ``unpacked_masks`` the selection is kept unpacked (what a
+    reversible backward's short-lived graph uses) and the gradient is the
+    same as the packed one's and the dense reference's."""
+    torch.manual_seed(0)
+    x = torch.randn(1000, 32)
+    keep = torch.rand(1000, 32) > 0.3
+    grads, saved = {}, {}
+    for unpacked in (False, True):
+        xi = x.clone().requires_grad_()
+        with SavedTensorsMeter() as meter:
+            if unpacked:
+                with unpacked_masks():
+                    out = group_sparse_act(xi, 5, 16, keep, 2.0)
+            else:
+                out = group_sparse_act(xi, 5, 16, keep, 2.0)
+        out.backward(torch.arange(out.numel(), dtype=out.dtype).view_as(out))
+        grads[unpacked], saved[unpacked] = xi.grad, meter.bytes
+    assert saved[False] <= x.numel() // 8 + 64
+    assert saved[True] >= x.numel()  # one whole entry per value
+    assert torch.equal(grads[True], grads[False])
+    xr = x.clone().requires_grad_()
+    ref = dense_reference(xr, 5, 16, keep, 2.0)
+    ref.backward(torch.arange(ref.numel(), dtype=ref.dtype).view_as(ref))
+    torch.testing.assert_close(grads[True], xr.grad, rtol=0, atol=0)
+    # the setting ends with the block
+    xi = x.clone().requires_grad_()
+    with SavedTensorsMeter() as meter:
+        group_sparse_act(xi, 5, 16, keep, 2.0)
+    assert meter.bytes == saved[False]
 
 
 def test_no_grad_path_matches():

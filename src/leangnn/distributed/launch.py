@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from leangnn.distributed.runtime import DEFAULT_TIMEOUT, DistContext, DistributedError
+from leangnn.utils import atomic_write_text
 
 __all__ = ["find_free_port", "launch_processes", "relaunch_cli", "spawn"]
 
@@ -187,7 +188,8 @@ def _spawn_entry(index: int, fn, nproc: int, store: str, backend: str,
         # When did it fail and why: the parent names the first failure, not a
         # peer's later "connection closed" (torch reports whichever it sees).
         first = (str(e).strip().splitlines() or [""])[0][:300]
-        (Path(out_dir) / f"rank{index}.err").write_text(json.dumps(
+        # Atomic: the parent may read it the moment this rank exits.
+        atomic_write_text(Path(out_dir) / f"rank{index}.err", json.dumps(
             {"time": time.time(), "error": f"{type(e).__name__}: {first}"}))
         sys.stderr.write(f"[rank {index}] " + traceback.format_exc())
         raise

@@ -40,7 +40,7 @@ from torch import Tensor
 from torch_geometric.nn import GATConv, GCNConv, GraphConv, SAGEConv
 
 from leangnn.nn.flat import FlatParameters
-from leangnn.nn.group_sparse import GroupSparseAct, resolve_k
+from leangnn.nn.group_sparse import GroupSparseAct, resolve_k, unpacked_masks
 from leangnn.nn.shared_graph import shared_graph
 
 __all__ = ["CONVS", "build_conv", "GSRBlock", "GSRStack"]
@@ -507,7 +507,9 @@ class _GSRFunction(torch.autograd.Function):
         # Gradients flow in the compute dtype, as under plain autograd; only
         # the activations need the wide stream (for exact reconstruction).
         g = stack._to_groups(grad_out.to(dtype), widen=False)
-        with stack._graph(edge_index, h.size(1), dtype, args, kwargs) as graph:
+        # each recomputed graph is differentiated at once: no bit-packed masks
+        with stack._graph(edge_index, h.size(1), dtype, args, kwargs) as graph, \
+                unpacked_masks():
             _fused_backward(ctx, stack, h, g, graph, args, arg_req, arg_grads,
                             block_grads, flat_grad)
         if stack.flat is not None:

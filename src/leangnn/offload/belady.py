@@ -43,8 +43,8 @@ import torch
 from torch import Tensor
 
 __all__ = ["READ", "PRODUCE", "ACCUM", "CONSUME", "HOST_READ", "HOST_WRITE",
-           "Access", "CacheTrace", "TraceCounters", "record_trace", "next_uses",
-           "simulate", "brute_force"]
+           "OPS", "NEVER", "Access", "CacheTrace", "TraceCounters", "record_trace",
+           "next_uses", "simulate", "brute_force"]
 
 READ, PRODUCE, ACCUM, CONSUME, HOST_READ, HOST_WRITE = range(6)
 OPS = ("read", "produce", "accum", "consume", "host_read", "host_write")
