@@ -438,6 +438,10 @@ def main(argv=None) -> dict:
             extra = json.loads(Path(other).read_text())
             merged += extra.get("runs") or extra.get("runs_in_progress", [])
             cmds.append(extra.get("command", f"(partial run into {other})"))
+        seen: set = set()  # e.g. the COP row every signal_prob file carries
+        merged = [r for r in merged if not ((r["task"], r["split"], r["model"],
+                                             r["seed"]) in seen or seen.add(
+            (r["task"], r["split"], r["model"], r["seed"])))]
         keys = {(r["task"], r["split"], r["model"]) for r in merged}
         runs = [r for r in runs if (r["task"], r["split"], r["model"])
                 not in keys] + merged
