@@ -295,3 +295,14 @@ def test_quantile_head_starts_as_unit_delay_slack_classes(name):
     assert np.mean(off_got == want) < 0.9
     with pytest.raises(ValueError, match="quantile_head"):
         DAGNN(data.num_features, 8, 3, task="critical", quantile_head=True)
+
+
+def test_task_default_starts_apply_where_they_fit():
+    # e.g. the planner's probe builds every model with 8 outputs
+    assert DAGNN(15, 8, 4, task="critical").quantile_head
+    assert not DAGNN(15, 8, 8, task="critical").quantile_head
+    assert DAGNN(15, 8, 1, task="signal_prob").cop_input
+    assert not DAGNN(15, 8, 8, task="signal_prob").cop_input
+    assert not DAGNN(15, 8, 1, task="arrival").cop_input
+    with pytest.raises(ValueError, match="cop_input"):
+        DAGNN(15, 8, 8, cop_input=True)

@@ -142,7 +142,8 @@ def test_decoder_reconstructs_better_than_no_reconstruction():
 
 def test_predict_before_fit_end_uses_anchor_average_and_state_roundtrip():
     d = _graph(800)
-    strat = DPRStrategy(budget_ratio=0.4, decoder_epochs=5)
+    # edge_index kept, for the plain PyG reference below
+    strat = DPRStrategy(budget_ratio=0.4, decoder_epochs=5, sparse_adj=False)
     model = _model(d)
     strat.setup(model, [d])
     model.eval()
@@ -186,3 +187,19 @@ def test_from_config_and_bad_config():
         DPRConfig(edge_budget="half")
     with pytest.raises(ValueError, match="unknown DPRConfig"):
         DPRStrategy(budget=0.3)
+
+
+def test_pruned_core_trains_on_a_sparse_adjacency_by_default():
+    # No [E, C] message tensor on a pruned graph (the CLI's memory at 2.45M
+    # nodes); sparse_adj=False is the off switch; the same model either way.
+    d = _graph()
+    auto = DPRStrategy(budget_ratio=0.3)
+    off = DPRStrategy(budget_ratio=0.3, sparse_adj=False)
+    a, b = auto.prepare(d).train_data, off.prepare(d).train_data
+    assert "adj_t" in a and "edge_index" not in a
+    assert "edge_index" in b and "adj_t" not in b
+    assert "edge_index" in DPRStrategy(budget_ratio=1.0).prepare(d).train_data
+    model = _model(d, dropout=0.0).eval()
+    with torch.no_grad():
+        ref = model(b.x, b.edge_index)  # plain PyG on the core's edge list
+        assert torch.allclose(auto.forward(model, a), ref, atol=1e-5)

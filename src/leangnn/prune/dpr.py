@@ -69,11 +69,16 @@ class DPRConfig:
             the masked core rows miss: low-degree nodes).
         max_decoder_rows (int): cap on decoder training rows (random sample).
         anchor_features (bool): feed anchor-weighted input features too.
-        sparse_adj (bool): run the encoder on a ``torch.sparse_csr`` adjacency
-            (no ``[E, C]`` message tensor; PyG convs that support it). On by
-            default: on the 2.45M-node CSBM at ``r = 0.3`` the message tensor
-            of the core's 18.6M edges alone is 4.4 GiB per layer at 64
-            channels. ``False`` is the off switch (``edge_index`` messages).
+        sparse_adj (bool, optional): run the encoder on a ``torch.sparse_csr``
+            adjacency (no ``[E, C]`` message tensor; PyG convs that support
+            it). ``None`` (the default) uses it whenever the graph is pruned
+            (``budget_ratio < 1`` or a byte budget): on the 2.45M-node CSBM at
+            ``r = 0.3`` the message tensor of the core's 18.6M edges is 4.4 GiB
+            per layer at 64 channels (through ``leangnn train``, 8.4 GiB of
+            process peak before, measured). ``budget_ratio=1`` stays plain
+            full-batch training on ``edge_index``, bit for bit. ``False`` is
+            the off switch. Results agree to float rounding (the sums run in
+            another order), not bit for bit.
         chunk_size (int): rows per decoder training/inference chunk.
         anchor_chunk_size (int): sources per anchor walk product.
         seed (int): seed for sparsification, row sampling and decoder init.
@@ -100,7 +105,7 @@ class DPRConfig:
     decoder_rows: str = "both"
     max_decoder_rows: int = 500_000
     anchor_features: bool = True
-    sparse_adj: bool = True
+    sparse_adj: bool | None = None
     chunk_size: int = 16384
     anchor_chunk_size: int = 1024
     seed: int = 0
@@ -202,7 +207,10 @@ class DPRStrategy(Strategy):
                           sparsify=cfg.sparsify, edge_budget=eb, seed=cfg.seed,
                           adj=adj)
         train_data = core.data
-        if cfg.sparse_adj:
+        sparse = cfg.sparse_adj
+        if sparse is None:
+            sparse = cfg.budget_bytes is not None or cfg.budget_ratio < 1.0
+        if sparse:
             # The CSR adjacency replaces edge_index for training; keeping both
             # would hold the core's edges twice.
             train_data = copy.copy(train_data)
