@@ -286,17 +286,18 @@ def bench_speed(args, log):
         row = {"conv": conv, "sparsity": sparsity, "layers": args.speed_layers,
                "rounds": args.rounds, "clock": args.clock, "wall_times": wall,
                "times": times, "median_seconds": med,
-               "ratio_vs_groupaddrev": {k: med[k] / med["rev"] for k in kinds},
                "ratio_vs_resgnn": {k: med[k] / med["res"] for k in kinds},
                # per-round ratios too: the spread shows how noisy the machine was
-               "round_ratios_vs_groupaddrev": {
-                   k: [a / b for a, b in zip(times[k], times["rev"])] for k in kinds},
                "round_ratios_vs_resgnn": {
                    k: [a / b for a, b in zip(times[k], times["res"])] for k in kinds}}
+        if "rev" in med:  # GroupAddRev is optional (slow, and memory-hungry)
+            row["ratio_vs_groupaddrev"] = {k: med[k] / med["rev"] for k in kinds}
+            row["round_ratios_vs_groupaddrev"] = {
+                k: [a / b for a, b in zip(times[k], times["rev"])] for k in kinds}
         out.append(row)
         log(f"speed {conv} k={sparsity} L={args.speed_layers}: " + "  ".join(
-            f"{LABELS[k]} {med[k]:.3f}s ({med[k] / med['rev']:.2f}x rev, "
-            f"{med[k] / med['res']:.2f}x res)" for k in kinds))
+            f"{LABELS[k]} {med[k]:.3f}s ({med[k] / med['res']:.2f}x res)"
+            for k in kinds))
         del models, opts
     return out
 
@@ -407,9 +408,10 @@ def checks(res, args):
     for row in res.get("speed") or []:
         act = "relu" if row.get("sparsity") is None else f"k{row['sparsity']}"
         for kind in ("gsr", "gsr_unshared", "gsr_narrow"):
-            if kind in row["ratio_vs_groupaddrev"]:
+            if kind in row.get("ratio_vs_groupaddrev", {}):
                 out[f"speed_{row['conv']}_{act}_{kind}_over_groupaddrev"] = \
                     row["ratio_vs_groupaddrev"][kind]
+            if kind in row["ratio_vs_resgnn"]:
                 out[f"speed_{row['conv']}_{act}_{kind}_over_resgnn"] = \
                     row["ratio_vs_resgnn"][kind]
     q = res.get("quality")
@@ -658,7 +660,7 @@ def parse_args(argv=None):
       help="depths measured again with the optimizer state in the baseline")
     a("--speed-kinds", type=strs,
       default=["gsr", "gsr_unshared", "gsr_narrow", "rev", "res"],
-      help=f"models timed side by side, from {list(LABELS)} (needs rev and res)")
+      help=f"models timed side by side, from {list(LABELS)} (needs res)")
     a("--gsr-depths", type=ints, default=[16, 32, 64, 128, 256])
     a("--res-depths", type=ints, default=[16, 32, 64, 128])
     a("--res-depths-default", type=ints, default=[16, 32, 64],

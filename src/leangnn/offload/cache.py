@@ -38,6 +38,8 @@ POLICIES = ("none", "lru", "degree", "st")
 #: "never used again" in schedule steps (far above any real step index)
 INF_STEP = (1 << 36) - 1
 _CAP = (1 << 13) - 1
+#: key of a free slot (no policy's key reaches it)
+_FREE_KEY = torch.iinfo(torch.long).max
 
 
 def st_keys(next_use: Tensor, remaining: Tensor, degree: Tensor) -> Tensor:
@@ -112,7 +114,9 @@ class DeviceCache:
         self.pool: Tensor | None = None
         self.owner = torch.full((n,), -1, dtype=torch.long)
         self.row = torch.zeros(n, dtype=torch.long)
-        self.key = torch.zeros(n, dtype=torch.long)
+        # free slots hold _FREE_KEY, above every real key: the smallest
+        # resident keys are then found without listing the occupied slots
+        self.key = torch.full((n,), _FREE_KEY, dtype=torch.long)
         self.aux = torch.zeros(n, dtype=torch.long)
         self.dirty = torch.zeros(n, dtype=torch.bool)
         self.slot_of: dict[int, Tensor] = {}
@@ -185,6 +189,7 @@ class DeviceCache:
             m = owners == a
             self.slot_of[a][rows[m]] = -1
         self.owner[slots] = -1
+        self.key[slots] = _FREE_KEY
         self.dirty[slots] = False
         self.used -= slots.numel()
 
@@ -211,18 +216,27 @@ class DeviceCache:
         """
         if self.num_slots == 0 or not any(g.rows.numel() for g in groups):
             return [torch.zeros(g.rows.numel(), dtype=torch.bool) for g in groups]
-        keys = torch.cat([g.keys for g in groups])
+        keys = torch.cat([g.keys for g in groups]) if len(groups) > 1 else groups[0].keys
         n = keys.numel()
         free_n = self.num_slots - self.used
-        admitted = torch.ones(n, dtype=torch.bool)
+        admitted = None
         if n > free_n:
-            occ = self.resident()
+            # The rejected rows are the ``need`` smallest (key, position) of
+            # candidates then resident slots in slot order. The need-th
+            # smallest candidate key bounds them, so only residents at or
+            # below it take part: the selection runs over the candidates and
+            # a few slots instead of every slot (same result, no full sort).
             need = n - free_n
-            allkeys = torch.cat([keys, self.key[occ]])
-            reject = _smallest(allkeys, need)
-            cand_rej = reject[reject < n]
-            admitted[cand_rej] = False
-            victims = occ[reject[reject >= n] - n]
+            thr = keys.min() if need == 1 else torch.kthvalue(keys, need).values
+            low = torch.nonzero(self.key <= thr).flatten()
+            if low.numel():
+                reject = _smallest(torch.cat([keys, self.key[low]]), need)
+                victims = low[reject[reject >= n] - n]
+                reject = reject[reject < n]
+            else:
+                reject, victims = _smallest(keys, need), low
+            admitted = torch.ones(n, dtype=torch.bool)
+            admitted[reject] = False
             if victims.numel():
                 dirty = victims[self.dirty[victims]]
                 owners = self.owner[dirty]
@@ -230,32 +244,44 @@ class DeviceCache:
                     vs = dirty[owners == a]
                     writeback(a, self.row[vs], vs)
                 self._free(victims)
-        n_in = int(admitted.sum())
-        free = torch.nonzero(self.owner < 0).flatten()[:n_in]
+        n_in = n if admitted is None else int(admitted.sum())
+        if n_in == 0:
+            return [admitted[:0].new_zeros(g.rows.numel()) for g in groups]
+        free = (torch.arange(n_in) if self.used == 0
+                else torch.nonzero(self.owner < 0).flatten()[:n_in])
         masks, off, used = [], 0, 0
         for g in groups:
-            m = admitted[off: off + g.rows.numel()]
-            off += g.rows.numel()
+            r = g.rows.numel()
+            if admitted is None:
+                m = torch.ones(r, dtype=torch.bool)
+                pos = None  # every row of the group
+                k = r
+            else:
+                m = admitted[off: off + r]
+                pos = torch.nonzero(m).flatten()
+                k = pos.numel()
+            off += r
             masks.append(m)
-            k = int(m.sum()) if g.rows.numel() else 0
             if k == 0:
                 continue
             slots = free[used: used + k]
             used += k
-            rows = g.rows[m]
-            if (self.slot_of[g.aid][rows] >= 0).any():
+            rows = g.rows if pos is None else g.rows[pos]
+            slot_of = self.slot_of[g.aid]
+            if (slot_of[rows] >= 0).any():
                 raise RuntimeError("DeviceCache.insert: row is already resident")
-            self.slot_of[g.aid][rows] = slots
+            slot_of[rows] = slots
             self.owner[slots] = g.aid
             self.row[slots] = rows
-            self.key[slots] = g.keys[m]
+            self.key[slots] = g.keys if pos is None else g.keys[pos]
             self.dirty[slots] = g.dirty
             if g.aux is not None:
-                self.aux[slots] = g.aux[m]
+                self.aux[slots] = g.aux if pos is None else g.aux[pos]
             if g.values is not None:
                 self.allocate()
-                self.pool[slots.to(self.device), : g.values.size(1)] = g.values[
-                    m.to(g.values.device)]
+                vals = (g.values if pos is None
+                        else g.values.index_select(0, pos.to(g.values.device)))
+                self.pool[slots.to(self.device), : g.values.size(1)] = vals
         self.used += n_in
         return masks
 
