@@ -216,7 +216,8 @@ class DeviceCache:
         """
         if self.num_slots == 0 or not any(g.rows.numel() for g in groups):
             return [torch.zeros(g.rows.numel(), dtype=torch.bool) for g in groups]
-        keys = torch.cat([g.keys for g in groups]) if len(groups) > 1 else groups[0].keys
+        keys = (torch.cat([g.keys for g in groups]) if len(groups) > 1
+                else groups[0].keys)
         n = keys.numel()
         free_n = self.num_slots - self.used
         admitted = None
@@ -281,7 +282,9 @@ class DeviceCache:
                 self.allocate()
                 vals = (g.values if pos is None
                         else g.values.index_select(0, pos.to(g.values.device)))
-                self.pool[slots.to(self.device), : g.values.size(1)] = vals
+                dst = (self.pool if vals.size(1) == self.width
+                       else self.pool[:, : vals.size(1)])
+                dst.index_copy_(0, slots.to(self.device), vals)
         self.used += n_in
         return masks
 

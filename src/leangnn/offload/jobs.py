@@ -139,10 +139,20 @@ class CacheKeys:
         num_arrays (int): array ids are below it.
     """
 
+    #: host bytes the memo of ``st`` keys may hold
+    memo_bytes = 128 << 20
+
     def __init__(self, policy: str, degree: Tensor, sched, num_arrays: int):
         self.policy, self.degree, self.sched = policy, degree, sched
         self.num_arrays = num_arrays
         self.clock = 0
+        # The schedule is static, so a job's ``st`` keys depend only on
+        # (array, sweep, chunk, that array's reads this epoch): computed once
+        # and reused every epoch (up to memo_bytes). Entries hold the row
+        # tensors they were made for, so an identity check cannot be fooled
+        # by a reused id.
+        self._memo: dict[tuple, tuple[Tensor, Tensor, Tensor]] = {}
+        self._memo_used = 0
 
     def __call__(self, aid: int, rows: Tensor, gids: Tensor, sweep: int,
                  position: int | None, accesses) -> Tensor:
@@ -152,8 +162,17 @@ class CacheKeys:
             return keys
         if self.policy == "degree":
             return self.degree[gids]
-        nu, rem = self.sched.next_use(accesses[aid], sweep, position, rows)
-        return st_keys(nu, rem, self.degree[gids])
+        acc = accesses[aid]
+        memo_key = (aid, sweep, position, id(rows), id(gids), tuple(acc))
+        hit = self._memo.get(memo_key)
+        if hit is not None and hit[0] is rows and hit[1] is gids:
+            return hit[2]
+        nu, rem = self.sched.next_use(acc, sweep, position, rows)
+        keys = st_keys(nu, rem, self.degree[gids])
+        if self._memo_used + 8 * keys.numel() <= self.memo_bytes:
+            self._memo[memo_key] = (rows, gids, keys)
+            self._memo_used += 8 * keys.numel()
+        return keys
 
     def begin_sweep(self, cache: DeviceCache, active: set[int]) -> None:
         """PaGraph's degree rule: rows of arrays the sweep does not touch lose."""

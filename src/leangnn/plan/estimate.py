@@ -417,7 +417,21 @@ def core_of(data: Data, **dpr) -> Data:
     score = _SCORES[key]
     dpr["importance"] = lambda edge_index, num_nodes: score
     with torch.random.fork_rng(devices=[]):
-        return DPRStrategy(device="cpu", **dpr).prepare(data).train_data
+        core = DPRStrategy(device="cpu", **dpr).prepare(data).train_data
+    adj_t = core.get("adj_t", None)
+    if core.get("edge_index", None) is None and adj_t is not None:
+        # DPR trains a canonical core through a CSR adjacency (sparse matrix
+        # products); the dry run follows edge_index message passing, which
+        # also builds the [E, C] messages: an upper bound of the core's step
+        import copy
+
+        crow, col = adj_t.crow_indices(), adj_t.col_indices()
+        dst = torch.repeat_interleave(torch.arange(adj_t.size(0)),
+                                      crow[1:] - crow[:-1])
+        core = copy.copy(core)
+        core.edge_index = torch.stack([col.long(), dst])
+        del core.adj_t
+    return core
 
 
 def _core_graph(cfg, data: Data, device: torch.device) -> tuple[Data, str]:
