@@ -77,6 +77,7 @@ def markdown(res: dict) -> str:
     h = res["harness_abs_peak_mib"]
     peak = res["process_peak_mib"]
     ok = peak <= TARGET_GIB * 1024
+    acc = "n/a" if res["test_accuracy"] is None else f"{res['test_accuracy']:.4f}"
     lines = [
         "| run | process peak MiB | harness peak MiB | target | met |",
         "|---|---:|---:|---:|---|",
@@ -90,7 +91,7 @@ def markdown(res: dict) -> str:
         f"validation every epoch and the test evaluation included; the "
         f"Trainer's own meter: {res['trainer_peak_mib']:,.0f} MiB above "
         f"{res['trainer_baseline_mib']:,.0f} MiB. Test accuracy "
-        f"{res['test_accuracy']:.4f}. Harness: `benchmarks/dpr.py --big` "
+        f"{acc}. Harness: `benchmarks/dpr.py --big` "
         "(`abs_peak_mib` in `results/dpr.json`, a graph loaded from disk, no "
         "validation or test pass). `python benchmarks/dpr_cli.py`.",
     ]

@@ -225,8 +225,7 @@ class DeviceCache:
             # The rejected rows are the ``need`` smallest (key, position) of
             # candidates then resident slots in slot order. The need-th
             # smallest candidate key bounds them, so only residents at or
-            # below it take part: the selection runs over the candidates and
-            # a few slots instead of every slot (same result, no full sort).
+            # below it take part (same result; no listing of occupied slots).
             need = n - free_n
             thr = keys.min() if need == 1 else torch.kthvalue(keys, need).values
             low = torch.nonzero(self.key <= thr).flatten()

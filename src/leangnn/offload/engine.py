@@ -110,12 +110,16 @@ class OffloadEngine:
                                   o.workspace_fraction, o.cache, self.ws,
                                   self.slot_width)
         self.sched = self._schedule(like)
+        self.retain = self._plan_retention()
         # Rows of every cacheable array registered at once (h_0..h_{L-1} and
         # g_1..g_{L-1}): slots beyond that would never be used, however large
-        # the budget.
+        # the budget. Retaining, no array outlives the sweep after the one
+        # that wrote it (backward reads no h_l), so at most two arrays' rows
+        # are resident at once: the cache gets only what can be used, and
+        # the rest of its share stays free.
+        arrays = min(2, 2 * self.L - 1) if self.retain else 2 * self.L - 1
         self.cache = DeviceCache(self.split.cache_share, self.slot_width, self.dtype,
-                                 self.device, o.cache,
-                                 max_slots=(2 * self.L - 1) * n)
+                                 self.device, o.cache, max_slots=arrays * n)
         if o.virtual:
             self.plane = CountingPlane(self.layout, self.cache)
         else:
@@ -125,7 +129,6 @@ class OffloadEngine:
         self.runner = JobRunner(self.plane, self.cache, self.layout,
                                 CacheKeys(o.cache, self.degree, self.sched,
                                           self.layout.num_arrays), self.split)
-        self.retain = self._plan_retention()
         self.counters = OffloadCounters()
         self.last_train = OffloadCounters()
         self.total = OffloadCounters()
