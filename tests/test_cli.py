@@ -275,7 +275,7 @@ BAD_CONFIGS = [
     ({"num_layers": "8"}, "num_layers: expected an integer (or omitted), got '8'"),
     ({"num_layers": 2.0}, "num_layers: expected an integer (or omitted), got 2.0"),
     ({"hidden_channels": -4}, "hidden_channels: expected a positive integer, got -4"),
-    ({"lr": "fast"}, "lr: expected a number, got 'fast'"),
+    ({"lr": "fast"}, "lr: expected a number (or omitted), got 'fast'"),
     ({"lr": float("inf")}, "lr: expected a finite number, got inf"),
     ({"dropout": [0.1]}, "dropout: expected a number, got [0.1]"),
     ({"flat_parameters": "yes"}, "flat_parameters: expected true or false"),

@@ -9,7 +9,13 @@ import pytest
 import torch
 
 from leangnn.circuits import TASKS
-from leangnn.config import MAX_PARAMETERS, MODEL_OPTIONS, ConfigError, TrainConfig
+from leangnn.config import (
+    MAX_PARAMETERS,
+    MODEL_OPTIONS,
+    SIZE_DEFAULTS,
+    ConfigError,
+    TrainConfig,
+)
 from leangnn.nn.models import MODELS, build_model
 from leangnn.strategy import STRATEGIES
 
@@ -71,7 +77,7 @@ def test_model_options_build_every_model():
      "num_layers: expected an integer \\(or omitted\\), got True"),
     ({"num_layers": 8.0}, "num_layers: expected an integer \\(or omitted\\), got 8.0"),
     ({"epochs": "10"}, "epochs: expected an integer \\(or omitted\\), got '10'"),
-    ({"lr": "0.1"}, "lr: expected a number, got '0.1'"),
+    ({"lr": "0.1"}, "lr: expected a number \\(or omitted\\), got '0.1'"),
     ({"level_feature": 1}, "level_feature: expected true or false, got 1"),
     ({"seed": -1}, r"seed: expected an integer in \[0, 2\*\*32\)"),
     ({"patience": -1}, "patience: expected an integer >= 0"),
@@ -168,7 +174,7 @@ def test_validation_does_not_touch_the_rng():
     ("[1, 2]", "expected a JSON object of config fields, got list"),
     ('{"num_layers": "8"}',
      "num_layers: expected an integer \\(or omitted\\), got '8'"),
-    ('{"lr": null}', "lr: expected a number, got None"),
+    ('{"lr": "fast"}', "lr: expected a number \\(or omitted\\), got 'fast'"),
     ('{"layers": 8}', r"unknown config keys \['layers'\]"),
     ('{"dropout": 7}', "dropout: expected a value in"),
     ('{"lr": NaN}', "lr: expected a finite number, got nan"),
@@ -241,3 +247,19 @@ def test_auto_strategy_and_memory_budget():
                            num_parts=16, memory_budget="4GiB")
     assert TrainConfig.from_dict(resolved.to_dict()) == resolved
     assert set(PLANNED_FIELDS) <= set(resolved.to_dict())
+
+
+def test_model_defaults_per_task():
+    """A model's per-task defaults win over its own, explicit values over both."""
+    from leangnn.nn.models import MODELS
+
+    tuned = MODELS["dag"].defaults["tasks"]["critical"]
+    cfg = TrainConfig(task="critical")
+    assert cfg.model == "dag"
+    assert (cfg.hidden_channels, cfg.lr) == (tuned["hidden_channels"], tuned["lr"])
+    assert cfg.num_layers == MODELS["dag"].defaults["num_layers"]
+    arrival = TrainConfig(task="arrival")
+    assert arrival.hidden_channels == MODELS["dag"].defaults["hidden_channels"]
+    assert arrival.lr == SIZE_DEFAULTS["lr"]
+    assert TrainConfig(task="critical", hidden_channels=16, lr=0.01).lr == 0.01
+    assert TrainConfig(task="critical", model="res").lr == SIZE_DEFAULTS["lr"]

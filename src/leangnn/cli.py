@@ -368,8 +368,11 @@ def _default(field: str) -> str:
 
     value = {f.name: f.default for f in fields(TrainConfig)}[field]
     if field in SIZE_DEFAULTS:
-        own = ", ".join(f"{m}: {e.defaults[field]}" for m, e in MODELS.items()
-                        if field in e.defaults)
+        own = ", ".join(
+            [f"{m}: {e.defaults[field]}" for m, e in MODELS.items()
+             if field in e.defaults]
+            + [f"{m} on {t}: {d[field]}" for m, e in MODELS.items()
+               for t, d in e.defaults.get("tasks", {}).items() if field in d])
         return f"(default: {SIZE_DEFAULTS[field]}" + (f"; {own})" if own else ")")
     return f"(default: {value})"
 

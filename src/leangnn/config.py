@@ -34,7 +34,7 @@ MODEL_OPTIONS = ("dropout", "conv", "num_groups", "sparsity", "flat_parameters",
 #: more parameters than this is a typo on any machine (16 TB of state)
 MAX_PARAMETERS = 10**12
 #: sizes of a run whose model registered none (see ``register_model(defaults=)``)
-SIZE_DEFAULTS = {"num_layers": 8, "hidden_channels": 64, "epochs": 60}
+SIZE_DEFAULTS = {"num_layers": 8, "hidden_channels": 64, "epochs": 60, "lr": 3e-3}
 #: ``strategy="auto"``: the planner (:mod:`leangnn.plan`) picks the strategy
 #: and its knobs for ``memory_budget`` before the run starts
 AUTO = "auto"
@@ -113,7 +113,7 @@ class TrainConfig:
     hidden_channels: int | None = None
     dropout: float = 0.0
     epochs: int | None = None
-    lr: float = 3e-3
+    lr: float | None = None
     weight_decay: float = 0.0
     clip_norm: float | None = 1.0
     patience: int = 20
@@ -182,9 +182,13 @@ class TrainConfig:
 
         model = self.model if self.model is not None else self._default_model()
         entry = MODELS.get(model) if isinstance(model, str) else None
+        own = dict(entry.defaults) if entry else {}
+        # a model may tune per task (e.g. the DAG model's `critical` head
+        # trains best narrow and slow): the task's entry wins over the model's
+        per_task = own.pop("tasks", {}).get(self.task, {})
         for name, value in SIZE_DEFAULTS.items():
             if getattr(self, name) is None:
-                setattr(self, name, (entry.defaults if entry else {}).get(name, value))
+                setattr(self, name, per_task.get(name, own.get(name, value)))
 
     def _check_ranges(self) -> None:
         for name in ("num_layers", "hidden_channels", "epochs", "num_groups",

@@ -290,7 +290,9 @@ def register_model(name: str, target: Callable | str, *, reversible: bool = Fals
         capabilities (tuple of str, optional): further capability names.
         description (str, optional): one line for help texts.
         defaults (dict, optional): ``num_layers`` / ``hidden_channels`` /
-            ``epochs`` a run of this model uses when none is given.
+            ``epochs`` / ``lr`` a run of this model uses when none is given;
+            under ``"tasks"``, per-task overrides of those (e.g.
+            ``{"critical": {"lr": 1e-3}}``).
         replace (bool, optional): allow replacing an existing entry.
             (default: ``False``)
     """
@@ -334,7 +336,11 @@ register_model("dag", "leangnn.nn.dag:DAGNN", capabilities=("dag",),
                "TimingPredict style), activation memory independent of depth",
                # measured by benchmarks/circuit_models.py: small MLPs suffice
                # (the propagation depth is the circuit's), and train in minutes
-               defaults={"num_layers": 2, "hidden_channels": 32, "epochs": 40})
+               # `critical`: narrow and slow (0.915 vs 0.866 test accuracy at 32
+               # and lr 3e-3, benchmarks/circuit_models.py, 3 seeds)
+               defaults={"num_layers": 2, "hidden_channels": 32, "epochs": 40,
+                         "tasks": {"critical": {"hidden_channels": 8,
+                                                "lr": 1e-3}}})
 
 
 def build_model(name: str, in_channels: int, hidden_channels: int,
