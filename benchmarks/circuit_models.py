@@ -72,7 +72,7 @@ MODELS = {
     "sage-4": ({"model": "sage", "num_layers": 4}, {}, None),
 }
 LABELS = {"dag": "DAGNN (leangnn train default)",
-          "dag-h8": "DAGNN, --hidden 8 --lr 1e-3",
+          "dag-h8": "DAGNN, --hidden 8 --lr 1e-3 (now the critical default)",
           "dag-pure": "DAGNN pure (no COP input)", "res-8": "ResGNN 8",
           "res-64": "ResGNN 64", "gsr-128": "GSR 128 (reversible)",
           "sage-4": "PyG GraphSAGE 4"}
