@@ -191,3 +191,24 @@ def test_none_has_no_slots_and_virtual_has_no_pool():
         _cache(3, "fifo")
     with pytest.raises(ValueError, match="capacity_bytes"):
         DeviceCache(-1, 3, torch.float32, "cpu")
+
+
+def test_memoised_st_keys_replay_the_same_epochs_as_fresh_keys():
+    """``st`` keys memoised across epochs (static schedule) make the same cache
+    decisions as keys computed afresh every epoch, train and eval mixed."""
+    from leangnn.graphs.synthetic import power_law_graph
+    from leangnn.nn.models import build_model
+    from leangnn.offload import OffloadEngine
+    from leangnn.plan.vertex import full_batch_vertex_bytes
+
+    data = power_law_graph(300, avg_degree=6, in_channels=8, num_classes=4, seed=1)
+    torch.manual_seed(0)
+    model = build_model("sage", 8, 16, 4, 3)
+    budget = full_batch_vertex_bytes(model, data.num_nodes) // 3
+    memo = OffloadEngine(model, data, budget, 4, "st", virtual=True)
+    fresh = OffloadEngine(model, data, budget, 4, "st", virtual=True)
+    fresh.runner.keys.memo_bytes = 0
+    for train in (True, False, True, True):
+        a, b = memo.simulate(train).to_dict(), fresh.simulate(train).to_dict()
+        assert a == b
+    assert memo.runner.keys._memo_used > 0 and fresh.runner.keys._memo_used == 0
