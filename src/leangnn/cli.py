@@ -56,7 +56,8 @@ _TRAIN_FLAGS = {  # flag -> config field
     "groups": "num_groups", "sparsity": "sparsity",
     "flat_parameters": "flat_parameters", "budget_ratio": "budget_ratio",
     "anchors": "num_anchors", "device_budget": "device_budget", "parts": "num_parts",
-    "cache": "cache", "offload_mode": "offload_mode", "dist_mode": "dist_mode",
+    "cache": "cache", "offload_mode": "offload_mode", "retain": "retain",
+    "dist_mode": "dist_mode",
     "dist_timeout": "dist_timeout", "aggr": "aggr", "rounds": "rounds",
     "reverse": "reverse",
 }
@@ -451,6 +452,9 @@ def _config_options(a, plan: bool = False) -> None:
     a("--offload-mode", choices=option_choices("offload_mode"),
       help="offload: exact engine or the subgraph-recompute baseline "
       f"{_default('offload_mode')}")
+    a("--retain", action="store_true", default=None,
+      help="offload: backward through the forward's kept graphs when the budget "
+      "holds them all (no recomputation; falls back by itself when it does not)")
     a("--dist-mode", choices=option_choices("dist_mode"),
       help=f"distributed: graph parallel (one big graph split over the ranks), "
       f"data parallel (graphs split over the ranks) or auto {_default('dist_mode')}")

@@ -92,7 +92,9 @@ class TrainConfig:
             takes ``num_groups`` and ``sparsity`` too.
         budget_ratio, num_anchors: prune (DPR) options.
         device_budget, num_parts, cache, offload_mode: offload options
-            (``offload_mode="recompute"`` runs the subgraph-recompute baseline).
+            (``offload_mode="recompute"`` runs the subgraph-recompute baseline;
+            ``retain=True`` keeps each forward job's autograd graph for the
+            backward when the budget holds them all, instead of recomputing).
         dist_mode, dist_backend, dist_timeout, dist_batch_size: distributed
             options (``auto``/``graph``/``data`` parallel; gloo or nccl,
             default by device; seconds a collective waits for a dead peer;
@@ -130,6 +132,7 @@ class TrainConfig:
     num_parts: int = 8
     cache: str = "st"
     offload_mode: str = "exact"
+    retain: bool = False
     dist_mode: str = "auto"
     dist_backend: str | None = None
     dist_timeout: float = 300.0

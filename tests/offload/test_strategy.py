@@ -69,3 +69,29 @@ def test_trainer_runs_offload_and_records_counters(tmp_path):
     (graph,) = off["graphs"].values()  # train/val/test share one engine
     assert graph["last_train_epoch"]["peak_device_bytes"] <= 2 << 20
     assert summary["metrics"]["test"]["loss"] > 0
+
+
+def test_cli_retain_switch_keeps_graphs_and_off_switch_recomputes(tmp_path):
+    """``--retain``: backward through the kept forward graphs (no vertex-layer
+    recomputation); without it the same run recomputes; same losses."""
+    import json
+
+    from leangnn.cli import main
+
+    runs = {}
+    for flag in ([], ["--retain"]):
+        out = tmp_path / ("on" if flag else "off")
+        assert main(["train", "--strategy", "offload", "--model", "gcn", "--layers",
+                     "2", "--epochs", "2", "--dataset", "iscas85/c432",
+                     "--test-dataset", "iscas85/c880", "--val-dataset",
+                     "iscas85/c499", "--device-budget", "256MiB", "--out", str(out),
+                     "--quiet", *flag]) == 0
+        runs[bool(flag)] = json.loads((out / "summary.json").read_text())
+    on, off = runs[True]["offload"], runs[False]["offload"]
+    assert on["counters"]["vertex_layer_recomputations"] == 0
+    assert off["counters"]["vertex_layer_recomputations"] > 0
+    assert all(g["retain"] for g in on["graphs"].values())
+    lines = [[json.loads(x)["train_loss"] for x in
+              (tmp_path / d / "metrics.jsonl").read_text().splitlines()]
+             for d in ("on", "off")]
+    assert lines[0] == pytest.approx(lines[1], rel=1e-6)

@@ -63,7 +63,8 @@ class OffloadStrategy(Strategy):
         return cls(device=cfg.device,
                    device_budget=cfg.device_budget or DEFAULT_BUDGET,
                    num_parts=cfg.num_parts, cache=cfg.cache,
-                   mode=getattr(cfg, "offload_mode", "exact") or "exact")
+                   mode=getattr(cfg, "offload_mode", "exact") or "exact",
+                   retain=bool(getattr(cfg, "retain", False)))
 
     @staticmethod
     def _key(model: torch.nn.Module, data: Data) -> tuple:
