@@ -141,7 +141,8 @@ def test_bad_config_values_are_named():
                                          r"got 0"):
         TrainConfig(num_layers=0)
     with pytest.raises(ValueError, match="strategy: expected full, reversible, "
-                                         "prune, offload or distributed, got 'magic'"):
+                                         "prune, offload, distributed or auto, "
+                                         "got 'magic'"):
         TrainConfig(strategy="magic")
     with pytest.raises(ValueError, match="device_budget: cannot read 'lots'"):
         TrainConfig(device_budget="lots")
