@@ -42,6 +42,9 @@ from dataclasses import dataclass, field, replace
 import torch
 from torch import Tensor
 
+# the same k-smallest selection (ties to lower indices) the engine's cache uses
+from .cache import _smallest
+
 __all__ = ["READ", "PRODUCE", "ACCUM", "CONSUME", "HOST_READ", "HOST_WRITE",
            "OPS", "NEVER", "Access", "CacheTrace", "TraceCounters", "record_trace",
            "next_uses", "simulate", "brute_force"]
@@ -403,16 +406,6 @@ def simulate(trace: CacheTrace, num_slots: int | None = None, policy: str = "min
             free(s[s >= 0])
 
     return c
-
-
-def _smallest(keys: Tensor, k: int) -> Tensor:
-    """Indices of the ``k`` smallest keys; ties go to lower indices."""
-    if k >= keys.numel():
-        return torch.arange(keys.numel())
-    thr = torch.kthvalue(keys, k).values
-    less = torch.nonzero(keys < thr).flatten()
-    eq = torch.nonzero(keys == thr).flatten()[: k - less.numel()]
-    return torch.cat([less, eq])
 
 
 # ---------------------------------------------------------------- brute force
