@@ -54,7 +54,11 @@ def run(nodes: int, epochs: int, extra: list[str], timeout: float) -> dict:
     test = summary["metrics"]["test"]
     cmd_text = " ".join(["leangnn", *cmd[3:]]).replace(f" --out {out}", "")
     return {"command": cmd_text, "nodes": nodes, "epochs": epochs,
-            "process_peak_mib": r.peak_bytes / MIB,
+            # the larger of the kernel's high-water mark and the polled VmRSS:
+            # on this kernel ru_maxrss came out below a polled VmRSS (3,949 vs
+            # 4,921 MiB), so the conservative figure is the one reported
+            "process_peak_mib": max(r.peak_bytes, r.sampled_peak_bytes) / MIB,
+            "ru_maxrss_mib": r.peak_bytes / MIB,
             "sampled_peak_mib": r.sampled_peak_bytes / MIB,
             "trainer_peak_mib": summary["memory"]["peak_bytes"] / MIB,
             "trainer_baseline_mib": summary["memory"]["baseline_bytes"] / MIB,
@@ -85,9 +89,10 @@ def markdown(res: dict) -> str:
         f"{'-' if h is None else f'{h:,.0f}'} | < {TARGET_GIB * 1024:,.0f} | "
         f"{'yes' if ok else 'no'} |",
         "",
-        f"Process peak: the kernel's peak RSS of the `leangnn train` process "
-        f"(`ru_maxrss` via `wait4`, measured from outside; VmRSS polled every "
-        f"50 ms: {res['sampled_peak_mib']:,.0f} MiB), graph generation, "
+        f"Process peak: the larger of the `leangnn train` process's "
+        f"`ru_maxrss` (via `wait4`, from outside: "
+        f"{res.get('ru_maxrss_mib', peak):,.0f} MiB) and its VmRSS polled every "
+        f"50 ms ({res['sampled_peak_mib']:,.0f} MiB), graph generation, "
         f"validation every epoch and the test evaluation included; the "
         f"Trainer's own meter: {res['trainer_peak_mib']:,.0f} MiB above "
         f"{res['trainer_baseline_mib']:,.0f} MiB. Test accuracy "
