@@ -754,6 +754,93 @@ def markdown(results: dict) -> str:
     return "\n".join(lines)
 
 
+SERVE_TARGET = 1.5  # DPR all-node serving / graph-free MLP floor, at most
+
+
+def serving_only(args, p: dict, log) -> dict:
+    """DPR all-node serving (fused and unfused decoder) against the MLP floor.
+
+    Serving time does not depend on the weights' values, so the encoder is
+    untrained and the decoder gets one epoch on a row sample: the point is
+    the computation's cost, measured in alternating repeats (medians).
+    """
+    mode = "quick" if args.quick else "full"
+    out = {"mode": mode, "target": SERVE_TARGET, "threads": torch.get_num_threads(),
+           "repeat": p["repeat"], "graphs": {}}
+    for name in args.graphs.split(","):
+        if name not in GRAPHS[mode]:
+            raise ValueError(f"--graphs: unknown graph {name!r}; expected "
+                             f"circuits and/or csbm")
+        data = (circuits_graph(args.quick, p["seed"]) if name == "circuits"
+                else csbm_graph(args.csbm_nodes or GRAPHS[mode][name]["nodes"],
+                                p["seed"]))
+        data.node_mask = data.train_mask
+        log(f"[{name}] {data.num_nodes} nodes: DPR setup + 1 decoder epoch")
+        enc = _model(data, p).eval()
+        strat = DPRStrategy(**{**_dpr_kwargs(p), "decoder_epochs": 1,
+                               "max_decoder_rows": 20_000})
+        strat.setup(enc, [data])
+        strat.fit_end(enc, [data], _loss)
+        torch.manual_seed(p["seed"])
+        floor = torch.nn.Sequential(
+            torch.nn.Linear(data.num_features, p["hidden"]), torch.nn.ReLU(),
+            torch.nn.Linear(p["hidden"], int(data.y.max()) + 1))
+        times = _alternate(strat, enc, floor, data, p["repeat"])
+        med = {k: statistics.median(v) for k, v in times.items()}
+        g = {"num_nodes": data.num_nodes, "num_edges": data.num_edges,
+             "core_size": strat.summary()["core_size"], "median_s": med,
+             "all_s": times,
+             "ratio": med["dpr"] / med["mlp_floor"],
+             "ratio_fused": med["dpr_fused"] / med["mlp_floor"],
+             "ratio_unfused": med["dpr_unfused"] / med["mlp_floor"],
+             "ratio_encoder_only": med["encoder_only"] / med["mlp_floor"]}
+        log(f"[{name}] dpr {med['dpr']:.4f} s, fused {med['dpr_fused']:.4f} s, "
+            f"unfused {med['dpr_unfused']:.4f} s, "
+            f"floor {med['mlp_floor']:.4f} s: {g['ratio']:.2f}x "
+            f"(unfused {g['ratio_unfused']:.2f}x, encoder alone "
+            f"{g['ratio_encoder_only']:.2f}x, target <= {SERVE_TARGET}x)")
+        out["graphs"][name] = g
+    return out
+
+
+@torch.no_grad()
+def _alternate(strat: DPRStrategy, enc, floor, data: Data, repeat: int) -> dict:
+    fns = {"dpr": lambda: strat.predict(enc, data),  # fused=None: the default
+           "dpr_fused": lambda: strat.predict(enc, data, fused=True),
+           "dpr_unfused": lambda: strat.predict(enc, data, fused=False),
+           "mlp_floor": lambda: floor(data.x),
+           # a lower bound of DPR serving with any decoder
+           "encoder_only": lambda: strat._embed(enc, strat.prepare(data))}
+    times = {k: [] for k in fns}
+    for fn in fns.values():
+        fn()  # warm-up (and the anchors, computed once)
+    for _ in range(repeat):
+        for k, fn in fns.items():
+            t = time.perf_counter()
+            fn()
+            times[k].append(time.perf_counter() - t)
+    return times
+
+
+def serving_markdown(res: dict, command: str) -> str:
+    lines = ["| graph | nodes | DPR serving (s) | fused=True (s) | fused=False (s) | "
+             "MLP floor (s) | ratio | fused ratio | unfused ratio | "
+             "encoder alone / floor | target |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for name, g in res["graphs"].items():
+        m = g["median_s"]
+        lines.append(f"| {name} | {g['num_nodes']:,} | {m['dpr']:.4f} | "
+                     f"{m['dpr_fused']:.4f} | {m['dpr_unfused']:.4f} | "
+                     f"{m['mlp_floor']:.4f} | "
+                     f"{g['ratio']:.2f}x {_mark(g['ratio'] <= res['target'])} | "
+                     f"{g['ratio_fused']:.2f}x | "
+                     f"{g['ratio_unfused']:.2f}x | {g['ratio_encoder_only']:.2f}x | "
+                     f"<= {res['target']}x |")
+    lines += ["", f"Medians of {res['repeat']} alternating repeats, "
+              f"{res['threads']} torch thread(s). `{command}`"]
+    return "\n".join(lines)
+
+
 #: per mode and graph: epochs and the r values of the sweep
 GRAPHS = {
     "quick": {"circuits": {"epochs": 40, "sweep": [0.1, 0.3, 0.6, 1.0]},
@@ -785,6 +872,10 @@ def main(argv=None) -> dict:
                     "(results/quick/dpr.json with --quick)")
     ap.add_argument("--md", default=None, help="default: the dpr section of "
                     "benchmarks/README.md (results/quick/dpr.md with --quick)")
+    ap.add_argument("--serving-only", action="store_true",
+                    help="only time DPR all-node serving (fused and unfused "
+                    "decoder) against the MLP floor; writes "
+                    "results[/quick]/dpr_serving.json")
     ap.add_argument("--render", action="store_true",
                     help="only re-render --md and the plot from an existing --out")
     args = ap.parse_args(argv)
@@ -815,6 +906,14 @@ def main(argv=None) -> dict:
 
     def log(msg):
         print(f"[{time.perf_counter() - t0:7.1f}s] {msg}", file=sys.stderr, flush=True)
+
+    if args.serving_only:
+        res = serving_only(args, p, log)
+        write_json(results_path("dpr_serving.json", args.quick), res)
+        print(serving_markdown(res, "python benchmarks/dpr.py --serving-only "
+                           + " ".join(a for a in (argv or sys.argv[1:])
+                                      if a != "--serving-only")))
+        return res
 
     results = {"mode": mode, "params": p, "graphs": {},
                "sampler": "pyg NeighborLoader" if has_pyg_sampler()

@@ -142,3 +142,33 @@ def test_decoder_starts_at_anchor_average_and_learns():
     assert plain(x, emb).shape == (50, 2)
     with pytest.raises(ValueError, match="anchor_x"):
         dec(x, emb)
+
+
+@pytest.mark.parametrize("layers", [1, 2, 3])
+@pytest.mark.parametrize("anchor_features,residual",
+                         [(True, True), (False, True), (True, False)])
+def test_anchored_serving_equals_concatenated_inputs(layers, anchor_features,
+                                                     residual):
+    # forward() on the concatenated inputs is the reference; the serving path
+    # reassociates the first Linear, so only float64 rounding may differ.
+    torch.manual_seed(0)
+    f, c, n_core, b = 6, 3, 40, 25
+    dec = AnchorDecoder(f, c, 3 if residual else 2, hidden_channels=16,
+                        num_layers=layers, anchor_features=anchor_features,
+                        residual=residual).double().eval()
+    for p in dec.parameters():  # the zero-init head would hide the MLP
+        torch.nn.init.normal_(p)
+    h, xc = torch.randn(n_core, c).double(), torch.randn(n_core, f).double()
+    w = torch.rand(b, n_core).double() * (torch.rand(b, n_core) < 0.2)
+    w[0] = 0.0  # a node without anchors
+    x, mass = torch.randn(b, f).double(), torch.rand(b).double()
+    mass[1] = 0.0
+    ref = dec(x, w @ h, w @ xc if anchor_features else None, mass)
+    ws = w.to_sparse_csr()
+    got = dec.forward_anchored(x, ws @ dec.project_core(
+        h, xc if anchor_features else None), mass)
+    assert got.shape == ref.shape
+    torch.testing.assert_close(got, ref, rtol=0, atol=1e-10)
+    if anchor_features:
+        with pytest.raises(ValueError, match="core_x"):
+            dec.project_core(h)

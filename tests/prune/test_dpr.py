@@ -203,3 +203,29 @@ def test_pruned_core_trains_on_a_sparse_adjacency_by_default():
     with torch.no_grad():
         ref = model(b.x, b.edge_index)  # plain PyG on the core's edge list
         assert torch.allclose(auto.forward(model, a), ref, atol=1e-5)
+
+
+def test_fused_serving_equals_unfused_in_float64():
+    d = _graph(600)
+    strat = DPRStrategy(budget_ratio=0.3, decoder_epochs=3)
+    model = _model(d)
+    strat.setup(model, [d])
+    strat.fit_end(model, [d], LOSS)
+    st = strat.prepare(d)
+    strat._ensure_anchors(st, d, rows=False)
+    # Everything in float64, so float32 rounding cannot hide a wrong term.
+    model.double().eval()
+    strat.decoder.double()
+    for p in strat.decoder.parameters():  # zero-init head would hide the MLP
+        torch.nn.init.normal_(p)
+    d.x = d.x.double()
+    st.train_data.x = st.train_data.x.double()
+    st.train_data.adj_t = st.train_data.adj_t.double()
+    st.anchors.weight = st.anchors.weight.double()
+    st.anchors.mass = st.anchors.mass.double()
+    fused = strat.predict(model, d, fused=True)
+    plain = strat.predict(model, d, fused=False)
+    assert fused.dtype == torch.float64 and st.pruned.numel() > 0
+    torch.testing.assert_close(fused, plain, rtol=0, atol=1e-10)
+    assert not torch.allclose(fused[st.pruned], st.anchors.weight @ model(
+        st.train_data.x, st.train_data.adj_t))  # the decoder did something

@@ -243,6 +243,81 @@ class AnchorDecoder(torch.nn.Module):
         out = self.mlp(torch.cat(parts, dim=-1))
         return out + anchor_emb if self.residual else out
 
+    # ------------------------------------------------------------ serving
+    # The first Linear is linear in each input block, so for anchor rows
+    # ``W``: lin([x, W H, W X, m]) = x A_x^T + W (H A_h^T + X A_a^T) + m a_m + b.
+    # Projecting the core once per call (N_core x (C + F) x hidden) and
+    # gathering hidden-sized rows replaces transforming every pruned node's
+    # concatenated ``2F + C + 1`` inputs (N_pruned >> N_core at small budgets):
+    # the same function, summed in another order (equal up to float rounding).
+    def project_core(self, core_emb: Tensor, core_x: Tensor | None = None) -> Tensor:
+        """Core rows to gather by anchor weights for :meth:`forward_anchored`.
+
+        Args:
+            core_emb (Tensor): encoder outputs on the core ``[N_core, C]``.
+            core_x (Tensor, optional): core node features ``[N_core, F]``
+                (needed with ``anchor_features``).
+
+        Returns:
+            ``[N_core, hidden + C]``: the core's share of the first layer's
+            pre-activation, then ``core_emb`` itself (one sparse product
+            then yields both anchor-weighted terms).
+        """
+        f, c = self.in_channels, self.embed_channels
+        w = self.mlp.lins[0].weight
+        proj = core_emb @ w[:, f:f + c].t()
+        if self.anchor_features:
+            if core_x is None:
+                raise ValueError("AnchorDecoder(anchor_features=True) needs core_x")
+            proj.addmm_(core_x, w[:, f + c:2 * f + c].t())
+        return torch.cat([proj, core_emb], dim=-1)
+
+    def forward_anchored(self, x: Tensor, anchored: Tensor,
+                         mass: Tensor | None = None) -> Tensor:
+        """:meth:`forward` from ``W @ project_core(H, X_core)`` rows.
+
+        Args:
+            x (Tensor): the nodes' own features ``[B, F]``.
+            anchored (Tensor): their anchor rows of :meth:`project_core`'s
+                output, ``W @ P`` ``[B, hidden + C]``.
+            mass (Tensor, optional): captured walk mass ``[B]``.
+        """
+        mlp, f = self.mlp, self.in_channels
+        first = mlp.lins[0]
+        k = first.weight.size(0)
+        if mass is None:
+            mass = torch.ones(x.size(0), device=x.device, dtype=x.dtype)
+        # Log-mass and bias ride along as two extra input columns: one GEMM
+        # instead of GEMM + outer product + broadcast add (~30 % faster on CPU).
+        cols = [x, mass.clamp_min(1e-6).log().to(x.dtype).unsqueeze(-1)]
+        wcols = [first.weight[:, :f], first.weight[:, -1:]]
+        if first.bias is not None:
+            cols.append(x.new_ones(x.size(0), 1))
+            wcols.append(first.bias.unsqueeze(-1))
+        z = torch.addmm(anchored[:, :k], torch.cat(cols, -1), torch.cat(wcols, -1).t())
+        out = self._mlp_after_first(z)
+        return out + anchored[:, k:] if self.residual else out
+
+    def _mlp_after_first(self, x: Tensor) -> Tensor:
+        # torch_geometric.nn.MLP.forward with its first Linear already applied.
+        mlp = self.mlp
+        for i, (lin, norm) in enumerate(zip(mlp.lins, mlp.norms)):
+            if i:
+                x = lin(x)
+            if mlp.act is not None and mlp.act_first:
+                x = mlp.act(x)
+            x = norm(x)
+            if mlp.act is not None and not mlp.act_first:
+                x = mlp.act(x)
+            x = torch.nn.functional.dropout(x, p=mlp.dropout[i],
+                                            training=mlp.training)
+        if mlp.plain_last:
+            if len(mlp.lins) > 1:
+                x = mlp.lins[-1](x)
+            x = torch.nn.functional.dropout(x, p=mlp.dropout[-1],
+                                            training=mlp.training)
+        return x
+
     def __repr__(self) -> str:
         return (f"{self.__class__.__name__}({self.in_channels}, {self.embed_channels}, "
                 f"{self.out_channels}, hidden_channels={self.hidden_channels}, "

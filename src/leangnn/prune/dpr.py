@@ -379,11 +379,21 @@ class DPRStrategy(Strategy):
 
     # ------------------------------------------------------------- inference
     @torch.no_grad()
-    def predict(self, model: torch.nn.Module, data: Data) -> Tensor:
+    def predict(self, model: torch.nn.Module, data: Data,
+                fused: bool | None = None) -> Tensor:
         """All-node predictions: encoder on the core, decoder on pruned nodes.
 
         Before :meth:`fit_end` (e.g. validation during training) pruned nodes
         get the anchor-weighted average of core outputs.
+
+        Args:
+            fused (bool, optional): project the core through the decoder's
+                first layer once and gather hidden-sized anchor rows
+                (:meth:`~leangnn.prune.decoder.AnchorDecoder.project_core`);
+                ``False`` assembles each pruned node's full decoder input.
+                Same function, equal up to float rounding. ``None`` fuses when
+                that does not widen the gathered rows (anchor features at
+                least as wide as the decoder's hidden layer). (default: ``None``)
         """
         st = self.prepare(data)
         self._ensure_anchors(st, data, rows=False)
@@ -393,11 +403,25 @@ class DPRStrategy(Strategy):
         out[st.core.index.to(self.device)] = h
         n = st.pruned.numel()
         dec = self.decoder
+        if fused is None:
+            # The sparse gather, not the dense products, bounds serving: fusing
+            # saves (F + C + 1) x hidden per pruned node but gathers hidden + C
+            # columns per anchor instead of F + C.
+            fused = (dec is not None and dec.anchor_features
+                     and dec.in_channels >= dec.hidden_channels)
+        proj = (dec.project_core(h, st.train_data.x.to(self.device)
+                                 if dec.anchor_features else None)
+                if dec is not None and fused and n else None)
         for a in range(0, n, self.config.chunk_size):
             b = min(n, a + self.config.chunk_size)
             if dec is None:
                 w = _csr_rows(st.anchors.weight, a, b).to(self.device)
                 rec = w @ h
+            elif proj is not None:
+                w = _csr_rows(st.anchors.weight, a, b).to(self.device)
+                rec = dec.forward_anchored(
+                    data.x[st.anchors.nodes[a:b]].to(self.device), w @ proj,
+                    st.anchors.mass[a:b].to(self.device))
             else:
                 rec = dec(*self._inputs(st, st.anchors, h, a, b, data.x))
             out[st.pruned[a:b].to(self.device)] = rec
