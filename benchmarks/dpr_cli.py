@@ -54,10 +54,7 @@ def run(nodes: int, epochs: int, extra: list[str], timeout: float) -> dict:
     test = summary["metrics"]["test"]
     cmd_text = " ".join(["leangnn", *cmd[3:]]).replace(f" --out {out}", "")
     return {"command": cmd_text, "nodes": nodes, "epochs": epochs,
-            # the larger of the kernel's high-water mark and the polled VmRSS:
-            # on this kernel ru_maxrss came out below a polled VmRSS (3,949 vs
-            # 4,921 MiB), so the conservative figure is the one reported
-            "process_peak_mib": max(r.peak_bytes, r.sampled_peak_bytes) / MIB,
+            "process_peak_mib": r.max_bytes / MIB,  # see CommandPeak.max_bytes
             "ru_maxrss_mib": r.peak_bytes / MIB,
             "sampled_peak_mib": r.sampled_peak_bytes / MIB,
             "trainer_peak_mib": summary["memory"]["peak_bytes"] / MIB,

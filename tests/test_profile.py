@@ -181,6 +181,7 @@ def test_run_with_peak_rss_sees_the_child_peak():
     assert r.returncode == 0 and r.stdout.strip() == "done"
     assert r.peak_bytes >= 300 * MiB
     assert r.sampled_peak_bytes <= r.peak_bytes + 4 * MiB
+    assert r.max_bytes == max(r.peak_bytes, r.sampled_peak_bytes)
     bad = run_with_peak_rss([sys.executable, "-c", "import sys; sys.exit(3)"])
     assert bad.returncode == 3
     with pytest.raises(TimeoutError):

@@ -27,6 +27,7 @@ max), which is exactly its share of the full-batch gradient.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 import torch
@@ -74,8 +75,9 @@ def _aggr_name(conv) -> str:
             "MaxAggregation": "max"}.get(name, name)
 
 
-class _Kernel:
-    """One conv as messages, an aggregate state and an update."""
+class _Kernel(ABC):
+    """One conv as messages, an aggregate state and an update (each conv
+    kind says how its aggregate becomes the node's output)."""
 
     reduce = "sum"  # "sum", "mean", "max" or "softmax"
 
@@ -86,8 +88,9 @@ class _Kernel:
         m = x.index_select(0, src)
         return m if w is None else m * w.view(-1, 1)
 
+    @abstractmethod
     def update(self, agg: Tensor, x_v: Tensor) -> Tensor:
-        raise NotImplementedError
+        """The node's output from its combined aggregate and its own row."""
 
 
 class _GCN(_Kernel):
