@@ -23,7 +23,7 @@ from torch_geometric.data import Data
 
 from .config import TrainConfig
 from .data import GraphSplits, load_graphs
-from .metrics import compute_metrics
+from .metrics import compute_metrics, load_backends
 from .nn.models import build_model
 from .plan.fits import check_fits
 from .profile import MemoryMeter, SavedTensorsMeter, release_free_heap
@@ -237,6 +237,7 @@ class Trainer:
             # After setup, as in an uninterrupted run, where setup came before
             # the epochs whose random streams the checkpoint continues.
             set_rng_state(rng)
+        load_backends()  # its imports are not the run's memory
         meter = MemoryMeter(self.device).start()
         bar = tqdm(range(start, cfg.epochs), desc=f"train {cfg.strategy}/{cfg.model}",
                    unit="ep", initial=start, total=cfg.epochs,
