@@ -572,3 +572,8 @@ def test_train_auto_records_the_plan_and_resumes(tmp_path, capsys):
     s2 = json.loads((run / "summary.json").read_text())
     assert s2["epochs_run"] == 2 and s2["plan"] == plan
     assert json.loads((run / "config.json").read_text())["strategy"] == "reversible"
+    assert json.loads((run / "plan.json").read_text()) == plan
+    # a fresh, unplanned run over it (--force) leaves no stale plan behind
+    assert main(["train", *_C17, "--out", str(run), "--force", "--epochs", "1"]) == 0
+    assert not (run / "plan.json").exists()
+    assert "plan" not in json.loads((run / "summary.json").read_text())

@@ -53,6 +53,18 @@ def test_resume_continues_exactly(tmp_path):
     assert resumed["epochs_run"] == 4
 
 
+def test_resuming_a_finished_run_keeps_its_peak(tmp_path):
+    """Nothing is left to train, so the resumed segment measures ~0 bytes; the
+    summary keeps the largest peak of the run's segments (checkpointed)."""
+    first = _run(tmp_path, "done", epochs=2, hidden_channels=64)
+    ckpt = torch.load(tmp_path / "done" / "checkpoint.pt", weights_only=True)
+    assert ckpt["peak_bytes"] == first["memory"]["peak_bytes"]
+    again = _run(tmp_path, "done", resume=True, epochs=2, hidden_channels=64)
+    assert again["epochs_run"] == 2
+    assert again["memory"]["peak_bytes"] == first["memory"]["peak_bytes"]
+    assert again["metrics"] == first["metrics"]
+
+
 def test_run_directory_contents(tmp_path):
     s = _run(tmp_path, "r", epochs=2)
     run = tmp_path / "r"

@@ -163,30 +163,17 @@ def _train(args) -> int:
         cfg, splits, extra = _planned(cfg, args)
     else:
         check_fits(cfg)
-        if args.resume:
-            extra = _saved_plan(cfg.out)
 
     from .train import Trainer
 
     trainer = Trainer(cfg, splits=splits, progress=not args.quiet,
                       summary_extra=extra)
-    if "plan" in extra and trainer.out is not None and not args.resume:
-        from .utils import atomic_write_text
-
-        # beside config.json, for a resumed run's summary
-        Path(trainer.out).mkdir(parents=True, exist_ok=True)
-        atomic_write_text(Path(trainer.out) / PLAN_FILE,
-                          json.dumps(extra["plan"], indent=1) + "\n")
     summary = trainer.fit(resume=args.resume, force=args.force)
     if trainer.strategy.is_main:  # one line per job, not one per rank
         print(f"leangnn train: {Trainer.summary_line(summary)}")
         if "plan" in summary:
             print(f"leangnn train: {_plan_line(summary)}")
     return 0
-
-
-#: the planned run's plan, beside its config.json (read back on --resume)
-PLAN_FILE = "plan.json"
 
 
 def _budget(value) -> int:
@@ -234,16 +221,6 @@ def _planned(cfg, args):
     d = resolved.to_dict()
     d["memory_budget"] = cfg.memory_budget or str(budget)
     return TrainConfig.from_dict(d), splits, {"plan": plan_summary(table)}
-
-
-def _saved_plan(out) -> dict:
-    path = Path(out) / PLAN_FILE if out else None
-    if path is None or not path.is_file():
-        return {}
-    try:
-        return {"plan": json.loads(path.read_text())}
-    except ValueError as e:
-        raise ValueError(f"{path}: not a JSON plan: {e}") from None
 
 
 def _plan_line(summary: dict) -> str:

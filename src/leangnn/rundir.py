@@ -121,10 +121,11 @@ class RunDir:
     CHECKPOINT = "checkpoint.pt"
     PREVIOUS = "checkpoint.prev.pt"
     SUMMARY = "summary.json"
+    PLAN = "plan.json"
     DAMAGED = "checkpoint.pt.damaged"
     LOCK = ".lock"
     #: Files that make a directory hold a run (a fresh run refuses to overwrite).
-    FILES = (CONFIG, METRICS, CHECKPOINT, PREVIOUS, SUMMARY, DAMAGED)
+    FILES = (CONFIG, METRICS, CHECKPOINT, PREVIOUS, SUMMARY, PLAN, DAMAGED)
     #: Checkpoint layout version: tensors, numbers, strings and lists only.
     FORMAT = 2
 
@@ -237,6 +238,27 @@ class RunDir:
         d = config.to_dict() if hasattr(config, "to_dict") else dict(config)
         atomic_write_text(self.path / self.CONFIG,
                           json.dumps(json_safe(d), indent=2, allow_nan=False) + "\n")
+
+    def write_plan(self, plan: dict[str, Any]) -> None:
+        """Write ``plan.json``: the planner's table and pick of a
+        ``--strategy auto`` run, read back by :meth:`read_plan` on resume."""
+        if self.path is not None:
+            atomic_write_text(self.path / self.PLAN, json.dumps(
+                json_safe(plan), indent=1, allow_nan=False) + "\n")
+
+    def read_plan(self) -> dict[str, Any] | None:
+        """The saved plan (``None``: the run was not planned).
+
+        Raises:
+            RunDirError: the file is not JSON (named, with the parser's reason).
+        """
+        path = None if self.path is None else self.path / self.PLAN
+        if path is None or not path.is_file():
+            return None
+        try:
+            return json.loads(path.read_text())
+        except ValueError as e:
+            raise RunDirError(f"{path}: not a JSON plan: {e}") from None
 
     def append_metrics(self, record: dict[str, Any]) -> None:
         """Append one epoch's record to ``metrics.jsonl`` (fsync-ed)."""

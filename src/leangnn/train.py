@@ -133,6 +133,7 @@ class Trainer:
                 "0", "false", "no", "off")
         self.trim_heap = bool(trim_heap)
         self.summary_extra = dict(summary_extra or {})
+        self._meter, self._prev_peak = None, 0
         self.progress = progress
         self.device = torch.device(config.device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
@@ -181,6 +182,9 @@ class Trainer:
             "optimizer": self.optimizer.state_dict(),
             "strategy": self.strategy.state_dict(), "rng": get_rng_state(),
             "config": json_safe(self.cfg.to_dict()),
+            # a resumed run's peak is the largest of its segments'
+            "peak_bytes": max(self._prev_peak,
+                              self._meter.peak() if self._meter else 0),
         }
 
     def _restore(self, ckpt: dict[str, Any]) -> None:
@@ -228,8 +232,14 @@ class Trainer:
             ckpt = run.load_checkpoint(self._restore, map_location="cpu")
             start, best, best_state = ckpt["epoch"], ckpt["best"], ckpt["best_state"]
             bad, times, rng = ckpt["bad_epochs"], list(ckpt["epoch_times"]), ckpt["rng"]
+            self._prev_peak = int(ckpt.get("peak_bytes", 0))
             run.truncate_metrics(start)
+            saved_plan = run.read_plan()
+            if saved_plan is not None and "plan" not in self.summary_extra:
+                self.summary_extra["plan"] = saved_plan
         run.write_config(cfg)
+        if not resume and "plan" in self.summary_extra:
+            run.write_plan(self.summary_extra["plan"])
 
         self.strategy.setup(self.model, self.splits.train)
         self.device = self.strategy.device  # a rank measures its own device
@@ -238,7 +248,7 @@ class Trainer:
             # the epochs whose random streams the checkpoint continues.
             set_rng_state(rng)
         load_backends()  # its imports are not the run's memory
-        meter = MemoryMeter(self.device).start()
+        meter = self._meter = MemoryMeter(self.device).start()
         bar = tqdm(range(start, cfg.epochs), desc=f"train {cfg.strategy}/{cfg.model}",
                    unit="ep", initial=start, total=cfg.epochs,
                    disable=not self.progress, mininterval=1.0)
@@ -272,6 +282,8 @@ class Trainer:
                 break
         bar.close()
         peak = meter.stop()
+        peak.peak_bytes = self._prev_peak = max(peak.peak_bytes, self._prev_peak)
+        self._meter = None
         saved = self._saved_bytes()
         self._release_heap()  # the test pass below would land on top otherwise
         final = None

@@ -38,7 +38,7 @@ from torch_geometric.data import Data
 from leangnn.graphs.partition import Partition, partition_graph
 from leangnn.graphs.sparse import DstCSR
 from leangnn.offload.budget import DeviceBudget
-from leangnn.offload.cache import DeviceCache
+from leangnn.offload.cache import DeviceCache, resolve_policy
 from leangnn.offload.counters import OffloadCounters
 from leangnn.offload.jobs import ArrayLayout, CacheKeys, Epoch, Job, JobRunner
 from leangnn.offload.layerwise import LayerwiseModel
@@ -98,6 +98,9 @@ class OffloadEngine:
         param = next(model.parameters())
         self.device = torch.device(o.device) if o.device is not None else param.device
         self.dtype = param.dtype
+        #: the cache rule this engine runs (``options.cache`` with ``auto``
+        #: resolved for the device)
+        self.policy = resolve_policy(o.cache, self.device, o.mode == "exact")
         self.layout = ArrayLayout(tuple(self.lw.widths), self.dtype)
         self.N = n = int(data.num_nodes)
         if like is not None and (like.N, like.layout) != (n, self.layout):
@@ -107,7 +110,7 @@ class OffloadEngine:
         self.ws = self._calibrate()
         self.split = DeviceBudget(o.device_budget,
                                   o.resident_factor * self.lw.param_bytes(),
-                                  o.workspace_fraction, o.cache, self.ws,
+                                  o.workspace_fraction, self.policy, self.ws,
                                   self.slot_width)
         self.sched = self._schedule(like)
         self.retain = self._plan_retention()
@@ -119,7 +122,7 @@ class OffloadEngine:
         # the rest of its share stays free.
         arrays = min(2, 2 * self.L - 1) if self.retain else 2 * self.L - 1
         self.cache = DeviceCache(self.split.cache_share, self.slot_width, self.dtype,
-                                 self.device, o.cache, max_slots=arrays * n)
+                                 self.device, self.policy, max_slots=arrays * n)
         if o.virtual:
             self.plane = CountingPlane(self.layout, self.cache)
         else:
@@ -127,7 +130,7 @@ class OffloadEngine:
                                      self.split, n, o.strict)
         self.plane.put(self.layout.h(0), data.x)
         self.runner = JobRunner(self.plane, self.cache, self.layout,
-                                CacheKeys(o.cache, self.degree, self.sched,
+                                CacheKeys(self.policy, self.degree, self.sched,
                                           self.layout.num_arrays), self.split)
         self.counters = OffloadCounters()
         self.last_train = OffloadCounters()
@@ -169,6 +172,11 @@ class OffloadEngine:
         workspace at once, and no job is a hub's edge piece."""
         o = self.options
         if not o.retain or o.mode != "exact":
+            return False
+        # Every retained graph saves its input block: the kept bytes are at
+        # least every layer's input, once. Below that, no calibration needed.
+        elem = self.layout.elem
+        if self.N * elem * sum(self.layout.widths[: self.L]) > self.split.workspace:
             return False
         if self.split.retain_ws is None:
             self.split.retain_ws = self._calibrate(retain=True)
@@ -435,7 +443,8 @@ class OffloadEngine:
 
     def summary(self) -> dict:
         o = self.options
-        return {"mode": o.mode, "cache": o.cache, "device_budget": self.budget,
+        return {"mode": o.mode, "cache": self.policy, "cache_option": o.cache,
+                "device_budget": self.budget,
                 "num_parts": self.partition.num_parts,
                 "partition_method": self.partition.method,
                 "num_chunks": self.num_chunks, "retain": self.retain,
@@ -450,6 +459,6 @@ class OffloadEngine:
 
     def __repr__(self) -> str:
         o = self.options
-        return (f"{self.__class__.__name__}(mode={o.mode}, cache={o.cache}, "
+        return (f"{self.__class__.__name__}(mode={o.mode}, cache={self.policy}, "
                 f"budget={self.budget}, parts={self.partition.num_parts}"
                 f"{', counting' if o.virtual else ''})")

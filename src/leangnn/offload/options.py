@@ -26,8 +26,11 @@ class OffloadOptions:
         device_budget (int or str): device bytes for everything the engine
             puts there (e.g. ``"2GiB"``); parsed to ``int`` bytes.
         num_parts (int, optional): METIS parts. (default: ``8``)
-        cache (str, optional): ``"none"``, ``"lru"``, ``"degree"`` or ``"st"``.
-            (default: ``"st"``)
+        cache (str, optional): ``"none"``, ``"lru"``, ``"degree"``, ``"st"``
+            or ``"auto"``: ``st`` on a CUDA device (``lru`` in recompute
+            mode), ``none`` on a CPU "device", where a cached row saves only
+            a memcpy (:func:`~leangnn.offload.cache.resolve_policy`).
+            (default: ``"auto"``)
         mode (str, optional): ``"exact"`` or ``"recompute"`` (the baseline).
             (default: ``"exact"``)
         device (torch.device or str, optional): the device. (default: the
@@ -54,13 +57,14 @@ class OffloadOptions:
             training keeps), keep them and backpropagate through them instead
             of recomputing each layer in backward (each vertex embedding is
             then computed once per layer *and epoch*, as in PyG full batch).
-            Smaller budgets fall back to recomputation. Exact mode only.
-            (default: ``False``)
+            Budget-checked: smaller budgets fall back to recomputation by
+            themselves, and every retained graph is charged to the budget.
+            Exact mode only; ``False`` always recomputes. (default: ``True``)
     """
 
     device_budget: int | str
     num_parts: int = 8
-    cache: str = "st"
+    cache: str = "auto"
     mode: str = "exact"
     device: torch.device | str | None = None
     workspace_fraction: float = 0.5
@@ -71,7 +75,7 @@ class OffloadOptions:
     resident_factor: int = 4
     seed: int = 0
     cache_dir: str | None = None
-    retain: bool = False
+    retain: bool = True
 
     def __post_init__(self):
         self.device_budget = parse_bytes(self.device_budget, "device_budget")

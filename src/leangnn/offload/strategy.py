@@ -35,8 +35,9 @@ class OffloadStrategy(Strategy):
             cache and job workspace, e.g. ``"2GiB"``. (default: ``"2GiB"``)
         num_parts (int, optional): METIS parts per graph (clamped to the
             graph's node count). (default: ``8``)
-        cache (str, optional): ``"none"``, ``"lru"``, ``"degree"`` or ``"st"``.
-            (default: ``"st"``)
+        cache (str, optional): ``"none"``, ``"lru"``, ``"degree"``, ``"st"``
+            or ``"auto"`` (``st`` on CUDA, ``none`` on a CPU "device").
+            (default: ``"auto"``)
         mode (str, optional): ``"exact"`` or the ``"recompute"`` baseline.
             (default: ``"exact"``)
         **engine_kwargs: further :class:`~leangnn.offload.options.OffloadOptions`
@@ -48,7 +49,7 @@ class OffloadStrategy(Strategy):
 
     def __init__(self, device: torch.device | str = "cpu",
                  device_budget: int | str = DEFAULT_BUDGET, num_parts: int = 8,
-                 cache: str = "st", mode: str = "exact", **engine_kwargs):
+                 cache: str = "auto", mode: str = "exact", **engine_kwargs):
         super().__init__(device)
         self.options = OffloadOptions(device_budget, num_parts, cache, mode,
                                       device=self.device, **engine_kwargs)
@@ -59,12 +60,15 @@ class OffloadStrategy(Strategy):
     @classmethod
     def from_config(cls, cfg) -> OffloadStrategy:
         """Build from a :class:`~leangnn.config.TrainConfig` (``device``,
-        ``device_budget``, ``num_parts``, ``cache``)."""
+        ``device_budget``, ``num_parts``, ``cache``, ``offload_mode``,
+        ``retain``; a field the config leaves ``None`` takes the engine's
+        default)."""
+        retain = getattr(cfg, "retain", None)
         return cls(device=cfg.device,
                    device_budget=cfg.device_budget or DEFAULT_BUDGET,
-                   num_parts=cfg.num_parts, cache=cfg.cache,
+                   num_parts=cfg.num_parts, cache=cfg.cache or "auto",
                    mode=getattr(cfg, "offload_mode", "exact") or "exact",
-                   retain=bool(getattr(cfg, "retain", False)))
+                   retain=OffloadOptions.retain if retain is None else bool(retain))
 
     @staticmethod
     def _key(model: torch.nn.Module, data: Data) -> tuple:
@@ -107,7 +111,9 @@ class OffloadStrategy(Strategy):
             for k, v in s["total"].items():
                 total[k] = max(total.get(k, 0), v) if k.startswith("peak") else (
                     total.get(k, 0) + v)
+        policies = sorted({eng.policy for _, _, eng in self._engines.values()})
         return {"offload": {"device_budget": self.device_budget, "cache": self.cache,
+                            "cache_policies": policies,
                             "mode": self.mode, "num_parts": self.num_parts,
                             "counters": total, "graphs": graphs}}
 
