@@ -10,8 +10,11 @@
    ``DAGNN.TASK_DEFAULTS``), ``dag-pure`` (signal probability without the COP
    input), ResGNN 8 / 64, GSR 128 (reversible), PyG GraphSAGE 4. Per task,
    ``--seeds`` seeds, mean +- std of the pooled test metrics and of each test
-   circuit's; for ``signal_prob`` the analytic COP baseline
-   (:func:`leangnn.circuits.cop.cop_signal_probability`) on the same nodes.
+   circuit's; for ``signal_prob`` two analytic rows on the same nodes: COP
+   (:func:`leangnn.circuits.cop.cop_signal_probability`) and the cut estimate
+   (:func:`leangnn.circuits.sigprob.cut_signal_probability`: exact over an
+   8-leaf cut of each node's cone, leaves independent; what ``dag`` starts
+   from), and ``dag-cop``, the hybrid started from COP instead.
 2. **deep**: one training step (= one epoch on one circuit: forward, backward,
    Adam) on ``itc99/b19`` (124k nodes, depth 114) and ``epfl/div`` (depth
    8,685) for DAGNN (arrival) and an 8-layer ResGNN of the same width, each in
@@ -65,6 +68,9 @@ MODELS = {
                ("critical",)),
     "dag-pure": ({"model": "dag"}, {"cop_input": False, "product_channels": 0},
                  ("signal_prob",)),
+    # the hybrid started from COP (the signal_prob default before the cut
+    # estimate)
+    "dag-cop": ({"model": "dag"}, {"estimator": "cop"}, ("signal_prob",)),
     "res-8": ({"model": "res", "num_layers": 8}, {}, None),
     "res-64": ({"model": "res", "num_layers": 64, "epochs": 20}, {}, None),
     "gsr-128": ({"model": "gsr", "strategy": "reversible", "num_layers": 128,
@@ -73,7 +79,10 @@ MODELS = {
 }
 LABELS = {"dag": "DAGNN (leangnn train default)",
           "dag-h8": "DAGNN, --hidden 8 --lr 1e-3 (now the critical default)",
-          "dag-pure": "DAGNN pure (no COP input)", "res-8": "ResGNN 8",
+          "dag-pure": "DAGNN pure (no COP input)",
+          "dag-cop": "DAGNN started from COP (estimator='cop')",
+          "cop": "COP (analytic)", "cut": "cut estimate, k=8 (analytic)",
+          "res-8": "ResGNN 8",
           "res-64": "ResGNN 64", "gsr-128": "GSR 128 (reversible)",
           "sage-4": "PyG GraphSAGE 4"}
 TARGETS = {"arrival": "pearson >= 0.99 and r2 >= 0.97",
@@ -95,12 +104,26 @@ def _splits(split: str, task: str):
                        4 if ttype == "classification" else 1)
 
 
-def _cop(names: list[str]) -> dict[str, np.ndarray]:
-    from leangnn.circuits import read_netlist, resolve
+#: the analytic rows of ``signal_prob``: name -> estimator of a Netlist
+def _estimators() -> dict:
     from leangnn.circuits.cop import cop_signal_probability
+    from leangnn.circuits.sigprob import cut_signal_probability
 
-    return {n: cop_signal_probability(read_netlist(resolve(n)[0].path))
-            for n in names}
+    return {"cop": cop_signal_probability, "cut": cut_signal_probability}
+
+
+def _analytic(names: list[str]) -> dict[str, dict[str, np.ndarray]]:
+    """Per estimator, per circuit: the estimate, and its wall seconds."""
+    from leangnn.circuits import read_netlist, resolve
+
+    out: dict = {}
+    for est, fn in _estimators().items():
+        out[est] = {}
+        for n in names:
+            net = read_netlist(resolve(n)[0].path)
+            t0 = time.perf_counter()
+            out[est][n] = (fn(net), time.perf_counter() - t0)
+    return out
 
 
 def _ensure_registered() -> bool:
@@ -161,7 +184,8 @@ def train_one(task: str, split: str, model: str, seed: int, args, splits) -> dic
 
 
 def baseline_rows(task: str, split: str, splits) -> list[dict]:
-    """The analytic rows: COP for ``signal_prob`` (no training, one "seed");
+    """The analytic rows: COP and the cut estimate for ``signal_prob`` (no
+    training, one "seed"; ``wall_seconds``: computing it on the test circuits);
     for ``arrival`` / ``critical`` the label's own recursion (static timing),
     which scores perfectly by construction: a model's gap to it is 1 - its
     pearson / accuracy."""
@@ -169,17 +193,21 @@ def baseline_rows(task: str, split: str, splits) -> list[dict]:
 
     if task != "signal_prob":
         return []
-    cop = _cop([g.name for g in splits.test])
-    per = {g.name: _metrics_row(compute_metrics(
-        torch.as_tensor(cop[g.name]), g.y.double(), "regression"))
-        for g in splits.test}
-    pooled = _metrics_row(compute_metrics(
-        torch.as_tensor(np.concatenate([cop[g.name] for g in splits.test])),
-        torch.cat([g.y.double() for g in splits.test]), "regression"))
-    return [{"task": task, "split": split, "model": "cop", "seed": 0,
-             "training": None, "options": {}, "epochs_run": 0,
-             "epoch_seconds_median": 0.0, "wall_seconds": 0.0, "test": pooled,
-             "per_circuit": per}]
+    rows = []
+    for est, res in _analytic([g.name for g in splits.test]).items():
+        per = {g.name: _metrics_row(compute_metrics(
+            torch.as_tensor(res[g.name][0]), g.y.double(), "regression"))
+            for g in splits.test}
+        pooled = _metrics_row(compute_metrics(
+            torch.as_tensor(np.concatenate([res[g.name][0] for g in splits.test])),
+            torch.cat([g.y.double() for g in splits.test]), "regression"))
+        rows.append({"task": task, "split": split, "model": est, "seed": 0,
+                     "training": None, "options": {}, "epochs_run": 0,
+                     "epoch_seconds_median": 0.0,
+                     "wall_seconds": sum(t for _, t in res.values()),
+                     "seconds_per_circuit": {n: t for n, (_, t) in res.items()},
+                     "test": pooled, "per_circuit": per})
+    return rows
 
 
 def _upgrade(run: dict) -> dict | None:
@@ -328,7 +356,11 @@ def markdown(result: dict) -> str:
         "epfl/sin; itc99 split: b17-b22); one CPU thread per run. `DAGNN` is "
         "`leangnn train --task X` with no other argument. Generic GNNs at the "
         "registry width (64); ResGNN 64 and GSR 128 trained for fewer epochs "
-        "(column 'epochs'). COP: analytic, no training. For arrival / critical "
+        "(column 'epochs'). COP and the cut estimate: analytic, no training "
+        "and no simulation (the cut estimate is exact over an 8-leaf cut of "
+        "each node's cone with the leaves taken as independent; a cut whose "
+        "leaves are primary inputs gives the exact local probability). For "
+        "arrival / critical "
         "the label's own recursion (static timing) scores 1 by construction: "
         "the gap is 1 - the model's figure. "
         f"`{result['command']}`.",
@@ -339,38 +371,44 @@ def markdown(result: dict) -> str:
     ]
     by = {(a["task"], a["split"], a["model"]): a for a in quality}
     for task in TASKS:
-        models = [m for m in list(MODELS) + ["cop"]
+        models = [m for m in list(MODELS) + ["cut", "cop"]
                   if any((task, s, m) in by for s in SPLITS)]
         for m in models:
             cells = [_cell(by.get((task, s, m)), task) for s in SPLITS]
             ref = next(by[(task, s, m)] for s in SPLITS if (task, s, m) in by)
             tr = ref["training"]
             ep = "-" if tr is None else f"{tr['epochs']} ({ref['epochs_run']})"
-            lines.append(f"| {task} | {LABELS.get(m, 'COP (analytic)')} | "
-                         + " | ".join(cells) + f" | {ep} | "
-                         f"{ref['epoch_seconds_median']:.1f} | {TARGETS[task]} |")
+            sec = "-" if tr is None else f"{ref['epoch_seconds_median']:.1f}"
+            lines.append(f"| {task} | {LABELS[m]} | " + " | ".join(cells)
+                         + f" | {ep} | {sec} | {TARGETS[task]} |")
     for (task, split, m), a in by.items():
         if m not in ("dag", "dag-h8") or task == "arrival":
             continue
         cop = by.get((task, split, "cop"))
-        pure = by.get((task, split, "dag-pure"))
+        # the other rows of this task beside the default, learned then analytic
+        others = [(o, by[(task, split, o)]) for o in ("dag-cop", "dag-pure", "cut",
+                                                        "cop")
+                  if (task, split, o) in by]
+        short = {"dag-cop": "from COP", "dag-pure": "pure", "cut": "cut",
+                 "cop": "COP"}
         lines += ["", f"**{task}, {split} split, per test circuit ({LABELS[m]}"
-                  + (", DAGNN pure and COP" if cop else "") + ")**", ""]
+                  + "".join(f", {LABELS[o]}" for o, _ in others) + ")**", ""]
         keys = _KEYS[task]
         head = [f"DAGNN {k}" for k in keys]
-        if pure:
-            head += [f"pure {k}" for k in keys]
+        for o, _ in others:
+            head += [f"{short[o]} {k}" for k in keys]
         if cop:
-            head += [f"COP {k}" for k in keys] + ["beats COP"]
+            head += ["beats COP"]
         lines.append("| circuit | " + " | ".join(head) + " |")
         lines.append("|---|" + "---:|" * len(head))
         for c, row in a["per_circuit"].items():
             vals = [_pm(row[k]) for k in keys]
-            if pure:
-                vals += [_pm(pure["per_circuit"][c][k]) for k in keys]
+            for _, oa in others:
+                r = oa["per_circuit"][c]
+                vals += [_pm(r[k]) if oa["training"] is not None
+                         else f"{r[k]['mean']:.3f}" for k in keys]
             if cop:
                 cr = cop["per_circuit"][c]
-                vals += [f"{cr[k]['mean']:.3f}" for k in keys]
                 beats = (row["mae"]["mean"] < cr["mae"]["mean"]
                          and row["pearson"]["mean"] > cr["pearson"]["mean"])
                 vals.append("yes" if beats else "**no**")

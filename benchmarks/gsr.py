@@ -57,7 +57,9 @@ import torch.nn.functional as F
 from torch_geometric.nn import GroupAddRev
 
 from leangnn.nn import GSRGNN, GSRBlock, ResGNN
+from leangnn.nn.csr import csr_kernels
 from leangnn.nn.group_sparse import resolve_k
+from leangnn.nn.shared_graph import shared_graph
 from leangnn.profile import SavedTensorsMeter, measure_in_subprocess
 from leangnn.strategy import FullBatch
 from leangnn.train import make_loss_fn
@@ -127,10 +129,37 @@ class GroupAddRevGNN(torch.nn.Module):
         return self.head(h)
 
 
+class ResCSRGNN(ResGNN):
+    """:class:`~leangnn.nn.ResGNN` whose convs run through the CSR kernels of
+    :mod:`leangnn.nn.csr` (what GSRGNN's group functions use), not a model of
+    the library: it measures what the same kernels would give the plain
+    residual peer (``res`` itself stays plain PyG, as users run it)."""
+
+    def forward(self, x, edge_index):
+        h = self.encoder(x)
+        n, drop = x.size(0), self.training and self.dropout > 0
+        scale = 1.0 / (1.0 - self.dropout) if drop else 1.0
+        convs = [b.conv for b in self.blocks]
+        with shared_graph(convs, edge_index, n, h.dtype) as graph, \
+                csr_kernels(convs, graph, n, h.dtype,
+                            looped=graph is not edge_index) as kernels:
+            for block, kernel in zip(self.blocks, kernels):
+                keep = None
+                if drop:
+                    keep = torch.empty(h.shape, dtype=torch.bool).bernoulli_(
+                        1.0 - self.dropout)
+                h = h + block(h, graph, keep=keep, scale=scale, kernel=kernel)
+        h = F.dropout(F.relu(self.out_norm(h)), p=self.dropout,
+                      training=self.training)
+        return self.head(h)
+
+
 LABELS = {"gsr": "GSRGNN", "gsr_narrow": "GSRGNN (fp32 stream)",
           "gsr_unflat": "GSRGNN (per-module parameters)",
           "gsr_unshared": "GSRGNN (per-call graph preprocessing)",
-          "res": "ResGNN", "rev": "GroupAddRev"}
+          "gsr_pyg": "GSRGNN (PyG convs, no CSR kernels)",
+          "res": "ResGNN", "res_csr": "ResGNN (CSR kernels)",
+          "rev": "GroupAddRev"}
 
 #: allocator settings for the memory runs: glibc's default, and a fixed mmap
 #: threshold so every block >= 64 KiB is mapped and unmapped on its own and the
@@ -139,17 +168,20 @@ MALLOC = {"default": {}, "mmap": {"MALLOC_MMAP_THRESHOLD_": "65536"}}
 
 
 def make_model(kind, in_channels, hidden, layers, groups, conv, sparsity, dropout):
-    if kind in ("gsr", "gsr_narrow", "gsr_unflat", "gsr_unshared"):
+    if kind in ("gsr", "gsr_narrow", "gsr_unflat", "gsr_unshared", "gsr_pyg"):
         model = GSRGNN(in_channels, hidden, 1, layers, num_groups=groups, conv=conv,
                        sparsity=sparsity, dropout=dropout,
                        exact_stream=kind != "gsr_narrow",
                        flat_parameters=kind != "gsr_unflat")
         # the off switch: every conv preprocesses the graph on every call
         model.stack.share_graph = kind != "gsr_unshared"
+        # the off switch of the CSR kernels (nn.csr): PyG's convs, shared graph
+        model.stack.kernels = kind not in ("gsr_unshared", "gsr_pyg")
         return model
-    if kind == "res":
-        return ResGNN(in_channels, hidden, 1, layers, conv=conv, dropout=dropout,
-                      num_groups=groups, sparsity=sparsity)
+    if kind in ("res", "res_csr"):
+        cls = ResGNN if kind == "res" else ResCSRGNN
+        return cls(in_channels, hidden, 1, layers, conv=conv, dropout=dropout,
+                   num_groups=groups, sparsity=sparsity)
     if kind == "rev":
         return GroupAddRevGNN(in_channels, hidden, 1, layers, groups, conv, sparsity,
                               dropout)
@@ -407,7 +439,11 @@ def checks(res, args):
                 peak["gsr", 128] / peak["res", 128]
     for row in res.get("speed") or []:
         act = "relu" if row.get("sparsity") is None else f"k{row['sparsity']}"
-        for kind in ("gsr", "gsr_unshared", "gsr_narrow"):
+        med = row["median_seconds"]
+        if "res_csr" in med:  # against the peer given the same CSR kernels
+            out[f"speed_{row['conv']}_{act}_gsr_over_res_csr"] = \
+                med["gsr"] / med["res_csr"]
+        for kind in ("gsr", "gsr_unshared", "gsr_narrow", "gsr_pyg"):
             if kind in row.get("ratio_vs_groupaddrev", {}):
                 out[f"speed_{row['conv']}_{act}_{kind}_over_groupaddrev"] = \
                     row["ratio_vs_groupaddrev"][kind]
@@ -504,7 +540,12 @@ def markdown(res, args) -> str:
                   "group functions (`GSRBlock`), so only the reversible machinery "
                   "differs; ResGNN: the same blocks at full width, plain autograd; "
                   "per-call graph preprocessing: `GSRStack(share_graph=False)`, "
-                  "every conv normalises / adds self-loops to the graph itself. "
+                  "every conv normalises / adds self-loops to the graph itself; "
+                  "GSRGNN's GCN / GAT / SAGE group functions aggregate by CSR "
+                  "sparse-dense products (`leangnn.nn.csr`); PyG convs: "
+                  "`GSRStack(kernels=False)`, the off switch; ResGNN (CSR "
+                  "kernels): ResGNN's convs through the same kernels (a "
+                  "measurement only: `res` stays plain PyG). "
                   "Target (issue 12): GSRGNN at most "
                   f"{TARGETS['gsr_over_resgnn'][1]}x ResGNN.", "",
                   "| conv | activation | layers | model | median s/epoch | "

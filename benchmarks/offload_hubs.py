@@ -101,8 +101,9 @@ def plan_rows(data, model, frac, args, replay=True) -> list[dict]:
     return rows
 
 
-def real_check(args, frac) -> dict:
-    """One real epoch (``st``) against PyG full batch on the check graph."""
+def real_check(args, frac, policy="st") -> dict:
+    """One real epoch against PyG full batch on the check graph (``auto``:
+    the engine with its defaults, as the CLI builds it)."""
     data = rmat_graph(args.check_scale, args.edge_factor, in_channels=64,
                       seed=args.seed)
     model = new_model(args)
@@ -113,8 +114,9 @@ def real_check(args, frac) -> dict:
     t_pyg = time.perf_counter() - t0
     del out
     need = full_batch_vertex_bytes(model, data.num_nodes)
-    eng = OffloadEngine(model, data, int(frac * need), args.parts, "st",
-                        cache_dir=args.cache_dir)
+    kw = {} if policy == "auto" else {"cache": policy}
+    eng = OffloadEngine(model, data, int(frac * need), args.parts,
+                        cache_dir=args.cache_dir, **kw)
     model.zero_grad(set_to_none=True)
     t0 = time.perf_counter()
     got = eng.train_step(ce_loss, data)
@@ -123,13 +125,15 @@ def real_check(args, frac) -> dict:
               for p, r in zip(model.parameters(), ref))
     res = {"scale": args.check_scale, "nodes": data.num_nodes,
            "edges": int(data.edge_index.size(1)), "budget_fraction": frac,
+           "cache": policy, "policy": eng.policy, "retain": eng.retain,
            "num_chunks": eng.num_chunks, "num_pieces": eng.sched.num_pieces,
            "loss_rel_err": abs(got - float(loss.detach())) / abs(float(loss.detach())),
            "grad_rel_err": err, "dtype": "float32", "epoch_s": round(t_eng, 1),
            "pyg_s": round(t_pyg, 1),
            "peak_device_bytes": eng.counters.peak_device_bytes,
            "budget_bytes": eng.budget}
-    log(f"  real epoch at {frac:.2%}: {eng.num_chunks} jobs/sweep "
+    log(f"  real epoch ({policy} = {eng.policy}) at {frac:.2%}: "
+        f"{eng.num_chunks} jobs/sweep "
         f"({eng.sched.num_pieces} pieces), loss rel err {res['loss_rel_err']:.1e}, "
         f"max gradient rel err {err:.1e} (float32), {t_eng:.1f} s "
         f"(PyG full batch {t_pyg:.1f} s)")
@@ -165,7 +169,10 @@ def markdown(res: dict) -> str:
                    f"{'yes' if r['under_budget'] else 'NO'} | plans |"
                    if r.get("replayed") else "(planned only) | | plans |"))
     for c in res.get("checks", []):
-        lines += ["", f"Real epoch (`st`, R-MAT 2^{c['scale']}, {c['nodes']:,} nodes, "
+        pol = c.get("cache", "st")
+        pol = pol if c.get("policy", pol) == pol else f"{pol} = {c['policy']}"
+        lines += ["", f"Real epoch (`{pol}`, R-MAT 2^{c['scale']}, "
+                  f"{c['nodes']:,} nodes, "
                   f"{c['edges'] / 1e6:.1f}M edges, {c['budget_fraction']:.2%} of the "
                   f"need, {c['num_chunks']} jobs/sweep with {c['num_pieces']} hub "
                   f"pieces): loss relative error {c['loss_rel_err']:.1e}, largest "
@@ -192,6 +199,10 @@ def main(argv=None) -> dict:
     ap.add_argument("--check-scale", type=int, default=18,
                     help="graph of the real epoch with gradient check (0: none)")
     ap.add_argument("--check-fractions", type=float, nargs="*", default=[0.25])
+    ap.add_argument("--check-policies", nargs="+", default=["st"],
+                    choices=["auto", *POLICIES],
+                    help="cache policies of the real epochs (auto: the engine's "
+                         "defaults)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--cache-dir", default=None)
     ap.add_argument("--out", default=None,
@@ -224,7 +235,9 @@ def main(argv=None) -> dict:
         del data
     if args.check_scale:
         for frac in args.check_fractions:
-            res["checks"].append(real_check(args, frac))
+            for pol in args.check_policies:
+                res["checks"].append(real_check(args, frac, pol))
+                write_json(out, res)
     write_json(out, res)
     md = markdown(res)
     print(md)

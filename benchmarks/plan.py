@@ -519,11 +519,245 @@ def auto_markdown(res: dict) -> str:
     return "\n".join(out)
 
 
+
+# ------------------------------------------------------------- the CLI rows
+#: ``leangnn train`` command lines (after ``train``) the ``cli`` section runs
+#: in fresh interpreters: every strategy, gsr/res/sage/gcn/gat, the default
+#: circuit split, itc99/b19 and a csbm graph; ``--strategy auto`` rows too
+CLI_ROWS = [
+    dict(name="default-auto-2GiB", args="--strategy auto --memory-budget 2GiB"),
+    dict(name="default-auto-20MiB", args="--strategy auto --memory-budget 20MiB"),
+    dict(name="default-gsr32-g4", args="--strategy reversible --model gsr "
+         "--layers 32 --groups 4"),
+    dict(name="default-prune-res", args="--strategy prune --model res "
+         "--budget-ratio 0.3"),
+    dict(name="b19-full-sage2", args="--dataset itc99/b19 --val-dataset "
+         "iscas85/c17 --test-dataset iscas85/c432 --strategy full --model sage "
+         "--layers 2 --hidden 64"),
+    dict(name="b19-gsr16", args="--dataset itc99/b19 --val-dataset iscas85/c17 "
+         "--test-dataset iscas85/c432 --strategy reversible --model gsr "
+         "--layers 16 --hidden 32 --groups 2"),
+    dict(name="b19-offload-sage3", args="--dataset itc99/b19 --val-dataset "
+         "iscas85/c17 --test-dataset iscas85/c432 --strategy offload --model sage "
+         "--layers 3 --hidden 32 --device-budget 32MiB --parts 8"),
+    dict(name="csbm100k-full-gcn3", args="--dataset csbm:100000 --strategy full "
+         "--model gcn --layers 3 --hidden 64"),
+    dict(name="csbm20k-full-gat2", args="--dataset csbm:20000 --strategy full "
+         "--model gat --layers 2 --hidden 32"),
+    dict(name="csbm100k-prune-sage3", args="--dataset csbm:100000 --strategy "
+         "prune --model sage --layers 3 --hidden 64 --budget-ratio 0.3"),
+    dict(name="csbm100k-offload-gcn2", args="--dataset csbm:100000 --strategy "
+         "offload --model gcn --layers 2 --hidden 32 --device-budget 64MiB "
+         "--parts 8"),
+    dict(name="csbm100k-auto-sage3", args="--dataset csbm:100000 --strategy auto "
+         "--model sage --layers 3 --hidden 64 --memory-budget 96MiB"),
+]
+
+
+def _cli_config(argv: list[str]):
+    """The TrainConfig ``leangnn train argv`` builds (before planning)."""
+    from leangnn.cli import _TRAIN_FLAGS, build_parser
+    from leangnn.config import TrainConfig
+
+    args = build_parser().parse_args(["train", *argv])
+    given = {field: getattr(args, flag) for flag, field in _TRAIN_FLAGS.items()
+             if getattr(args, flag) is not None}
+    return TrainConfig(**given)
+
+
+def _cli_measure(row: dict, epochs: int, threads: int | None, timeout: float
+                 ) -> dict:
+    """Run ``python -m leangnn train`` for ``row`` in a fresh interpreter and
+    read its summary.json."""
+    import shlex
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="plan-cli-") as tmp:
+        out = Path(tmp) / "run"
+        argv = [sys.executable, "-m", "leangnn", "train", *shlex.split(row["args"]),
+                "--epochs", str(epochs), "--out", str(out), "--quiet"]
+        env = dict(os.environ)
+        for k in ("MALLOC_MMAP_THRESHOLD_",):
+            env.pop(k, None)  # what a plain `leangnn train` gets
+        if threads:
+            env["OMP_NUM_THREADS"] = str(threads)
+        t0 = time.perf_counter()
+        p = subprocess.run(argv, env=env, capture_output=True, text=True,
+                           timeout=timeout)
+        wall = time.perf_counter() - t0
+        if p.returncode != 0:
+            return {"error": (p.stderr.strip().splitlines() or ["?"])[-1]}
+        s = json.loads((out / "summary.json").read_text())
+        epochs_s = [json.loads(line)["epoch_seconds"] for line in
+                    (out / "metrics.jsonl").read_text().splitlines() if line]
+    m = {"peak_bytes": s["memory"]["peak_bytes"],
+         "epoch_seconds_median": s["time"]["epoch_seconds_median"],
+         "epoch_seconds": epochs_s, "wall_seconds": wall,
+         "strategy": s["strategy"], "model": s["model"],
+         "num_layers": s["num_layers"], "threads": threads}
+    if "plan" in s:
+        p_ = s["plan"]
+        m["plan"] = {k: p_.get(k) for k in (
+            "pick", "estimated_run_bytes", "estimated_epoch_seconds",
+            "plan_seconds", "config")}
+    return m
+
+
+def _cli_estimate(row: dict, splits_cache: dict, cal) -> dict:
+    """This code's estimate of what ``row`` trains: the planner's pick for an
+    ``auto`` row (planned here again), else the configuration itself."""
+    import shlex
+
+    from leangnn.data import load_graphs
+    from leangnn.plan.estimate import estimate_config
+    from leangnn.plan.planner import choose, plan_config
+
+    cfg = _cli_config(shlex.split(row["args"]))
+    key = (cfg.dataset, cfg.val_dataset, cfg.test_dataset)
+    if key not in splits_cache:
+        splits_cache.clear()
+        splits_cache[key] = load_graphs(cfg, progress=False)
+    splits = splits_cache[key]
+    c0, w0 = time.process_time(), time.perf_counter()
+    if cfg.strategy == "auto":
+        table = plan_config(cfg, splits, cfg.memory_budget, calibration=cal)
+        pick = choose(table)
+        est, label = pick.estimate, pick.label
+        cfg = pick.apply(cfg)
+    else:
+        est, label = estimate_config(cfg, splits, calibration=cal), None
+    cpu, wall = time.process_time() - c0, time.perf_counter() - w0
+    return {"pick": label, "strategy": cfg.strategy, "model": cfg.model,
+            "num_layers": cfg.num_layers,
+            "estimated_run_bytes": max(est.run_bytes, est.later_run_bytes or 0),
+            "tensor_bytes": est.step_bytes, "big_bytes": est.big_bytes,
+            "heap_bytes": est.heap_bytes, "later": est.later,
+            "estimated_epoch_seconds": est.epoch_seconds,
+            "estimate_cpu_seconds": cpu, "estimate_wall_seconds": wall,
+            "method": est.method}
+
+
+def cli_rows(args, cal) -> dict:
+    out_path = results_path("plan_cli.json", args.quick)
+    old = json.loads(out_path.read_text()) if out_path.is_file() else {}
+    prev = {r["name"]: r for r in old.get("rows", [])}
+    rows, splits = [], {}
+    sel = [r for r in CLI_ROWS if not args.only or any(s in r["name"]
+                                                       for s in args.only)]
+    keep = [r for r in old.get("rows", []) if r["name"] not in
+            {x["name"] for x in sel}]
+    for row in sel:
+        p = prev.get(row["name"])
+        ok = p and p.get("args") == row["args"] and p.get("measured") and \
+            "error" not in p["measured"] and p.get("epochs") == args.cli_epochs \
+            and p["measured"].get("threads") == args.threads
+        if ok and not args.remeasure:
+            meas = p["measured"]
+        else:
+            log(f"cli {row['name']}: leangnn train {row['args']} ...")
+            try:
+                meas = _cli_measure(row, args.cli_epochs, args.threads, args.timeout)
+            except Exception as e:  # noqa: BLE001 - one row must not stop the rest
+                meas = {"error": f"{type(e).__name__}: {e}"}
+        est = _cli_estimate(row, splits, cal)
+        r = {"name": row["name"], "args": row["args"], "epochs": args.cli_epochs,
+             "measured": meas, "estimate": est}
+        if "error" not in meas:
+            mb, eb = meas["peak_bytes"], est["estimated_run_bytes"]
+            r["rel_error"] = (eb - mb) / mb
+            if meas.get("plan") and meas["plan"].get("pick") != est["pick"]:
+                r["note"] = f"the run picked {meas['plan']['pick']}"
+            if est["estimated_epoch_seconds"] and meas["epoch_seconds_median"]:
+                r["time_ratio"] = (est["estimated_epoch_seconds"]
+                                   / meas["epoch_seconds_median"])
+                r["estimate_share_of_epoch"] = (est["estimate_cpu_seconds"]
+                                                / meas["epoch_seconds_median"])
+            log(f"  measured {mb / MiB:.1f} MiB, estimated {eb / MiB:.1f} "
+                f"({r['rel_error']:+.1%}); epoch {meas['epoch_seconds_median']:.3f}"
+                f" s, estimated {est['estimated_epoch_seconds'] or 0:.3f} s; "
+                f"estimate took {est['estimate_cpu_seconds']:.2f} s CPU")
+        else:
+            log(f"  failed: {meas['error']}")
+        rows.append(r)
+        write_json(out_path, {"calibration": cal.kind, "rows": keep + rows})
+    res = {"calibration": cal.kind, "threads": args.threads,
+           "epochs": args.cli_epochs, "rows": keep + rows}
+    res["summary"] = _cli_summary(res["rows"])
+    write_json(out_path, res)
+    return res
+
+
+def _cli_summary(rows: list[dict]) -> dict:
+    ok = [r for r in rows if r.get("rel_error") is not None]
+    if not ok:
+        return {}
+    err = [abs(r["rel_error"]) for r in ok]
+    tr = [r["time_ratio"] for r in ok if r.get("time_ratio")]
+    share = [r["estimate_share_of_epoch"] for r in ok
+             if r.get("estimate_share_of_epoch") is not None]
+    return {"rows": len(ok), "failed": len(rows) - len(ok),
+            "median_abs_error": statistics.median(err), "worst_abs_error": max(err),
+            "time_ratio_median": statistics.median(tr) if tr else None,
+            "time_ratio_min": min(tr) if tr else None,
+            "time_ratio_max": max(tr) if tr else None,
+            "median_estimate_share": statistics.median(share) if share else None}
+
+
+def cli_markdown(res: dict) -> str:
+    s = res.get("summary") or {}
+    out = ["## Planner through `leangnn train`: estimate vs summary.json", "",
+           "`python benchmarks/plan.py --section cli` runs each command line "
+           "below as `python -m leangnn train ARGS --epochs "
+           f"{res['epochs']} --out TMP --quiet` in a fresh interpreter (glibc's "
+           "default allocator, "
+           + (f"`OMP_NUM_THREADS={res['threads']}`" if res.get("threads")
+              else "torch's default threads")
+           + ") and compares summary.json's `memory.peak_bytes` (the Trainer's "
+           "meter: peak RSS above the loaded state over training, validation and "
+           "checkpoints) and `time.epoch_seconds_median` with the planner's "
+           "estimate of that configuration (for `--strategy auto`: of its pick). "
+           f"Calibration: `{res['calibration']}`. Targets: memory error median "
+           "<= 5%, worst <= 15%; epoch time within 2x.", ""]
+    if s:
+        out += [f"**{s['rows']} rows**: memory error median "
+                f"**{s['median_abs_error']:.1%}**, worst "
+                f"**{s['worst_abs_error']:.1%}**; estimated / measured epoch "
+                f"time median {s['time_ratio_median'] or 0:.2f}x (range "
+                f"{s['time_ratio_min'] or 0:.2f}-{s['time_ratio_max'] or 0:.2f}x); "
+                "estimate CPU time / measured epoch median "
+                f"{s['median_estimate_share'] or 0:.0%}.", ""]
+    out += ["| row | trains | estimated | measured | error | est. epoch s | "
+            "epoch s | ratio | estimate CPU s |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in res["rows"]:
+        m, e = r["measured"], r["estimate"]
+        trains = f"{e['strategy']} {e['model']} L{e['num_layers']}"
+        if "error" in m:
+            out.append(f"| {r['name']} | {trains} | "
+                       f"{e['estimated_run_bytes'] / MiB:.1f} MiB | failed: "
+                       f"{m['error'][:60]} | | | | | |")
+            continue
+        ratio = r.get("time_ratio")
+        out.append(
+            f"| {r['name']} | {trains} | {e['estimated_run_bytes'] / MiB:.1f} MiB "
+            f"| {m['peak_bytes'] / MiB:.1f} MiB | {r['rel_error']:+.1%} | "
+            f"{e['estimated_epoch_seconds'] or 0:.3f} | "
+            f"{m['epoch_seconds_median']:.3f} | "
+            + ("" if ratio is None else f"{ratio:.2f}x")
+            + f" | {e['estimate_cpu_seconds']:.2f} |")
+    out += ["", "Command lines:", ""]
+    out += [f"- `{r['name']}`: `leangnn train {r['args']}`" for r in res["rows"]]
+    return "\n".join(out)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="4 small rows")
-    ap.add_argument("--section", choices=["estimate", "auto", "all"], default="all",
-                    help="estimate vs measured rows, the auto cases, or both")
+    ap.add_argument("--section", choices=["estimate", "auto", "cli", "all"],
+                    default="all",
+                    help="estimate vs measured rows, the auto cases, the "
+                         "`leangnn train` rows (cli; not in all), or all")
     ap.add_argument("--report", action="store_true", help="auto section: only "
                     "rewrite its markdown from results/plan_auto.json")
     ap.add_argument("--device", default="cpu")
@@ -536,6 +770,10 @@ def main(argv=None) -> int:
                     help="substrings selecting the rows measured with glibc's "
                          "default allocator (default: all)")
     ap.add_argument("--remeasure", action="store_true")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="cli section: OMP_NUM_THREADS of the runs (0: torch's "
+                         "default; on a shared machine more threads spin-wait)")
+    ap.add_argument("--cli-epochs", type=int, default=3)
     ap.add_argument("--recalibrate", action="store_true")
     ap.add_argument("--timeout", type=float, default=1800)
     ap.add_argument("--out", default=None, help="default: results/plan.json "
@@ -546,6 +784,14 @@ def main(argv=None) -> int:
                     "results/plan_scatter.png (results/quick/ with --quick)")
     args = ap.parse_args(argv)
 
+    if args.section == "cli":
+        from leangnn.plan.calibrate import load_calibration
+
+        res_cli = cli_rows(args, load_calibration(args.device))
+        md = Path(args.md) if args.md else results_path("plan_cli.md", args.quick)
+        write_section("plan-cli", cli_markdown(res_cli), md)
+        print(cli_markdown(res_cli))
+        return 0
     if args.section in ("auto", "all"):
         if args.report:
             saved = json.loads(results_path("plan_auto.json", args.quick).read_text())

@@ -118,6 +118,27 @@ def test_live_bytes_meter_counts_storages_once_and_releases_them():
     del b, c, d
 
 
+def test_live_bytes_meter_counts_sparse_tensors_by_their_parts():
+    """A CSR tensor has no storage of its own: its index and value tensors are
+    counted while it lives (they are fresh aliases on every access; a part
+    may view a larger storage, which is what is resident)."""
+    dense = torch.eye(50, dtype=torch.float64)
+    with LiveBytesMeter(exclude=[dense]) as m:
+        csr = dense.to_sparse_csr()
+        parts = (csr.crow_indices(), csr.col_indices(), csr.values())
+        want = sum({p.untyped_storage().data_ptr(): p.untyped_storage().nbytes()
+                    for p in parts}.values())
+        assert want >= 51 * 8 + 50 * 8 + 50 * 8
+        del parts
+        held = m.live
+        y = csr @ torch.ones(50, 2, dtype=torch.float64)  # +800 bytes
+        with_y = m.live
+        del csr
+        after = m.live
+    assert held == want and with_y == want + y.numel() * 8
+    assert after == y.numel() * 8
+
+
 def test_saved_tensors_meter_frees_activations_without_backward():
     import gc
     import weakref

@@ -255,16 +255,19 @@ class PhaseMeter:
                 f"phases={list(self.records)})")
 
 
-def _sparse_bytes(t: Tensor) -> int:
+def _sparse_parts(t: Tensor) -> tuple[Tensor, ...]:
+    """The strided tensors holding a sparse tensor's data (``(t,)`` if dense)."""
     if t.layout == torch.sparse_coo:
-        parts = (t._indices(), t._values())
-    elif t.layout in (torch.sparse_csr, torch.sparse_bsr):
-        parts = (t.crow_indices(), t.col_indices(), t.values())
-    elif t.layout in (torch.sparse_csc, torch.sparse_bsc):
-        parts = (t.ccol_indices(), t.row_indices(), t.values())
-    else:
-        return t.numel() * t.element_size()
-    return sum(p.numel() * p.element_size() for p in parts)
+        return (t._indices(), t._values())
+    if t.layout in (torch.sparse_csr, torch.sparse_bsr):
+        return (t.crow_indices(), t.col_indices(), t.values())
+    if t.layout in (torch.sparse_csc, torch.sparse_bsc):
+        return (t.ccol_indices(), t.row_indices(), t.values())
+    return (t,)
+
+
+def _sparse_bytes(t: Tensor) -> int:
+    return sum(p.numel() * p.element_size() for p in _sparse_parts(t))
 
 
 class SavedTensorsMeter:
@@ -351,15 +354,17 @@ class LiveBytesMeter(TorchDispatchMode):
         if not self._paused:
             # Outputs aliasing an input that predates the meter (in-place ops,
             # views of host arrays or of the cache pool) allocate nothing.
-            inputs = {t.untyped_storage().data_ptr()
+            # (a sparse tensor has no storage: its index and value tensors do)
+            inputs = {p.untyped_storage().data_ptr()
                       for t in tree_flatten((args, kwargs))[0]
-                      if isinstance(t, Tensor)}
+                      if isinstance(t, Tensor) for p in _sparse_parts(t)}
             for t in tree_flatten(out)[0]:
                 if isinstance(t, Tensor):
-                    key = t.untyped_storage().data_ptr()
-                    if key in inputs and key not in self._refs:
-                        continue
-                    self._track(t)
+                    for p in _sparse_parts(t):
+                        key = p.untyped_storage().data_ptr()
+                        if key in inputs and key not in self._refs:
+                            continue
+                        self._track(p, owner=t)
         return out
 
     @contextmanager
@@ -376,7 +381,9 @@ class LiveBytesMeter(TorchDispatchMode):
             if t is not None:
                 self._excl.add(t.untyped_storage().data_ptr())
 
-    def _track(self, t: Tensor) -> None:
+    def _track(self, t: Tensor, owner: Tensor | None = None) -> None:
+        # ``owner``: the tensor whose death frees ``t``'s storage (a sparse
+        # tensor's index and value tensors are fresh aliases on every access)
         st = t.untyped_storage()
         key = st.data_ptr()
         if key == 0 or key in self._excl:
@@ -388,7 +395,7 @@ class LiveBytesMeter(TorchDispatchMode):
             self.peak = max(self.peak, self.live)
         else:
             ent[0] += 1
-        weakref.finalize(t, self._release, key)
+        weakref.finalize(t if owner is None else owner, self._release, key)
 
     def _release(self, key: int) -> None:
         ent = self._refs.get(key)

@@ -244,7 +244,8 @@ def test_cop_input_starts_as_cop(name):
 
     data = load_circuit(name, "signal_prob")
     cop = torch.as_tensor(cop_signal_probability(read_netlist(resolve(name)[0].path)))
-    model = DAGNN(data.num_features, 8, 1, task="signal_prob").double()
+    model = DAGNN(data.num_features, 8, 1, task="signal_prob",
+                  estimator="cop").double()
     assert model.cop_input  # the task's default: the hybrid
     with torch.no_grad():
         out = model(data.x.double(), data.edge_index).view(-1)
@@ -306,3 +307,67 @@ def test_task_default_starts_apply_where_they_fit():
     assert not DAGNN(15, 8, 1, task="arrival").cop_input
     with pytest.raises(ValueError, match="cop_input"):
         DAGNN(15, 8, 8, cop_input=True)
+
+
+@pytest.mark.parametrize("name", ["iscas85/c6288", "epfl/router"])
+def test_cut_input_starts_as_the_cut_estimate(name, monkeypatch):
+    from leangnn.circuits import sigprob
+
+    data = load_circuit(name, "signal_prob")
+    want = torch.as_tensor(sigprob.cut_signal_probability(
+        read_netlist(resolve(name)[0].path)))
+    calls = []
+    real = sigprob.cut_signal_probability_arrays
+    monkeypatch.setattr(sigprob, "cut_signal_probability_arrays",
+                        lambda *a, **k: calls.append(1) or real(*a, **k))
+    model = DAGNN(data.num_features, 8, 1, task="signal_prob").double()
+    assert model.cop_input and model.estimator == "cut"  # the task's default
+    x = data.x.double()
+    with torch.no_grad():
+        out = model(x, data.edge_index).view(-1)
+    torch.testing.assert_close(out, want, rtol=0, atol=1e-12)
+    # training moves the output, not the estimate it reads; computed once
+    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    (model(x, data.edge_index).view(-1) - data.y.double()).pow(2).mean().backward()
+    opt.step()
+    with torch.no_grad():
+        assert not torch.equal(model(x, data.edge_index).view(-1), out)
+        plan = model._plan(x, data.edge_index, None, None)
+        torch.testing.assert_close(
+            model._estimate(model._onehot(x), data.edge_index, plan).view(-1),
+            want, rtol=0, atol=1e-12)
+    assert len(calls) == 1
+    # the output is the estimate plus correction_gain times the correction
+    half = DAGNN(data.num_features, 8, 1, task="signal_prob",
+                 correction_gain=0.5 * model.correction_gain).double()
+    half.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        full_out = model(x, data.edge_index).view(-1)
+        half_out = half(x, data.edge_index).view(-1)
+    torch.testing.assert_close(full_out - want, 2 * (half_out - want), rtol=1e-9,
+                               atol=1e-12)
+    with pytest.raises(ValueError, match="estimator"):
+        DAGNN(data.num_features, 8, 1, estimator="exact")
+
+
+@pytest.mark.parametrize("learn", [True, False])
+def test_hand_written_backward_with_a_fixed_estimate(learn, monkeypatch):
+    from leangnn.nn import dag
+
+    torch.manual_seed(0)
+    x, ei = _random_dag(30, seed=3)
+    model = DAGNN(15, 8, 1, task="signal_prob", learn_products=learn,
+                  reverse=True).double()
+    assert model.estimator == "cut"
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    grads = []
+    for manual in (True, False):
+        monkeypatch.setattr(dag._GRUCell, "manual_backward", manual)
+        model.zero_grad()
+        (model(x, ei) ** 2).sum().backward()
+        grads.append([p.grad.clone() for p in model.parameters()
+                      if p.requires_grad])
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, rtol=1e-7, atol=1e-9)

@@ -212,3 +212,25 @@ def test_memoised_st_keys_replay_the_same_epochs_as_fresh_keys():
         a, b = memo.simulate(train).to_dict(), fresh.simulate(train).to_dict()
         assert a == b
     assert memo.runner.keys._memo_used > 0 and fresh.runner.keys._memo_used == 0
+
+
+def test_auto_policy_resolves_by_device_and_mode():
+    """``auto``: ``none`` on a CPU "device" (one memory), ``st`` on CUDA
+    (``lru`` for the recompute baseline, which has no next uses); every
+    other policy stays as asked; an unknown one is refused."""
+    from leangnn.offload.cache import POLICIES, RULES, resolve_policy
+
+    assert "auto" in POLICIES and "auto" not in RULES
+    assert resolve_policy("auto", "cpu") == "none"
+    assert resolve_policy("auto", torch.device("cpu"), exact=False) == "none"
+    assert resolve_policy("auto", "cuda") == "st"
+    assert resolve_policy("auto", torch.device("cuda", 1)) == "st"
+    assert resolve_policy("auto", "cuda", exact=False) == "lru"
+    for rule in RULES:
+        assert resolve_policy(rule, "cpu") == rule == resolve_policy(rule, "cuda")
+    with pytest.raises(ValueError, match="fifo"):
+        resolve_policy("fifo", "cpu")
+    # the pool is allocated on first use only: a CUDA cache is built here too
+    assert DeviceCache(1 << 16, 8, torch.float32, "cuda", "auto").policy == "st"
+    cpu = DeviceCache(1 << 16, 8, torch.float32, "cpu", "auto")
+    assert cpu.policy == "none" and cpu.num_slots == 0

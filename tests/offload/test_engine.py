@@ -325,10 +325,10 @@ def test_whole_graph_budget_runs_one_job_per_layer_and_retains(name):
     data, model = _graph(), _model(name)
     ref_loss, ref_grads = _reference(model, data)
     n = data.num_nodes
-    plain = OffloadEngine(model, data, "1MiB", 7, "st")
+    plain = OffloadEngine(model, data, "1MiB", 7, "st", retain=False)
     whole = plain.whole_graph_budget
     assert OffloadEngine(model, data, whole - 1, 7, "st").num_chunks > 1
-    one = OffloadEngine(model, data, whole, 7, "st")
+    one = OffloadEngine(model, data, whole, 7, "st", retain=False)
     assert one.num_chunks == 1 and not one.retain
     _assert_close(*_engine_grads(one, model, data), ref_loss, ref_grads, 1e-10)
     assert one.counters.vertex_layer_recomputations == 3 * n
@@ -338,7 +338,7 @@ def test_whole_graph_budget_runs_one_job_per_layer_and_retains(name):
     assert budget >= whole and not keep.retain  # 1 MiB holds no graph here
     for policy in ("st", "none"):
         eng = OffloadEngine(model, data, budget, 7, policy, retain=True, strict=True)
-        base = OffloadEngine(model, data, budget, 7, policy)
+        base = OffloadEngine(model, data, budget, 7, policy, retain=False)
         assert eng.retain and eng.num_chunks == 1
         loss, grads = _engine_grads(eng, model, data)
         _assert_close(loss, grads, ref_loss, ref_grads, 1e-10)
@@ -375,7 +375,7 @@ def test_retain_falls_back_below_its_budget_and_keeps_dropout_masks():
     model.train()
     budget = small.whole_graph_budget
     keep = OffloadEngine(model, data, budget, 4, "st", retain=True)
-    again = OffloadEngine(model, data, budget, 4, "st")
+    again = OffloadEngine(model, data, budget, 4, "st", retain=False)
     assert keep.retain and not again.retain
     torch.manual_seed(5)
     a = _engine_grads(keep, model, data)
@@ -384,3 +384,44 @@ def test_retain_falls_back_below_its_budget_and_keeps_dropout_masks():
     _assert_close(*a, *b, 1e-12)
     with pytest.raises(ValueError, match="retain"):
         OffloadOptions("1MiB", retain="yes")
+
+
+def test_default_engine_is_auto_none_on_cpu_retains_and_stays_exact():
+    """The engine as the CLI builds it (no cache or retain argument): on a CPU
+    "device" ``auto`` is ``none`` (the whole free budget is the workspace, the
+    same decisions and counters as an explicit ``none`` engine), retention
+    where the budget holds it, gradients equal to PyG's either way."""
+    data, model = _graph(), _model("gcn")
+    ref_loss, ref_grads = _reference(model, data)
+    n = data.num_nodes
+    tight = int(0.7 * full_batch_vertex_bytes(model, n))
+    auto = OffloadEngine(model, data, tight, 4)
+    assert auto.options.cache == "auto" and auto.options.retain
+    assert auto.policy == "none" and auto.cache.num_slots == 0
+    assert auto.split.workspace == auto.split.total - auto.split.resident
+    assert not auto.retain and auto.num_chunks > 1
+    none = OffloadEngine(model, data, tight, 4, "none", like=auto)
+    _assert_close(*_engine_grads(auto, model, data), ref_loss, ref_grads, 1e-10)
+    _engine_grads(none, model, data)
+    assert auto.counters.to_dict() == none.counters.to_dict()
+    assert auto.summary()["cache"] == "none"
+    assert auto.summary()["cache_option"] == "auto"
+    # explicit policies are kept as asked
+    st = OffloadEngine(model, data, tight, 4, "st", like=auto)
+    assert st.policy == "st" and st.cache.num_slots > 0
+    assert "cache=none" in repr(auto) and "cache=st" in repr(st)
+
+    whole = OffloadEngine(model, data, "1MiB", 4).whole_graph_budget
+    keep = OffloadEngine(model, data, whole, 4, strict=True)
+    assert keep.policy == "none" and keep.retain and keep.num_chunks == 1
+    _assert_close(*_engine_grads(keep, model, data), ref_loss, ref_grads, 1e-10)
+    c = keep.counters
+    assert c.vertex_layer_computations == 3 * n
+    assert c.vertex_layer_recomputations == 0
+    assert c.peak_device_bytes <= whole and c.peak_device_bytes_measured <= whole
+    # retention is budget-checked: one byte less and the default recomputes
+    assert not OffloadEngine(model, data, whole - 1, 4).retain
+    # the recompute baseline takes ``auto`` too (no next-use information
+    # needed on a CPU device, where it is ``none``)
+    base = OffloadEngine(model, data, tight, 4, mode="recompute")
+    assert base.policy == "none"

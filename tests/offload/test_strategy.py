@@ -73,25 +73,52 @@ def test_trainer_runs_offload_and_records_counters(tmp_path):
 
 def test_cli_retain_switch_keeps_graphs_and_off_switch_recomputes(tmp_path):
     """``--retain``: backward through the kept forward graphs (no vertex-layer
-    recomputation); without it the same run recomputes; same losses."""
+    recomputation); ``retain=False`` recomputes the same run; same losses."""
     import json
 
     from leangnn.cli import main
 
-    runs = {}
-    for flag in ([], ["--retain"]):
-        out = tmp_path / ("on" if flag else "off")
-        assert main(["train", "--strategy", "offload", "--model", "gcn", "--layers",
-                     "2", "--epochs", "2", "--dataset", "iscas85/c432",
-                     "--test-dataset", "iscas85/c880", "--val-dataset",
-                     "iscas85/c499", "--device-budget", "256MiB", "--out", str(out),
-                     "--quiet", *flag]) == 0
-        runs[bool(flag)] = json.loads((out / "summary.json").read_text())
-    on, off = runs[True]["offload"], runs[False]["offload"]
+    common = dict(strategy="offload", model="gcn", num_layers=2, epochs=2,
+                  dataset="iscas85/c432", test_dataset="iscas85/c880",
+                  val_dataset="iscas85/c499", device_budget="256MiB")
+    assert main(["train", "--strategy", "offload", "--model", "gcn", "--layers",
+                 "2", "--epochs", "2", "--dataset", "iscas85/c432",
+                 "--test-dataset", "iscas85/c880", "--val-dataset",
+                 "iscas85/c499", "--device-budget", "256MiB", "--out",
+                 str(tmp_path / "on"), "--quiet", "--retain"]) == 0
+    # the off switch through the configuration (whatever the CLI's default)
+    Trainer(TrainConfig(**common, retain=False, out=str(tmp_path / "off")),
+            progress=False).fit()
+    runs = {d: json.loads((tmp_path / d / "summary.json").read_text())
+            for d in ("on", "off")}
+    on, off = runs["on"]["offload"], runs["off"]["offload"]
     assert on["counters"]["vertex_layer_recomputations"] == 0
     assert off["counters"]["vertex_layer_recomputations"] > 0
     assert all(g["retain"] for g in on["graphs"].values())
+    assert not any(g["retain"] for g in off["graphs"].values())
     lines = [[json.loads(x)["train_loss"] for x in
               (tmp_path / d / "metrics.jsonl").read_text().splitlines()]
              for d in ("on", "off")]
     assert lines[0] == pytest.approx(lines[1], rel=1e-6)
+
+
+def test_from_config_takes_the_engine_defaults_and_auto_resolves():
+    """A config that leaves ``retain`` unset gets the engine's default
+    (retention where the budget holds it); ``cache="auto"`` is ``none`` on a
+    CPU device and the summary names what ran."""
+    d = power_law_graph(200, avg_degree=6, in_channels=8, num_classes=4)
+    d.node_mask = d.train_mask
+    cfg = SimpleNamespace(device="cpu", device_budget="64MiB", num_parts=3,
+                          cache="auto")
+    strat = OffloadStrategy.from_config(cfg)
+    assert strat.options.retain and strat.options.cache == "auto"
+    assert not OffloadStrategy.from_config(
+        SimpleNamespace(**vars(cfg), retain=False)).options.retain
+    torch.manual_seed(0)
+    model = build_model("gcn", 8, 16, 4, 2)
+    strat.train_step(model, d, make_loss_fn("classification"))
+    s = strat.summary()["offload"]
+    assert s["cache"] == "auto" and s["cache_policies"] == ["none"]
+    (g,) = s["graphs"].values()
+    assert g["cache"] == "none" and g["retain"]
+    assert s["counters"]["vertex_layer_recomputations"] == 0

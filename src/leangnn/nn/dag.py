@@ -23,8 +23,12 @@ Activation memory is ``O(rounds x N x C)`` whatever the depth (see
 
 from __future__ import annotations
 
+import hashlib
+import weakref
+from collections import OrderedDict
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -32,24 +36,33 @@ from torch_geometric.nn import MLP
 
 from .levels import LevelPlan, cell_sweep, level_plan, max_plus, one_intraop_thread
 
-__all__ = ["DAGNN", "AGGRS", "TASK_DEFAULTS"]
+__all__ = ["DAGNN", "AGGRS", "ESTIMATORS", "TASK_DEFAULTS"]
 
 _DEFAULTS = {"reverse": True, "product_channels": 4, "quantiles": (),
-             "learn_products": True, "cop_input": False, "quantile_head": False}
+             "learn_products": True, "cop_input": False, "quantile_head": False,
+             "estimator": "cop", "correction_gain": 1.0}
 #: per task, the options measured best by ``benchmarks/circuit_models.py``:
 #: slack needs the reverse pass and quartile offsets (its classes are
 #: per-circuit quartiles), and starts from the unit-delay slack classes
-#: (``quantile_head``); signal probability is the hybrid: the exact COP value
+#: (``quantile_head``); signal probability is the hybrid: an analytic estimate
 #: as a fixed channel and the output's start (``cop_input``), plus a learned
-#: correction (learned product channels did not carry to unseen circuits).
+#: correction (learned product channels did not carry to unseen circuits); the
+#: estimate is the reconvergence-aware cut estimate (``estimator="cut"``,
+#: :mod:`leangnn.circuits.sigprob`), closer to the label than COP on every
+#: measured circuit.
+import os as _os  # EXPERIMENT, remove
+_SP_GAIN = float(_os.environ.get("SP_GAIN", "1.0"))
+_SP_CENTER = bool(int(_os.environ.get("SP_CENTER", "0")))
 TASK_DEFAULTS = {
     "arrival": {"reverse": True},
     "critical": {"reverse": True, "quantiles": (0.25, 0.5, 0.75),
                  "product_channels": 0, "quantile_head": True},
-    "signal_prob": {"reverse": False, "learn_products": False, "cop_input": True},
+    "signal_prob": {"reverse": False, "learn_products": False, "cop_input": True,
+                    "estimator": "cut", "correction_gain": _SP_GAIN},
 }
 
 AGGRS = ("max", "sum", "mean", "attention")
+ESTIMATORS = ("cop", "cut")
 _NUM_GATE_TYPES = 12  # len(leangnn.circuits.GATE_TYPES), without importing circuits
 # The product channels' per-type scalars must travel O(1) (e.g. b from 1 to -1
 # for an inverter) while Adam moves a parameter about ``lr`` per step; storing
@@ -69,6 +82,41 @@ def _quantile_offsets(f: Tensor, q: Tensor) -> Tensor:
     qs = torch.quantile(f, q, dim=0)  # [Q, F]
     spread = (qs[-1] - qs[0]).clamp_min(0.05) if q.numel() > 1 else 1.0
     return torch.cat([(f - v) / spread for v in qs], 1)
+
+
+# edge_index -> (gate types digest, cut estimate); like the level plans, an
+# entry dies with its edge_index tensor, so a graph pays for it once per run.
+_ESTIMATES: OrderedDict[int, tuple] = OrderedDict()
+_ESTIMATES_SIZE = 64
+
+
+def _cut_estimate(onehot: Tensor, edge_index: Tensor, plan: LevelPlan) -> Tensor:
+    """``float64 [N, 1]`` :func:`~leangnn.circuits.sigprob.cut_signal_probability`
+    of the graph, gate types read from the one-hot, cached per ``edge_index``."""
+    from ..circuits.sigprob import cut_signal_probability_arrays
+
+    types = onehot.detach().argmax(1).to(torch.int8).cpu().numpy()
+    key = id(edge_index)
+    stamp = (edge_index._version, tuple(edge_index.shape),
+             hashlib.blake2b(types.tobytes(), digest_size=16).digest())
+    if key in _ESTIMATES:
+        ref, old, est = _ESTIMATES[key]
+        if ref() is edge_index and old == stamp:
+            _ESTIMATES.move_to_end(key)
+            return est
+    ei = edge_index.detach().cpu().numpy().astype(np.int64, copy=False)
+    by_dst = np.argsort(ei[1], kind="stable")
+    ptr = np.zeros(types.size + 1, dtype=np.int64)
+    np.cumsum(np.bincount(ei[1], minlength=types.size), out=ptr[1:])
+    prob = cut_signal_probability_arrays(types, ptr, ei[0][by_dst],
+                                         plan.level.cpu().numpy())
+    est = torch.as_tensor(prob, device=edge_index.device)[:, None]
+    _ESTIMATES[key] = (weakref.ref(edge_index,
+                                   lambda _, k=key: _ESTIMATES.pop(k, None)),
+                       stamp, est)
+    while len(_ESTIMATES) > _ESTIMATES_SIZE:
+        _ESTIMATES.popitem(last=False)
+    return est
 
 
 def _segment_sum(v: Tensor, loc: Tensor, size: int) -> Tensor:
@@ -95,7 +143,7 @@ class _GRUCell:
 
     def _parts(self, gathered, node_inputs, loc, size, params) -> dict:
         s_g = gathered[0]
-        h, x, onehot, deg = node_inputs
+        h, x, onehot, deg = node_inputs[:4]
         w_m, w_hh, b_hh, att, w_p, pa, pb, pc, pe = params
         f: dict = {}
         if self.aggr == "max":
@@ -129,6 +177,8 @@ class _GRUCell:
             # COP values lie in [0, 1]; the clamp keeps deep sweeps from
             # compounding stray values into overflow.
             p = pre_p.clamp(0.0, 1.0)
+            if len(node_inputs) > 4:  # channel 0 held at a given estimate
+                p = torch.cat([node_inputs[4], p[:, 1:]], 1)
             gi = gi + p @ w_p
             f.update(oh_e=oh_e, ee=ee, vals=vals, prod=prod, b=b, pre_p=pre_p, p=p)
         gh = h @ w_hh + b_hh
@@ -149,7 +199,7 @@ class _GRUCell:
         ``gathered``, ``node_inputs`` and ``params`` (``None`` where unused)."""
         f = self._parts(gathered, node_inputs, loc, size, params)
         s_g = gathered[0]
-        h, _, onehot, deg = node_inputs
+        h, _, onehot, deg = node_inputs[:4]
         w_m, w_hh, _, att, w_p, *_ = params
         g_out = grads[0]
         r, z, n = f["r"], f["z"], f["n"]
@@ -171,6 +221,8 @@ class _GRUCell:
             g_par[4] = f["p"].t() @ d_gi
             pre_p = f["pre_p"]
             d_pre = (grads[1] + d_gi @ w_p.t()) * ((pre_p >= 0) & (pre_p <= 1))
+            if len(node_inputs) > 4:  # a constant: nothing flows to channel 0
+                d_pre = torch.cat([torch.zeros_like(d_pre[:, :1]), d_pre[:, 1:]], 1)
             prod, vals = f["prod"], f["vals"]
             g_par[5] = onehot.t() @ d_pre
             g_par[6] = onehot.t() @ (d_pre * prod)
@@ -197,7 +249,7 @@ class _GRUCell:
             g_gath[0] = (d_m / deg).index_select(0, loc)
         else:
             g_gath[0] = d_me
-        return g_gath, [g_h, d_gi, None, None], g_par
+        return g_gath, [g_h, d_gi] + [None] * (len(node_inputs) - 2), g_par
 
 
 def _excluding(vals: Tensor, prod: Tensor, loc: Tensor, size: int) -> Tensor:
@@ -268,12 +320,18 @@ class DAGNN(torch.nn.Module):
             ``"cop"``: exact COP probabilities as a fixed channel).
             (default: the task's, else ``True``)
         cop_input (bool, optional): the hybrid signal-probability model:
-            product channel 0 is held at the exact COP probability (an
-            analytic baseline computed from the structure, not the label's
+            product channel 0 is held at an analytic probability estimate
+            computed from the structure (``estimator``; not the label's
             simulation), feeds the GRU, and the output starts as that
-            channel, so training learns a correction to COP (needs the COP
+            channel, so training learns a correction to it (needs the COP
             start and a product channel). ``False`` is the off switch.
             (default: the task's, else ``False``)
+        estimator (str, optional): the estimate ``cop_input`` holds:
+            ``"cop"`` (COP, computed by the product channel itself) or
+            ``"cut"`` (exact over an 8-leaf cut of each node's cone, leaves
+            independent: :func:`leangnn.circuits.sigprob.cut_signal_probability`;
+            computed once per graph with numpy and cached on ``edge_index``).
+            (default: the task's, else ``"cop"``)
         quantile_head (bool, optional): the classification head starts as the
             ordinal classes of timing channel 0's longest path through each
             node cut at its per-graph ``quantiles`` (class 0: longest path,
@@ -301,6 +359,7 @@ class DAGNN(torch.nn.Module):
                  quantiles: Sequence[float] | None = None,
                  product_init: str | None = None, learn_products: bool | None = None,
                  cop_input: bool | None = None, quantile_head: bool | None = None,
+                 estimator: str | None = None, correction_gain: float | None = None,
                  task: str | None = None):
         super().__init__()
         if task is not None and task not in TASK_DEFAULTS:
@@ -308,13 +367,18 @@ class DAGNN(torch.nn.Module):
                              f"got {task!r}")
         given = {"reverse": reverse, "product_channels": product_channels,
                  "quantiles": quantiles, "learn_products": learn_products,
-                 "cop_input": cop_input, "quantile_head": quantile_head}
+                 "cop_input": cop_input, "quantile_head": quantile_head,
+                 "estimator": estimator, "correction_gain": correction_gain}
         opts = {**_DEFAULTS, **TASK_DEFAULTS.get(task, {}),
                 **{k: v for k, v in given.items() if v is not None}}
         reverse, product_channels = opts["reverse"], opts["product_channels"]
         quantiles, learn_products = opts["quantiles"], opts["learn_products"]
         cop_input = bool(opts["cop_input"])
         quantile_head = bool(opts["quantile_head"])
+        estimator = opts["estimator"]
+        if estimator not in ESTIMATORS:
+            raise ValueError(f"estimator must be one of {ESTIMATORS}, got "
+                             f"{estimator!r}")
         self.task = task
         if aggr not in AGGRS:
             raise ValueError(f"aggr must be one of {AGGRS}, got {aggr!r}")
@@ -356,6 +420,8 @@ class DAGNN(torch.nn.Module):
                              f">= 1 and out_channels 1; got {product_init!r}, "
                              f"{product_channels}, {out_channels}")
         self.cop_input = cop_input
+        self.estimator = estimator
+        self.correction_gain = float(opts["correction_gain"])
         q_fits = reverse and timing_channels >= 1 and \
             out_channels == len(quantiles) + 1
         if quantile_head and not q_fits and given["quantile_head"] is None:
@@ -406,6 +472,10 @@ class DAGNN(torch.nn.Module):
                         norm=None, dropout=dropout) if num_layers > 1 else \
             torch.nn.Linear(z, out_channels)
         self.skip = torch.nn.Linear(kp + self.num_timing_features, out_channels)
+        mask = torch.ones_like(self.skip.weight)
+        mask[:, 0] = 0.0
+        self.register_buffer("skip_mask", mask if cop_input else None,
+                             persistent=False)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -509,6 +579,14 @@ class DAGNN(torch.nn.Module):
         to_sink = max_plus(d, plan.reverse) if self.reverse else None
         return arrival, to_sink, d
 
+    def _graph_mean(self, t: Tensor, batch: Tensor | None) -> Tensor:
+        if batch is None:
+            return t.mean(0, keepdim=True)
+        size = int(batch.max()) + 1 if batch.numel() else 0
+        total = _segment_sum(t, batch, size)
+        count = _segment_sum(torch.ones_like(t[:, :1]), batch, size)
+        return (total / count.clamp_min(1)).index_select(0, batch)
+
     def _graph_max(self, t: Tensor, batch: Tensor | None) -> Tensor:
         if batch is None:
             return t.amax(0, keepdim=True)
@@ -534,6 +612,11 @@ class DAGNN(torch.nn.Module):
             sel = (batch == b).nonzero().view(-1)
             offs.index_copy_(0, sel, _quantile_offsets(f.index_select(0, sel), q))
         return torch.cat([f, offs], 1)
+
+    def _estimate(self, onehot: Tensor, edge_index: Tensor, plan: LevelPlan
+                  ) -> Tensor:
+        """``[N, 1]`` cut estimate of the graph (types from the one-hot)."""
+        return _cut_estimate(onehot, edge_index, plan).to(onehot)
 
     def _params(self, d: str) -> list[Tensor]:
         empty = self.w_p.new_zeros(0)
@@ -570,8 +653,10 @@ class DAGNN(torch.nn.Module):
         prob = None
         for _ in range(self.rounds):
             inp = torch.cat([h, r], 1) if self.reverse else h
+            fixed = [self._estimate(onehot, edge_index, plan)] \
+                if self.cop_input and self.estimator != "cop" else []
             out = cell_sweep(self.cells["fwd"], plan.forward,
-                             [s, self.x_proj["fwd"](inp), onehot, deg_in],
+                             [s, self.x_proj["fwd"](inp), onehot, deg_in, *fixed],
                              self._params("fwd"))
             s = out[0]
             prob = out[1] if self.kp else None
@@ -587,6 +672,15 @@ class DAGNN(torch.nn.Module):
         z = torch.cat(parts + skip, 1)
         z = F.dropout(z, self.dropout, self.training)
         out = self.head(z)
+        if self.cop_input:
+            # the estimate plus a learned correction; the estimate's own
+            # weight stays 1 (a trainable one drifted to fit the training
+            # circuits' errors and shifted every unseen circuit)
+            w = self.skip.weight * self.skip_mask
+            corr = out + F.linear(torch.cat(skip, 1), w, self.skip.bias)
+            if _SP_CENTER:
+                corr = corr - self._graph_mean(corr, batch)
+            return prob[:, :1] + self.correction_gain * corr
         if skip:
             out = out + self.skip(torch.cat(skip, 1))
         return out

@@ -26,7 +26,9 @@ and the gradients equal plain autograd's (``exact_stream``); dropout masks are
 shared across layers and every group function runs on its own seeded RNG
 stream, so stochastic layers replay exactly too. Per-graph preprocessing of
 the convs (GCN's normalisation, GAT's self-loops) is done once per pass for
-all group functions (:mod:`leangnn.nn.shared_graph`).
+all group functions (:mod:`leangnn.nn.shared_graph`), and GCN, GAT and SAGE
+group functions aggregate by CSR sparse-dense products on an adjacency laid
+out once per pass (:mod:`leangnn.nn.csr`).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ import torch
 from torch import Tensor
 from torch_geometric.nn import GATConv, GCNConv, GraphConv, SAGEConv
 
+from leangnn.nn.csr import csr_kernels
 from leangnn.nn.flat import FlatParameters
 from leangnn.nn.group_sparse import GroupSparseAct, resolve_k, unpacked_masks
 from leangnn.nn.shared_graph import shared_graph
@@ -108,9 +111,12 @@ class GSRBlock(torch.nn.Module):
         self.conv.reset_parameters()
 
     def forward(self, x: Tensor, edge_index, *args, keep: Tensor | None = None,
-                scale: float = 1.0, **kwargs) -> Tensor:
-        return self.conv(self.act(self.norm(x), keep, scale), edge_index, *args,
-                         **kwargs)
+                scale: float = 1.0, kernel: Callable[[Tensor], Tensor] | None = None,
+                **kwargs) -> Tensor:
+        h = self.act(self.norm(x), keep, scale)
+        if kernel is not None:  # computes self.conv(h, edge_index), see nn.csr
+            return kernel(h)
+        return self.conv(h, edge_index, *args, **kwargs)
 
 
 @dataclass
@@ -171,8 +177,16 @@ class GSRStack(torch.nn.Module):
             all group functions instead of once per call (GCN's
             normalisation, GAT's self-loops; see
             :mod:`leangnn.nn.shared_graph`); the same values, computed
-            ``2 L G`` times fewer. ``False`` lets every conv do its own.
-            (default: ``True``)
+            ``2 L G`` times fewer. ``False`` lets every conv do its own
+            (and turns ``kernels`` off). (default: ``True``)
+        kernels (bool, optional): run GCN, GAT (one projection) and SAGE
+            (mean) group functions through the CSR kernels of
+            :mod:`leangnn.nn.csr` (sparse-dense products on an adjacency laid
+            out once per pass) instead of PyG's per-edge gathers and
+            scatters; equal to PyG's convs to rounding. Both the reversible
+            and the plain-autograd (``disable``) path use them, so those two
+            stay exactly comparable; ``False`` runs PyG's convs (needs
+            ``share_graph``). (default: ``True``)
         **conv_kwargs: passed to every conv.
 
     Shapes:
@@ -186,7 +200,7 @@ class GSRStack(torch.nn.Module):
                  dropout: float = 0.0, disable: bool = False,
                  preserve_rng_state: bool = True, exact_stream: bool = True,
                  flat_parameters: bool = True, share_graph: bool = True,
-                 **conv_kwargs):
+                 kernels: bool = True, **conv_kwargs):
         super().__init__()
         if not isinstance(num_groups, int) or num_groups < 2:
             raise ValueError(f"num_groups must be an int >= 2, got {num_groups!r}")
@@ -201,6 +215,8 @@ class GSRStack(torch.nn.Module):
         self.num_groups, self.dropout = num_groups, dropout
         self.disable, self.preserve_rng_state = disable, preserve_rng_state
         self.exact_stream, self.share_graph = exact_stream, share_graph
+        self.kernels = kernels
+        self._kernels: list | None = None  # per block, set inside _graph()
         self.conv_name = conv if isinstance(conv, str) else getattr(
             conv, "__name__", type(conv).__name__)
         c = hidden_channels // num_groups
@@ -296,15 +312,27 @@ class GSRStack(torch.nn.Module):
             run.seed = int(torch.randint(0, 2**62, (), device="cpu"))
         return run
 
-    def _graph(self, edge_index, num_nodes: int, dtype: torch.dtype, args, kwargs):
+    @contextlib.contextmanager
+    def _graph(self, edge_index, num_nodes: int, dtype: torch.dtype, args, kwargs,
+               share: bool = True):
         """Context in which every group function reuses one preprocessing of
-        the graph (see :mod:`leangnn.nn.shared_graph`); yields the
-        ``edge_index`` to pass. The plain-autograd path (``disable``) does not
-        use it: it is the reference that PyG's per-call preprocessing gives."""
-        return shared_graph([b.conv for b in self.blocks], edge_index, num_nodes,
-                            dtype, plain=getattr(self, "share_graph", True)
-                            and not args
-                            and not kwargs)
+        the graph (see :mod:`leangnn.nn.shared_graph`) and, with ``kernels``,
+        runs its conv through a CSR kernel (:mod:`leangnn.nn.csr`); yields the
+        ``edge_index`` to pass."""
+        plain = getattr(self, "share_graph", True) and not args and not kwargs
+        convs = [b.conv for b in self.blocks]
+        with shared_graph(convs, edge_index, num_nodes, dtype,
+                          plain=plain and share) as graph:
+            if not (share and plain and getattr(self, "kernels", True)):
+                yield graph
+                return
+            with csr_kernels(convs, graph, num_nodes, dtype,
+                             looped=graph is not edge_index) as kernels:
+                old, self._kernels = self._kernels, kernels
+                try:
+                    yield graph
+                finally:
+                    self._kernels = old
 
     def _rng(self, run: _Run, layer: int, group: int, device: torch.device):
         if run.seed is None:
@@ -315,9 +343,12 @@ class GSRStack(torch.nn.Module):
               args, kwargs, dtype: torch.dtype) -> Tensor:
         u = u.to(dtype)  # the group function computes in the input dtype
         keep = None if run.keep is None else run.keep[group]
+        kernels = getattr(self, "_kernels", None)  # absent in old pickles
+        kernel = None if kernels is None else kernels[layer * self.num_groups + group]
         with self._rng(run, layer, group, u.device):
             return self.block(layer, group)(u, edge_index, *args, keep=keep,
-                                            scale=run.scale, **kwargs)
+                                            scale=run.scale, kernel=kernel,
+                                            **kwargs)
 
     # -- the three execution paths --------------------------------------------
     def _forward_inplace(self, h: Tensor, edge_index, args, kwargs, run: _Run,
@@ -352,7 +383,12 @@ class GSRStack(torch.nn.Module):
         run = self._new_run(x)
         if self.disable:
             self._bind(autograd=True)
-            return self._forward_autograd(x, edge_index, args, kwargs, run)
+            # The reference runs the same group functions as the reversible
+            # path: with kernels on, the same CSR kernels (their preprocessing
+            # shared, as theirs); off, PyG's convs preprocessing per call.
+            with self._graph(edge_index, x.size(0), x.dtype, args, kwargs,
+                             share=getattr(self, "kernels", True)) as graph:
+                return self._forward_autograd(x, graph, args, kwargs, run)
         self._bind(autograd=False)
         block_params, params = self._block_params()
         tensors = [x, *(a for a in args if isinstance(a, Tensor))]
@@ -375,8 +411,7 @@ class GSRStack(torch.nn.Module):
         """Reconstruct the input from the output (deterministic, no dropout)."""
         self._bind(autograd=False)
         h = self._to_groups(y)
-        with self._graph(edge_index, y.size(0), y.dtype, args, kwargs) as graph:
-            _invert(self, h, graph, args, kwargs, _Run(), y.dtype)
+        _invert(self, h, edge_index, args, kwargs, _Run(), y.dtype)
         return self._from_groups(h, y.dtype)
 
     def __repr__(self) -> str:
@@ -440,7 +475,14 @@ def _seeded(seed: int, device: torch.device):
 @torch.no_grad()
 def _invert(stack: GSRStack, h: Tensor, edge_index, args, kwargs, run: _Run,
             dtype: torch.dtype) -> None:
-    """In-place inverse of :meth:`GSRStack._forward_inplace`."""
+    """In-place inverse of :meth:`GSRStack._forward_inplace` (in the same
+    graph context: the same shared preprocessing and kernels)."""
+    with stack._graph(edge_index, h.size(1), dtype, args, kwargs) as graph:
+        _invert_layers(stack, h, graph, args, kwargs, run, dtype)
+
+
+def _invert_layers(stack: GSRStack, h: Tensor, edge_index, args, kwargs, run: _Run,
+                   dtype: torch.dtype) -> None:
     u0 = torch.empty_like(h[0])
     for layer in reversed(range(stack.num_layers)):
         for i in range(stack.num_groups - 1, 0, -1):

@@ -6,7 +6,7 @@ gradient equals PyG full-batch training.
 """
 
 from leangnn.offload.budget import DeviceBudget
-from leangnn.offload.cache import POLICIES, DeviceCache, st_keys
+from leangnn.offload.cache import POLICIES, RULES, DeviceCache, resolve_policy, st_keys
 from leangnn.offload.counters import OffloadCounters
 from leangnn.offload.engine import OffloadEngine
 from leangnn.offload.jobs import ArrayLayout, Job, JobRunner
@@ -30,6 +30,8 @@ __all__ = [
     "OffloadStrategy",
     "MODES",
     "POLICIES",
+    "RULES",
+    "resolve_policy",
     "DeviceBudget",
     "DeviceCache",
     "st_keys",

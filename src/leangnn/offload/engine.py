@@ -72,6 +72,10 @@ class OffloadEngine:
         *args, **kwargs: the fields of :class:`OffloadOptions` in order
             (``device_budget, num_parts, cache, mode, device, ...``), e.g.
             ``OffloadEngine(model, data, "2GiB", 8, "st", strict=True)``.
+            The defaults are what ``leangnn train --strategy offload`` runs:
+            cache ``auto`` (``st`` on CUDA, ``none`` on a CPU "device";
+            :attr:`policy` is the rule chosen) and ``retain`` (backward
+            through the forward's graphs wherever the budget holds them).
         options (OffloadOptions, optional): all options at once (``kwargs``
             then override fields). (default: ``None``)
         like (OffloadEngine, optional): an engine on the same graph and model

@@ -129,10 +129,29 @@ class HostStore(ShapeStore):
         return torch.index_select(src, 0, rows, out=out)
 
     def write(self, name: str, rows: Tensor, values: Tensor) -> None:
-        self.arrays[name].index_copy_(0, rows, values.to("cpu"))
+        """``name[rows] = values``. A whole-graph job's output (every row in
+        order) is a plain copy, or, when it already is a host tensor of the
+        array's layout and the store needs no pinned memory, the array itself
+        (callers hand over a fresh tensor: no copy of every row, and one
+        buffer instead of two while a retained graph holds it)."""
+        dst = self.arrays[name]
+        if is_all_rows(rows, dst.size(0)):
+            if (not self.pin and values.device.type == "cpu"
+                    and values.dtype == dst.dtype and values.shape == dst.shape
+                    and values.is_contiguous()):
+                self.arrays[name] = values
+            else:
+                dst.copy_(values)
+            return
+        dst.index_copy_(0, rows, values.to("cpu"))
 
     def accumulate(self, name: str, rows: Tensor, values: Tensor) -> None:
-        self.arrays[name].index_add_(0, rows, values.to("cpu"))
+        """``name[rows] += values`` (rows are distinct)."""
+        dst = self.arrays[name]
+        if is_all_rows(rows, dst.size(0)):
+            dst.add_(values.to("cpu"))  # index_add_ of every row, as a plain add
+            return
+        dst.index_add_(0, rows, values.to("cpu"))
 
     def nbytes(self) -> int:
         """Bytes of the arrays held (the features included when put here)."""

@@ -46,9 +46,17 @@ __all__ = ["Calibration", "machine_kind", "allocator_mode", "calibration_path",
            "main"]
 
 _SMALL = "epfl/priority,iscas85/c3540,epfl/cavlc"
+#: epochs of a calibration run (the Trainer's peak covers later epochs too)
+CALIBRATION_EPOCHS = 3
 
-#: small runs measured by :func:`calibrate` (quick: the first three)
+#: small runs measured by :func:`calibrate` (quick: the first four), each
+#: through the Trainer (:func:`leangnn.plan.measure.measure_trainer`)
 CALIBRATION_RUNS: list[dict[str, Any]] = [
+    # next to no tensors: what every run's meter sees besides them (first
+    # calls of kernels, validation, checkpoint writing)
+    dict(strategy="full", model="sage", num_layers=2, hidden_channels=8,
+         dataset="iscas85/c17", val_dataset="iscas85/c432",
+         test_dataset="iscas85/c499"),
     dict(strategy="full", model="res", conv="sage", num_layers=4,
          hidden_channels=32, dataset="csbm:20000"),
     # small circuits: many tensors below glibc's mmap threshold (the heap)
@@ -183,11 +191,12 @@ class Calibration:
         return max(-tensor_bytes, round(resident - tensor_bytes + const))
 
     def offload_bytes(self, step_bytes: float, work: dict) -> float:
-        """Measured bytes of an offload step from its accounting."""
+        """Measured bytes of an offload step from its accounting (plus the
+        first-run constant every run pays)."""
         if self.offload_host_scale is not None and "host_bytes" in work:
             return (self.offload_bytes_scale * work["device_bytes"]
-                    + self.offload_host_scale * work["host_bytes"])
-        return self.offload_bytes_scale * step_bytes
+                    + self.offload_host_scale * work["host_bytes"] + self.const)
+        return self.offload_bytes_scale * step_bytes + self.const
 
     def seconds(self, work: dict[str, float]) -> float | None:
         """Epoch seconds of traced ``work`` (``None`` without any)."""
@@ -272,12 +281,19 @@ def fit_calibration(samples: list[dict[str, Any]], device="cpu") -> Calibration:
     heap = [s for s in plain if s.get("heap_bytes") is not None]
     heavy = [s for s in heap if s["heap_bytes"] >= 8 << 20]
     if cal.allocator == "glibc-default" and heavy:
-        # Every block up to 32 MiB comes from the heap, which fragments by a
-        # model-dependent factor (measured x1.1 for GAT, x2.1 for residual
-        # SAGE stacks): take the largest, so a plan errs towards not fitting.
-        cal.heap_scale = max(1.0, max((s["run_bytes"] - s["big_bytes"])
+        # What a run's meter sees with no tensors to speak of (a tiny
+        # circuit: first calls of kernels, validation, checkpoint writing;
+        # measured ~8 MiB through the Trainer) is a constant of its own ...
+        tiny = [s for s in heap if s["big_bytes"] + s["heap_bytes"] < 1 << 20]
+        cal.const = float(np.median([s["run_bytes"] - s["big_bytes"]
+                                     - s["heap_bytes"] for s in tiny])) if tiny \
+            else 0.0
+        # ... and every block up to 32 MiB comes from the heap, which
+        # fragments by a model-dependent factor (measured x1.1 for GAT, x2.1
+        # for residual SAGE stacks): take the largest, so a plan errs towards
+        # not fitting.
+        cal.heap_scale = max(1.0, max((s["run_bytes"] - s["big_bytes"] - cal.const)
                                       / s["heap_bytes"] for s in heavy))
-        cal.const = 0.0
     elif cal.allocator.startswith("glibc") and len(heap) >= 2 and \
             len(heap) == len(plain):
         # resident = big blocks + heap_scale x heap high-water + const; the
@@ -303,16 +319,15 @@ def fit_calibration(samples: list[dict[str, Any]], device="cpu") -> Calibration:
             np.stack([x, np.ones_like(x)], 1), y, nonneg=False))
     elif plain:
         cal.scale, cal.const = float(y[0] / max(x[0], 1)), 0.0
-    parts = [s for s in off if "host_bytes" in s["work"]]
-    if len(parts) >= 2 and len(parts) == len(off):
-        a = np.array([[s["work"]["device_bytes"], s["work"]["host_bytes"]]
-                      for s in off], dtype=float)
-        dev, host = _relative_lstsq(a, np.array([s["run_bytes"] for s in off],
-                                                dtype=float), nonneg=True)
-        cal.offload_bytes_scale, cal.offload_host_scale = float(dev), float(host)
-    elif off:
+    # Offload runs pay the same first-run constant on top of their store.
+    # One scale for the device side and the host store together: fitted
+    # apart on a few runs, one of them came out 0 (degenerate), and the
+    # CPU runs measure their sum anyway.
+    if off:
         cal.offload_bytes_scale = float(np.median(
-            [s["run_bytes"] / max(s["tensor_bytes"], 1) for s in off]))
+            [max(0.0, s["run_bytes"] - cal.const) / max(s["tensor_bytes"], 1)
+             for s in off]))
+        cal.offload_host_scale = None
     pred = [s["tensor_bytes"] + cal.overhead(
         int(s["tensor_bytes"]), int(s.get("big_bytes") or 0),
         int(s.get("heap_bytes") or 0))
@@ -360,17 +375,31 @@ def _sample(run: dict[str, Any], device: str, mmap: bool | None,
     from leangnn.config import TrainConfig
     from leangnn.data import load_graphs
     from leangnn.plan.estimate import estimate_config
-    from leangnn.plan.measure import measure_fresh
+    from leangnn.plan.measure import measure_fresh, measure_trainer
 
-    cfg = TrainConfig(**{**run, "device": device})
+    cfg = TrainConfig(**{**run, "device": device, "epochs": CALIBRATION_EPOCHS})
     est = estimate_config(cfg, load_graphs(cfg, progress=False))
     mmap = allocator_mode(device) == "glibc-mmap" if mmap is None else mmap
-    m = measure_fresh(cfg, epochs=2, mmap=mmap, timeout=timeout)
-    out = {"config": run, "tensor_bytes": est.step_bytes, "run_bytes": m["run_bytes"],
+    if torch.device(device).type == "cpu":
+        # What users see: the Trainer's meter over training, validation and
+        # checkpoints; one thread, timed by the fastest epoch, so a shared
+        # machine's load (other processes, spin-waiting OpenMP threads) stays
+        # out of the speed figures
+        m = measure_trainer(cfg, epochs=CALIBRATION_EPOCHS, threads=1, mmap=mmap,
+                            timeout=timeout)
+    else:
+        m = measure_fresh(cfg, epochs=2, mmap=mmap, timeout=timeout)
+    step = est.step_bytes
+    if est.later is not None and est.method != "offload-accounting":
+        step = max(step, est.later[0])
+    out = {"config": run, "tensor_bytes": step, "run_bytes": m["run_bytes"],
            "work": est.work, "epoch_seconds": min(m["epoch_seconds"]),
            "estimate_seconds": est.estimate_seconds}
     if est.big_bytes or est.heap_bytes:
-        out.update(big_bytes=est.big_bytes, heap_bytes=est.heap_bytes)
+        big, heap = est.big_bytes, est.heap_bytes
+        if est.later is not None:  # the costlier of the first and later epochs
+            big, heap = max((big, heap), est.later[1:], key=lambda p: p[0] + 2 * p[1])
+        out.update(big_bytes=big, heap_bytes=heap)
     if m.get("reserved_bytes"):
         out["reserved_bytes"] = m["reserved_bytes"]
         out["allocated_bytes"] = m["run_bytes"] + m["baseline_bytes"]
@@ -390,7 +419,7 @@ def calibrate(device: str = "cpu", quick: bool = False, mmap: bool | None = None
         timeout (float, optional): seconds per run. (default: ``900``)
         save (bool, optional): store it for this machine kind.
     """
-    runs = CALIBRATION_RUNS[:3] if quick else CALIBRATION_RUNS
+    runs = CALIBRATION_RUNS[:4] if quick else CALIBRATION_RUNS
     samples = []
     for run in runs:
         s = _sample(run, device, mmap, timeout)

@@ -36,7 +36,7 @@ import torch
 from torch import Tensor
 from torch_geometric.data import Data
 
-from leangnn.plan.fake import StepTrace, UnsupportedOpError, trace_step
+from leangnn.plan.fake import StepTrace, UnsupportedOpError, tensor_bytes, trace_step
 
 __all__ = ["Estimate", "depth_points", "estimate_model", "estimate_config",
            "default_loss", "largest_graph", "core_of", "EXTRAPOLATE_ABOVE"]
@@ -200,7 +200,7 @@ def _resident_graph_bytes(data: Data, device: torch.device) -> int:
     # copies it to the device inside the step (traced there).
     if device.type != "cpu":
         return 0
-    return sum(v.untyped_storage().nbytes() for v in data.to_dict().values()
+    return sum(tensor_bytes(v) for v in data.to_dict().values()
                if isinstance(v, Tensor))
 
 
@@ -283,10 +283,12 @@ def _scale_work(work: dict[str, float], big: Data, graphs: list[Data]) -> dict:
 def _trace_config(cfg, data: Data, in_channels: int, out_channels: int, loss_fn,
                   device: torch.device):
     traces, model_bytes = {}, {}
+    step = _adj_step if data.get("adj_t", None) is not None and \
+        data.get("edge_index", None) is None else None
     for depth in depth_points(cfg.num_layers):
         model = _build(cfg, in_channels, out_channels, depth)
         model_bytes[depth] = _model_bytes(model)
-        traces[depth] = trace_step(model, data, loss_fn, lr=cfg.lr,
+        traces[depth] = trace_step(model, data, loss_fn, step, lr=cfg.lr,
                                    weight_decay=cfg.weight_decay,
                                    clip_norm=cfg.clip_norm, device=device,
                                    round_to=512 if device.type == "cuda" else 1)
@@ -332,7 +334,7 @@ def estimate_config(cfg, splits, device: torch.device | str | None = None,
     first = next((k for k, i in enumerate(order) if train[i] is big), 0)
     traced: dict[int, int] = {}
     first_fig = _with_history(c, cfg, splits, [train[i] for i in order[:first]],
-                              first > 0, loss_fn, dev, traced)
+                              first > 0, loss_fn, dev, traced, big=data)
     graphs = train if cfg.strategy != "prune" else [data]
     est = Estimate(cfg.strategy, knobs, str(dev), first_fig[0], c["model_bytes"],
                    graph_bytes, method="fake+extrapolated" if extrapolated else "fake",
@@ -340,22 +342,26 @@ def estimate_config(cfg, splits, device: torch.device | str | None = None,
                    phases=c["phases"], big_bytes=first_fig[1], heap_bytes=first_fig[2])
     if cfg.epochs > 1:
         est.later = _with_history(c, cfg, splits, [g for g in train if g is not big],
-                                  True, loss_fn, dev, traced)
+                                  True, loss_fn, dev, traced, best_state=True,
+                                  big=data)
     return _finish(est, calibration, t0)
 
 
 def _with_history(c: dict, cfg, splits, before: list[Data], moments: bool,
-                  loss_fn, device: torch.device, traced: dict) -> tuple[int, int, int]:
+                  loss_fn, device: torch.device, traced: dict,
+                  best_state: bool = False, big: Data | None = None
+                  ) -> tuple[int, int, int]:
     """(step, big, heap) bytes of the largest graph's step after ``before``
-    graphs' steps (and with Adam's moments alive when ``moments``)."""
+    graphs' steps (and with Adam's moments alive when ``moments``; the
+    Trainer's copy of the best weights so far too when ``best_state``)."""
     peak, (big_b, heap_b) = c["peak"], c["heap"]
     if cfg.strategy != "prune":
         heap_b = max(heap_b, _epoch_heap(cfg, splits, before, loss_fn, device,
-                                         traced))
+                                         traced, big))
     if moments:
         # the trace, one step from a fresh optimizer, allocates them after
         # the backward; here they exist before the step's activations do
-        extra = 2 * c["model_bytes"]
+        extra = (3 if best_state else 2) * c["model_bytes"]
         peak = max([peak] + [v + extra for k, v in c["phases"].items()
                              if k != "optimizer"])
         big_b += extra
@@ -363,7 +369,7 @@ def _with_history(c: dict, cfg, splits, before: list[Data], moments: bool,
 
 
 def _epoch_heap(cfg, splits, before: list[Data], loss_fn, device: torch.device,
-                traced: dict) -> int:
+                traced: dict, big: Data | None = None) -> int:
     """Heap high-water the steps on ``before`` leave behind.
 
     glibc keeps freed heap resident, so the small blocks of every graph's
@@ -383,6 +389,12 @@ def _epoch_heap(cfg, splits, before: list[Data], loss_fn, device: torch.device,
     others = sorted({(int(g.num_nodes), int(g.num_edges)): g for g in before}.items())
     below = [g for (n, _), g in others if n * row < threshold]
     above = [g for (n, _), g in others if n * row >= threshold]
+    if big is not None and int(big.num_nodes) * row < threshold:
+        # the largest graph's own step is all heap too, and its high-water
+        # (already traced) bounds that of any graph no larger in nodes and
+        # edges: no dry run of those needed
+        nb, eb = int(big.num_nodes), int(big.num_edges)
+        below = [g for g in below if int(g.num_nodes) > nb or int(g.num_edges) > eb]
     heap = 0
     for g in below[-1:] + above[:1]:
         if id(g) not in traced:
@@ -418,20 +430,16 @@ def core_of(data: Data, **dpr) -> Data:
     dpr["importance"] = lambda edge_index, num_nodes: score
     with torch.random.fork_rng(devices=[]):
         core = DPRStrategy(device="cpu", **dpr).prepare(data).train_data
-    adj_t = core.get("adj_t", None)
-    if core.get("edge_index", None) is None and adj_t is not None:
-        # DPR trains a canonical core through a CSR adjacency (sparse matrix
-        # products); the dry run follows edge_index message passing, which
-        # also builds the [E, C] messages: an upper bound of the core's step
-        import copy
-
-        crow, col = adj_t.crow_indices(), adj_t.col_indices()
-        dst = torch.repeat_interleave(torch.arange(adj_t.size(0)),
-                                      crow[1:] - crow[:-1])
-        core = copy.copy(core)
-        core.edge_index = torch.stack([col.long(), dst])
-        del core.adj_t
     return core
+
+
+def _adj_step(model: torch.nn.Module, data: Data, loss_fn) -> float:
+    """DPR's training step on a core laid out as a CSR adjacency: PyG's convs
+    aggregate by sparse-dense products (no ``[E, C]`` messages)."""
+    out = model(data.x, data.adj_t)
+    loss = loss_fn(out, data)
+    loss.backward()
+    return 0.0
 
 
 def _core_graph(cfg, data: Data, device: torch.device) -> tuple[Data, str]:

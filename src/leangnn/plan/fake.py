@@ -49,7 +49,7 @@ from torch.utils.flop_counter import flop_registry
 from torch_geometric.data import Data
 
 __all__ = ["FakeTracker", "StepTrace", "UnsupportedOpError", "fake_model",
-           "trace_step", "default_heap_threshold", "MAX_OPS"]
+           "trace_step", "default_heap_threshold", "tensor_bytes", "MAX_OPS"]
 
 aten = torch.ops.aten
 #: a step of more ops than this is traced no faster than it runs (~1 ms per
@@ -151,15 +151,27 @@ class FakeTracker(TorchDispatchMode):
     # ------------------------------------------------------------ dispatch
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        tensors = [t for t in tree_flatten((args, kwargs))[0]
-                   if isinstance(t, Tensor)]
-        known = not any(isinstance(t, FakeTensor) for t in tensors)
+        flat = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, Tensor)]
+        known = not any(isinstance(t, FakeTensor) for t in flat)
+        # Sparse tensors (e.g. a CSR adjacency) have no storage of their own;
+        # their index and value tensors are counted where they were made.
+        tensors = [t for t in flat if t.layout == torch.strided]
         if func is aten._local_scalar_dense.default:
             return self._scalar(tensors[0])
+        if known and "sparse" in func.__name__:
+            # e.g. a CSR adjacency built from the graph: fake mode cannot
+            # build sparse compressed tensors (it multiplies real ones fine)
+            out = self._real(func, args, kwargs)
+            self._note(func, args, kwargs, tensors, out)
+            return out
         try:
             out = func(*args, **kwargs)
         except _DATA_DEPENDENT:
             out = self._data_dependent(func, args, kwargs, known)
+        except (RuntimeError, NotImplementedError):
+            if not known:
+                raise
+            out = self._real(func, args, kwargs)  # cheap: graph-sized
         else:
             if known and _wants_value(out, self.limit):
                 out = self._real(func, args, kwargs)
@@ -212,7 +224,8 @@ class FakeTracker(TorchDispatchMode):
                 f"more than {self.max_ops} ops in one step (e.g. level-by-level "
                 "propagation); a dry run that long is no cheaper than a real step")
         inputs = {self._canon(_key(t)) for t in tensors}
-        outs = [t for t in tree_flatten(out)[0] if isinstance(t, Tensor)]
+        outs = [t for t in tree_flatten(out)[0] if isinstance(t, Tensor)
+                and t.layout == torch.strided]
         if any(isinstance(t, FakeTensor) for t in outs):
             # The fake mode computes on a memoised fake twin of each real
             # input; a view of that twin allocates nothing either.
@@ -375,11 +388,13 @@ def _workspace(func, args, kwargs) -> int:
 
 def _wants_value(out, limit: int) -> bool:
     # Values decide shapes only through integers and booleans (indices,
-    # masks, counts) and scalars (``.item()``); feature-sized floats such
-    # as GCN's edge norms stay fake, which saves computing them.
+    # masks, counts) and scalars (``.item()``). Graph-sized floats computed
+    # from the graph alone (GCN's edge norms, mean weights) are computed too:
+    # cheap, and a sparse adjacency built from them must be real (fake mode
+    # cannot build sparse compressed tensors; it multiplies real ones fine).
     ts = [t for t in tree_flatten(out)[0] if isinstance(t, Tensor)]
-    return bool(ts) and all((not t.dtype.is_floating_point or t.numel() <= 1)
-                            and t.numel() <= limit for t in ts)
+    return bool(ts) and all(t.layout != torch.strided or t.numel() <= limit
+                            for t in ts)
 
 
 # ------------------------------------------------------------------ a step
@@ -435,8 +450,22 @@ def default_heap_threshold(device: torch.device | str = "cpu") -> int:
     return int(env) if env.isdigit() else 32 << 20
 
 
+def tensor_bytes(t: Tensor) -> int:
+    """Bytes of ``t``'s storage; a sparse CSR/CSC tensor's index and value
+    storages (it has none of its own)."""
+    if t.layout in (torch.sparse_csr, torch.sparse_csc):
+        compressed, plain = ((t.crow_indices(), t.col_indices())
+                             if t.layout == torch.sparse_csr
+                             else (t.ccol_indices(), t.row_indices()))
+        return sum(x.untyped_storage().nbytes() for x in (compressed, plain,
+                                                          t.values()))
+    if t.layout == torch.sparse_coo:
+        return sum(x.untyped_storage().nbytes() for x in (t._indices(), t._values()))
+    return t.untyped_storage().nbytes()
+
+
 def _data_bytes(data: Data) -> int:
-    return sum(v.untyped_storage().nbytes() for v in data.to_dict().values()
+    return sum(tensor_bytes(v) for v in data.to_dict().values()
                if isinstance(v, Tensor))
 
 
@@ -480,14 +509,34 @@ def trace_step(model: torch.nn.Module, data: Data, loss_fn: Callable,
     step = step or Strategy(dev).train_step
     n, e = int(data.num_nodes or 0), int(data.num_edges or 0)
     limit = concrete_limit or 4 * (n + e) + 4096
+    # Tensors in reference cycles die when the collector runs; starting from
+    # a collected heap makes that moment, and so the trace, repeatable. The
+    # objects alive now are frozen first (their garbage waits for the next
+    # collection after the trace): a full collection over a process with
+    # torch, PyG and scipy loaded costs ~0.3-0.6 s, a tenth of a trace.
+    if gc.get_freeze_count():  # the application froze objects: keep them so
+        gc.collect()
+        return _trace(model, data, loss_fn, step, lr, weight_decay, clip_norm, dev,
+                      round_to, limit, plain, kernel_workspace, heap_threshold,
+                      max_ops)
+    gc.collect(0)  # young garbage of the caller's own (e.g. a previous trace)
+    gc.freeze()
+    try:
+        return _trace(model, data, loss_fn, step, lr, weight_decay, clip_norm, dev,
+                      round_to, limit, plain, kernel_workspace, heap_threshold,
+                      max_ops)
+    finally:
+        gc.unfreeze()
+
+
+def _trace(model, data, loss_fn, step, lr, weight_decay, clip_norm, dev, round_to,
+           limit, plain, kernel_workspace, heap_threshold, max_ops) -> StepTrace:
+    gc.collect()
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     # Fake outputs rebuilt from the mode's op cache do not always keep the
     # storage identities a fresh dispatch gives (measured: repeated dry runs
     # then differ by a gradient buffer); ~1.5x slower without it, exact.
     fake_mode.cache_enabled = False
-    # Tensors in reference cycles die when the collector runs; starting from
-    # a collected heap makes that moment, and so the trace, repeatable.
-    gc.collect()
     if heap_threshold is None:
         heap_threshold = default_heap_threshold(dev)
     tracker = FakeTracker(fake_mode, limit, round_to, plain, kernel_workspace,

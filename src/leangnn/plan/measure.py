@@ -14,14 +14,19 @@ fresh interpreter, so nothing else is in the figure.
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 from unittest import mock
 
 import torch
 
-__all__ = ["measure", "measure_fresh", "MMAP_ENV"]
+__all__ = ["measure", "measure_fresh", "measure_trainer", "MMAP_ENV"]
 
 #: glibc settings under which a CPU's resident memory follows the live tensor
 #: bytes: every block of 64 KiB or more is mapped and unmapped on its own
@@ -154,3 +159,55 @@ def measure_fresh(cfg, epochs: int = 2, live: bool = False, mmap: bool = False,
                            "threads": threads}, device=d.get("device", "cpu"),
             timeout=timeout)
     return result
+
+
+_TRAINER = """
+import json, sys
+from leangnn.config import TrainConfig
+from leangnn.train import Trainer
+Trainer(TrainConfig.from_dict(json.loads(sys.argv[1])), progress=False).fit()
+"""
+
+
+def measure_trainer(cfg, epochs: int = 3, threads: int | None = 1,
+                    mmap: bool = False, timeout: float | None = None
+                    ) -> dict[str, Any]:
+    """Train ``cfg`` with :class:`~leangnn.train.Trainer` in a fresh
+    interpreter, as ``leangnn train`` does (run directory, validation,
+    checkpoints), and read its ``summary.json``.
+
+    What the planner's estimates are calibrated on: the figures a user sees
+    (the Trainer's meter over training, validation and checkpoints), not a
+    harness's. ``threads`` pins ``OMP_NUM_THREADS`` (default 1): on a shared
+    machine a second OpenMP thread spin-waits for a busy core and an epoch's
+    wall time varies tenfold; one thread's is its CPU time.
+
+    Returns:
+        ``{"run_bytes", "method", "baseline_bytes", "epoch_seconds": [...]}``
+        (``epoch_seconds``: every epoch's, in order).
+
+    Raises:
+        RuntimeError: the run failed (its last error line).
+        subprocess.TimeoutExpired: it took longer than ``timeout`` seconds.
+    """
+    d = cfg if isinstance(cfg, dict) else cfg.to_dict()
+    env = {k: v for k, v in os.environ.items() if k not in MMAP_ENV}
+    if mmap:
+        env.update(MMAP_ENV)
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
+    with tempfile.TemporaryDirectory(prefix="leangnn-measure-") as tmp:
+        out = Path(tmp) / "run"
+        run = {**d, "epochs": epochs, "out": str(out), "strategy": d["strategy"]}
+        p = subprocess.run([sys.executable, "-c", _TRAINER, json.dumps(run)],
+                           env=env, capture_output=True, text=True, timeout=timeout)
+        if p.returncode != 0:
+            lines = p.stderr.strip().splitlines() or [f"exit {p.returncode}"]
+            raise RuntimeError(f"training {d.get('strategy')}/{d.get('model')} "
+                               f"failed: {lines[-1]}")
+        summary = json.loads((out / "summary.json").read_text())
+        times = [json.loads(line)["epoch_seconds"] for line in
+                 (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    mem = summary["memory"]
+    return {"run_bytes": mem["peak_bytes"], "method": mem["method"],
+            "baseline_bytes": mem["baseline_bytes"], "epoch_seconds": times}

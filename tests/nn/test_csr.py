@@ -1,0 +1,129 @@
+"""CSR kernels: equal to PyG's convs (float64), used by GSRStack, with off switch."""
+
+from __future__ import annotations
+
+from unittest import mock
+
+import pytest
+import torch
+from torch_geometric.nn import GATConv, GCNConv, SAGEConv
+
+from leangnn.circuits import load_circuit
+from leangnn.nn import GSRGNN, GSRStack, csr
+from leangnn.nn.csr import CSRGraph, csr_kernels
+from leangnn.nn.shared_graph import shared_graph
+
+CONVS = {
+    "gcn": lambda: GCNConv(8, 8),
+    "gcn_improved": lambda: GCNConv(8, 8, improved=True),
+    "gcn_t2s": lambda: GCNConv(8, 8, flow="target_to_source"),
+    "sage": lambda: SAGEConv(8, 8),
+    "sage_noroot": lambda: SAGEConv(8, 8, root_weight=False),
+    "gat": lambda: GATConv(8, 8),
+    "gat_heads_mean": lambda: GATConv(8, 8, heads=2, concat=False),
+    "gat_heads_concat": lambda: GATConv(8, 4, heads=3, negative_slope=0.1),
+    "gat_dropout_eval": lambda: GATConv(8, 8, dropout=0.5).eval(),
+}
+
+
+@pytest.fixture(scope="module")
+def graph():
+    data = load_circuit("iscas85/c432", task="arrival")
+    # a few self-loops (GCN keeps them, GAT replaces them) and a node
+    # without in-edges (the primary inputs): rows a CSR must get right
+    loops = torch.arange(0, data.num_nodes, 7).repeat(2, 1)
+    return torch.cat([data.edge_index, loops], 1), data.num_nodes
+
+
+def _grads(conv, x, edge_index):
+    out = conv(x, edge_index)
+    return out, torch.autograd.grad(out.square().sum(), [x, *conv.parameters()])
+
+
+@pytest.mark.parametrize("kind", list(CONVS))
+def test_kernel_equals_pyg_conv_float64(graph, kind):
+    edge_index, n = graph
+    torch.manual_seed(0)
+    conv = CONVS[kind]().double()
+    x = torch.randn(n, 8, dtype=torch.float64, requires_grad=True)
+    ref, ref_grads = _grads(conv, x, edge_index)
+    with shared_graph([conv], edge_index, n, torch.float64) as shared, \
+            csr_kernels([conv], shared, n, torch.float64,
+                        looped=shared is not edge_index) as kernels:
+        assert kernels[0] is not None
+        out = kernels[0](x)
+    grads = torch.autograd.grad(out.square().sum(), [x, *conv.parameters()])
+    torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-14)
+    for a, b in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+def test_csr_graph_layout_and_transpose(graph):
+    edge_index, n = graph
+    g = CSRGraph(edge_index, n)
+    values = torch.rand(edge_index.size(1), dtype=torch.float64)
+    dense = torch.zeros(n, n, dtype=torch.float64)
+    dense[edge_index[1], edge_index[0]] = values  # rows = targets
+    v = values[g.perm]
+    torch.testing.assert_close(g.matrix(v).to_dense(), dense, rtol=0, atol=0)
+    torch.testing.assert_close(g.matrix_t(v).to_dense(), dense.t(), rtol=0, atol=0)
+    src2, dst2 = g.interleaved()
+    assert torch.equal(src2 // 2, edge_index[0, g.perm])
+    assert torch.equal(dst2 // 2, edge_index[1, g.perm]) and bool((dst2 % 2).all())
+
+
+def test_duplicate_edges_fall_back_to_pyg(graph):
+    edge_index, n = graph
+    with pytest.raises(ValueError, match="duplicate"):
+        CSRGraph(torch.cat([edge_index, edge_index[:, :1]], 1), n)
+    doubled = torch.cat([edge_index, edge_index[:, :5]], 1)
+    convs = [SAGEConv(8, 8), GATConv(8, 8)]
+    with shared_graph(convs[1:], doubled, n, torch.float32) as shared, \
+            csr_kernels(convs, shared, n, torch.float32, looped=True) as kernels:
+        assert kernels == [None, None]
+    with csr_kernels(convs, "not a tensor", n, torch.float32) as kernels:
+        assert kernels == [None, None]
+
+
+def _stack_grads(model, data, dtype, seed=1):
+    model.zero_grad(set_to_none=True)
+    torch.manual_seed(seed)
+    out = model(data.x.to(dtype), data.edge_index)
+    (out.squeeze(-1) - data.y.to(dtype)).square().mean().backward()
+    return out.detach(), model.stack.flat_weight.grad.clone()
+
+
+@pytest.mark.parametrize("conv", ["gcn", "gat", "sage"])
+def test_reversible_kernels_equal_plain_autograd_with_pyg_convs(conv):
+    """The reference: the same model under plain autograd with PyG's convs
+    (``disable=True, kernels=False``), float64, today's float64 tolerance."""
+    data = load_circuit("iscas85/c880", task="arrival")
+    torch.manual_seed(0)
+    model = GSRGNN(data.num_features, 32, 1, num_layers=64, num_groups=4,
+                   conv=conv, sparsity=5, dropout=0.1).double().train()
+    out_fast, g_fast = _stack_grads(model, data, torch.float64)
+    model.disable, model.stack.kernels = True, False
+    out_ref, g_ref = _stack_grads(model, data, torch.float64)
+    torch.testing.assert_close(out_fast, out_ref, rtol=1e-10, atol=0)
+    assert ((g_fast - g_ref).norm() / g_ref.norm()).item() <= 1e-10
+
+
+@pytest.mark.parametrize("conv,fn", [("gcn", "_SpMM"), ("sage", "_SpMM"),
+                                     ("gat", "_AttnSpMM")])
+@pytest.mark.parametrize("kernels", [True, False])
+def test_stack_uses_kernels_and_off_switch(graph, conv, fn, kernels):
+    edge_index, n = graph
+    L, G = 3, 2
+    torch.manual_seed(0)
+    stack = GSRStack(8, L, G, conv=conv, kernels=kernels).train()
+    pyg_calls = []
+    for block in stack.blocks:
+        block.conv.register_forward_hook(lambda *a: pyg_calls.append(1))
+    x = torch.randn(n, 8, requires_grad=True)
+    cls = getattr(csr, fn)
+    with mock.patch.object(cls, "apply", side_effect=cls.apply) as kernel_calls:
+        stack(x, edge_index).square().sum().backward()
+    # one call per group function in the forward, one in the fused backward
+    assert kernel_calls.call_count == (2 * L * G if kernels else 0)
+    assert len(pyg_calls) == (0 if kernels else 2 * L * G)
+    assert stack._kernels is None  # nothing outlives the pass
