@@ -208,6 +208,12 @@ def _planned(cfg, args):
 
     budget = resolve_budget(cfg.memory_budget, torch.device(cfg.device))
     _budget_note(cfg, budget)
+    if getattr(args, "model", None) is None and not str(cfg.dataset or "") \
+            .startswith("csbm:"):
+        print(f"leangnn: note: --strategy auto plans the generic deep models "
+              f"(here {cfg.model!r}); on circuits the default `--strategy full` "
+              "trains the DAG model, the best one, in O(N x C) memory at any "
+              "depth", file=sys.stderr)
     splits = load_graphs(cfg, progress=not args.quiet)
     rng = get_rng_state()  # planning must not shift the run's seeded streams
     try:
