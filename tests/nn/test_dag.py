@@ -311,7 +311,12 @@ def test_task_default_starts_apply_where_they_fit():
 
 @pytest.mark.parametrize("name", ["iscas85/c6288", "epfl/router"])
 def test_cut_input_starts_as_the_cut_estimate(name, monkeypatch):
+    from collections import OrderedDict
+
     from leangnn.circuits import sigprob
+    from leangnn.nn import dag
+
+    monkeypatch.setattr(dag, "_ESTIMATES", OrderedDict())  # count from empty
 
     data = load_circuit(name, "signal_prob")
     want = torch.as_tensor(sigprob.cut_signal_probability(
@@ -348,6 +353,8 @@ def test_cut_input_starts_as_the_cut_estimate(name, monkeypatch):
                                atol=1e-12)
     with pytest.raises(ValueError, match="estimator"):
         DAGNN(data.num_features, 8, 1, estimator="exact")
+    with pytest.raises(ValueError, match="correction_gain"):
+        DAGNN(data.num_features, 8, 1, task="signal_prob", correction_gain=-1.0)
 
 
 @pytest.mark.parametrize("learn", [True, False])

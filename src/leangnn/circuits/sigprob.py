@@ -38,6 +38,8 @@ Python.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from .netlist import TYPE_ID, Netlist
@@ -45,10 +47,15 @@ from .netlist import TYPE_ID, Netlist
 __all__ = ["cut_signal_probability", "cut_signal_probability_arrays"]
 
 _INPUTS = (TYPE_ID["input"], TYPE_ID["ppi"])
-_AND = {TYPE_ID[t] for t in ("buf", "and")}
-_NAND = {TYPE_ID[t] for t in ("not", "nand")}
-_OR, _NOR = TYPE_ID["or"], TYPE_ID["nor"]
-_XOR, _XNOR = TYPE_ID["xor"], TYPE_ID["xnor"]
+# Per gate type: which reduction of the fanins (0 and, 1 or, 2 xor) and
+# whether the output is inverted.
+_KIND = np.zeros(len(TYPE_ID), dtype=np.int64)
+_INV = np.zeros(len(TYPE_ID), dtype=bool)
+for _name, (_kind, _inv) in {"buf": (0, False), "and": (0, False),
+                             "not": (0, True), "nand": (0, True),
+                             "or": (1, False), "nor": (1, True),
+                             "xor": (2, False), "xnor": (2, True)}.items():
+    _KIND[TYPE_ID[_name]], _INV[TYPE_ID[_name]] = _kind, _inv
 # Work and memory of the default k grow as N * 2**k: larger cuts catch more
 # reconvergence (MAE to the label on c7552: 0.018 at k=8, 0.011 at 10, 0.007
 # at 12), so k is as large as this budget of truth-table rows allows.
@@ -124,9 +131,12 @@ def cut_signal_probability_arrays(types: np.ndarray, fanin_ptr: np.ndarray,
     gates = np.flatnonzero((deg > 0) & ~np.isin(types, _INPUTS))
     order = gates[np.argsort(lv[gates], kind="stable")]
     bounds = np.flatnonzero(np.diff(lv[order])) + 1
+    # A level's nodes are independent: wide levels go in chunks, so the
+    # per-level row indices ([nodes, cuts, fanins, 2**k]) stay within ~32 MiB.
+    chunk = max(64, (1 << 22) // (rows * c * max(int(deg.max(initial=1)), 1)))
     for nodes in np.split(order, bounds):
-        if nodes.size:
-            _level(nodes, types, ptr, idx, st)
+        for i in range(0, nodes.size, chunk):
+            _level(nodes[i:i + chunk], types, ptr, idx, st)
     return st.prob
 
 
@@ -154,6 +164,7 @@ class _State:
                              bitorder="little").view(bool)
 
 
+@functools.lru_cache(maxsize=64)
 def _candidates(mm: int, c: int) -> np.ndarray:
     """``int [nc, mm]`` per candidate, what each fanin contributes: ``-1`` the
     fanin as a leaf, ``i`` its stored cut ``i``. Every choice for the first two
@@ -244,20 +255,20 @@ def _level(nodes, types, ptr, idx, st: _State):
     pos = np.where(hit.any(-1), hit.argmax(-1), -1)
     # The row index into a fanin's table, for every row of the merged cut:
     # separable in the row's low and high bits, so it is two small tables
-    # (2**6 entries) combined with one broadcast, not k passes over 2**k rows.
+    # (2**6 entries) combined with one broadcast, not a pass over 2**k rows
+    # per leaf.
     kl = min(k, 6)
     kh = k - kl
-    lo = np.arange(1 << kl)
-    hi = np.arange(1 << kh)
-    idx_lo = np.zeros(pos.shape[:3] + (lo.size,), dtype=np.int64)
-    idx_hi = np.zeros(pos.shape[:3] + (hi.size,), dtype=np.int64)
-    for s in range(k):
-        p = pos[..., s:s + 1]
-        idx_lo |= np.where((p >= 0) & (p < kl), ((lo >> np.clip(p, 0, kl - 1)) & 1)
-                           << s, 0)
-        if kh:
-            idx_hi |= np.where(p >= kl, ((hi >> np.clip(p - kl, 0, kh - 1)) & 1)
-                               << s, 0)
+    lo_bits, hi_bits = _bit_tables(kl), _bit_tables(kh)
+    weight = (1 << np.arange(k, dtype=np.int32))
+    in_lo = (pos >= 0) & (pos < kl)
+    idx_lo = (lo_bits[np.minimum(np.maximum(pos, 0), kl - 1)]
+              * (in_lo * weight)[..., None]).sum(-2, dtype=np.int32)
+    if kh:
+        idx_hi = (hi_bits[np.minimum(np.maximum(pos - kl, 0), kh - 1)]
+                  * ((pos >= kl) * weight)[..., None]).sum(-2, dtype=np.int32)
+    else:
+        idx_hi = np.zeros(pos.shape[:3] + (1,), dtype=np.int32)
     gidx = (idx_hi[..., :, None] | idx_lo[..., None, :]).reshape(
         pos.shape[:3] + (st.rows,))
     src = np.where((co < 0)[..., None], bits[0],
@@ -268,31 +279,31 @@ def _level(nodes, types, ptr, idx, st: _State):
     all_ = np.all(vals | ~vm, axis=2)
     any_ = np.any(vals & vm, axis=2)
     par = np.bitwise_xor.reduce(vals & vm, axis=2)
-    out = np.zeros((n, c, st.rows), dtype=bool)
-    for group, v, inv in ((_AND, all_, False), (_NAND, all_, True),
-                          ({_OR}, any_, False), ({_NOR}, any_, True),
-                          ({_XOR}, par, False), ({_XNOR}, par, True)):
-        sel = np.isin(t, list(group))
-        out[sel] = ~v[sel] if inv else v[sel]
+    kind = _KIND[t][:, None, None]
+    out = np.where(kind == 0, all_, np.where(kind == 1, any_, par))
+    out ^= _INV[t][:, None, None]
     out &= has[..., None]
     # P(v) over the best cut: sum over rows of f(row) * prod of leaf
     # probabilities; the weights factor into low and high bits as well.
     best = cu[:, 0]
     lp = np.where(best < sentinel, st.prob[np.minimum(best, sentinel - 1)], 0.5)
-    w_lo = np.ones((n, lo.size))
-    w_hi = np.ones((n, hi.size))
-    for s in range(k):
-        if s < kl:
-            w_lo *= np.where((lo >> s) & 1, lp[:, s:s + 1], 1.0 - lp[:, s:s + 1])
-        else:
-            w_hi *= np.where((hi >> (s - kl)) & 1, lp[:, s:s + 1],
-                             1.0 - lp[:, s:s + 1])
-    f0 = out[:, 0].reshape(n, hi.size, lo.size).astype(np.float64)
+    lo_b, hi_b = lo_bits.astype(bool), hi_bits.astype(bool)
+    w_lo = np.where(lo_b, lp[:, :kl, None], 1.0 - lp[:, :kl, None]).prod(1)
+    w_hi = np.where(hi_b, lp[:, kl:, None], 1.0 - lp[:, kl:, None]).prod(1) \
+        if kh else np.ones((n, 1))
+    f0 = out[:, 0].reshape(n, 1 << kh, 1 << kl).astype(np.float64)
     st.prob[nodes] = np.einsum("nhl,nh,nl->n", f0, w_hi, w_lo)
     st.leaves[nodes] = np.where(has[..., None], cu, sentinel)
     st.size[nodes] = np.where(has, cnt[rn, pick], 0)
     st.has[nodes] = has
     st.table[nodes] = st.pack(out)
+
+
+@functools.lru_cache(maxsize=16)
+def _bit_tables(b: int) -> np.ndarray:
+    """``int32 [b, 2**b]``: bit ``p`` of every ``b``-bit row index."""
+    rows = np.arange(1 << b, dtype=np.int32)
+    return ((rows[None, :] >> np.arange(max(b, 0), dtype=np.int32)[:, None]) & 1)
 
 
 def _cop_gates(nodes, types, ptr, idx, prob):
