@@ -29,6 +29,7 @@ from .netlist import (
     read_netlist,
     read_text,
 )
+from .sigprob import cut_signal_probability
 from .simulate import DelayModel, Timing, levelize, signal_probability, static_timing
 
 __all__ = [
@@ -39,4 +40,5 @@ __all__ = [
     "parse_bench", "parse_verilog", "read_netlist", "read_text",
     "DelayModel", "Timing", "levelize", "signal_probability", "static_timing",
     "parse_aiger", "read_aiger", "parse_blif", "read_blif", "cop_signal_probability",
+    "cut_signal_probability",
 ]
