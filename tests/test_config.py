@@ -82,7 +82,7 @@ def test_model_options_build_every_model():
     ({"seed": -1}, r"seed: expected an integer in \[0, 2\*\*32\)"),
     ({"patience": -1}, "patience: expected an integer >= 0"),
     ({"offload_mode": "fast"}, "offload_mode: expected exact or recompute"),
-    ({"cache": "fifo"}, "cache: expected none, lru, degree or st, got 'fifo'"),
+    ({"cache": "fifo"}, "cache: expected none, lru, degree, st or auto, got 'fifo'"),
     ({"device_budget": "0GiB"}, "device_budget: cannot read '0GiB'"),
     ({"device_budget": 2**30}, "device_budget: expected a string"),
     ({"device_budget": "99999999TiB"}, "device_budget: expected a size below"),

@@ -431,13 +431,15 @@ def _config_options(a, plan: bool = False) -> None:
     a("--parts", type=int, help=f"offload: number of partitions "
       f"{_default('num_parts')}")
     a("--cache", choices=option_choices("cache"),
-      help=f"offload: device cache policy {_default('cache')}")
+      help=f"offload: device cache policy {_default('cache')}; auto = st on "
+      "CUDA, none on a CPU device")
     a("--offload-mode", choices=option_choices("offload_mode"),
       help="offload: exact engine or the subgraph-recompute baseline "
       f"{_default('offload_mode')}")
-    a("--retain", action="store_true", default=None,
+    a("--retain", action=argparse.BooleanOptionalAction, default=None,
       help="offload: backward through the forward's kept graphs when the budget "
-      "holds them all (no recomputation; falls back by itself when it does not)")
+      "holds them all (default: on; falls back to recomputing by itself when "
+      "it does not); --no-retain always recomputes")
     a("--dist-mode", choices=option_choices("dist_mode"),
       help=f"distributed: graph parallel (one big graph split over the ranks), "
       f"data parallel (graphs split over the ranks) or auto {_default('dist_mode')}")

@@ -92,9 +92,12 @@ class TrainConfig:
             takes ``num_groups`` and ``sparsity`` too.
         budget_ratio, num_anchors: prune (DPR) options.
         device_budget, num_parts, cache, offload_mode: offload options
-            (``offload_mode="recompute"`` runs the subgraph-recompute baseline;
-            ``retain=True`` keeps each forward job's autograd graph for the
-            backward when the budget holds them all, instead of recomputing).
+            (``cache="auto"``: ``st`` on CUDA, where it saves transfers,
+            ``none`` on a CPU device, where a hit saves only a memcpy;
+            ``offload_mode="recompute"`` runs the subgraph-recompute baseline;
+            ``retain=True``, the default, keeps each forward job's autograd
+            graph for the backward when the budget holds them all, instead of
+            recomputing; ``retain=False`` always recomputes).
         dist_mode, dist_backend, dist_timeout, dist_batch_size: distributed
             options (``auto``/``graph``/``data`` parallel; gloo or nccl,
             default by device; seconds a collective waits for a dead peer;
@@ -130,9 +133,9 @@ class TrainConfig:
     num_anchors: int = 8
     device_budget: str | None = None
     num_parts: int = 8
-    cache: str = "st"
+    cache: str = "auto"
     offload_mode: str = "exact"
-    retain: bool = False
+    retain: bool = True
     dist_mode: str = "auto"
     dist_backend: str | None = None
     dist_timeout: float = 300.0

@@ -58,11 +58,11 @@ def resolve_policy(policy: str, device: torch.device | str,
     ``auto`` is ``none`` on a CPU "device": host store and pool are one
     memory, so a hit saves only a memcpy, while the cache costs its
     bookkeeping per job and the share of the budget the jobs would otherwise
-    get (measured on CPU: ``st`` 3.7-4.5x PyG full batch at 25% of the need
-    against ``none``'s 1.3-1.5x). On any other device it is ``st`` (within
-    1.01x of Belady's MIN traffic, benchmarks/offload_cache.py), or ``lru``
-    for the recompute baseline (``exact=False``), which has no next-use
-    information.
+    get (benchmarks/offload.py, 50k-node power-law graph at 25% of the need,
+    CPU: ``st`` 4.9x PyG full batch with twice the jobs, ``none`` 1.5x). On
+    any other device it is ``st`` (within 1.01x of Belady's MIN traffic,
+    benchmarks/offload_cache.py), or ``lru`` for the recompute baseline
+    (``exact=False``), which has no next-use information.
 
     Args:
         policy (str): one of :data:`POLICIES`.
@@ -212,19 +212,24 @@ class DeviceCache:
             return
         s = self.slot_of[aid] if rows is None else self.slot_of[aid][rows]
         s = s[s >= 0]
-        self._free(s)
+        self._free(s, aid)
 
     def unregister(self, aid: int) -> None:
         self.drop(aid)
         self.slot_of.pop(aid, None)
 
-    def _free(self, slots: Tensor) -> None:
+    def _free(self, slots: Tensor, aid: int | None = None) -> None:
+        """Free occupied ``slots`` (all of array ``aid``'s when given)."""
         if slots.numel() == 0:
             return
-        owners, rows = self.owner[slots], self.row[slots]
-        for a in torch.unique(owners).tolist():
-            m = owners == a
-            self.slot_of[a][rows[m]] = -1
+        rows = self.row[slots]
+        if aid is not None:
+            self.slot_of[aid][rows] = -1
+        else:
+            owners = self.owner[slots]
+            for a in _present(owners):
+                m = owners == a
+                self.slot_of[a][rows[m]] = -1
         self.owner[slots] = -1
         self.key[slots] = _FREE_KEY
         self.dirty[slots] = False
@@ -277,7 +282,7 @@ class DeviceCache:
             if victims.numel():
                 dirty = victims[self.dirty[victims]]
                 owners = self.owner[dirty]
-                for a in torch.unique(owners).tolist():
+                for a in _present(owners):
                     vs = dirty[owners == a]
                     writeback(a, self.row[vs], vs)
                 self._free(victims)
@@ -327,6 +332,14 @@ class DeviceCache:
     def __repr__(self) -> str:
         return (f"{self.__class__.__name__}(policy={self.policy}, "
                 f"num_slots={self.num_slots}, slot_bytes={self.slot_bytes})")
+
+
+def _present(owners: Tensor) -> list[int]:
+    """Distinct array ids among ``owners`` (>= 0), ascending: a count per id
+    (a handful of arrays) instead of sorting every slot's owner."""
+    if owners.numel() == 0:
+        return []
+    return torch.nonzero(torch.bincount(owners)).flatten().tolist()
 
 
 def _smallest(keys: Tensor, k: int) -> Tensor:

@@ -318,19 +318,21 @@ class DevicePlane(CountingPlane):
             torch.manual_seed(hash((self.seed, key)) & 0x7FFF_FFFF_FFFF)
             yield
 
+    def _pool_rows(self, aid: int, slots: Tensor) -> Tensor:
+        """Pool rows at ``slots`` (at the array's width), one row per slot;
+        a ``-1`` (not resident) reads slot 0, for the caller to overwrite.
+        One gather into the block: no gather-then-scatter of the hits."""
+        pool, w = self.cache.pool, self.layout.width(aid)
+        src = pool if w == pool.size(1) else pool[:, :w]
+        return src.index_select(0, self._to_dev(slots.clamp(min=0)))
+
     def assemble(self, aid: int, rows: Tensor, slots: Tensor, hit_pos: Tensor,
                  miss_pos: Tensor) -> Tensor:
         if not hit_pos.numel():
             # every row from the host: the gathered rows are the block (no
             # second copy into an assembled one)
             return self.gather(aid, rows)
-        w = self.layout.width(aid)
-        block = torch.empty(rows.numel(), w, dtype=self.layout.dtype,
-                            device=self.device)
-        if hit_pos.numel():
-            vals = self.cache.read(self._to_dev(slots[hit_pos]))[:, :w]
-            block.index_copy_(0, self._to_dev(hit_pos), vals)
-            del vals
+        block = self._pool_rows(aid, slots)
         if miss_pos.numel():
             vals = self._to_dev(self.store.gather(self.layout.name(aid),
                                                   rows[miss_pos]))
@@ -342,12 +344,15 @@ class DevicePlane(CountingPlane):
 
     def grad_rows(self, aid: int, rows: Tensor, slots: Tensor, hit_pos: Tensor,
                   host_pos: Tensor) -> Tensor:
-        w = self.layout.width(aid)
-        vals = torch.zeros(rows.numel(), w, dtype=self.layout.dtype,
-                           device=self.device)
         if hit_pos.numel():
-            vals.index_copy_(0, self._to_dev(hit_pos), self.cache.read(
-                self._to_dev(slots[hit_pos]))[:, :w])
+            vals = self._pool_rows(aid, slots)
+            if hit_pos.numel() < rows.numel():
+                with self.bookkeeping():
+                    miss = torch.nonzero(slots < 0).flatten()
+                vals.index_fill_(0, self._to_dev(miss), 0)
+        else:
+            vals = torch.zeros(rows.numel(), self.layout.width(aid),
+                               dtype=self.layout.dtype, device=self.device)
         if host_pos.numel():
             vals.index_add_(0, self._to_dev(host_pos), self._to_dev(
                 self.store.gather(self.layout.name(aid), rows[host_pos])))
