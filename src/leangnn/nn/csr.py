@@ -1,4 +1,4 @@
-"""CSR kernels for the group functions of a reversible stack: GCN and GAT.
+"""CSR kernels for the group functions of a reversible stack: GCN, SAGE, GAT.
 
 A reversible GSR stack (Luo et al., DAC 2026) of ``L`` layers and ``G``
 groups calls ``2 L G`` narrow convs (``C / G`` channels) per training step on
@@ -13,6 +13,9 @@ targets) and its transpose once per pass, and:
 * :class:`~torch_geometric.nn.GCNConv` (Kipf and Welling, ICLR 2017) becomes
   ``A_hat @ lin(x) + bias`` with ``A_hat`` the ``D^{-1/2}(A + I)D^{-1/2}``
   weights ``gcn_norm`` computed (backward: ``A_hat^T @ grad``);
+* :class:`~torch_geometric.nn.SAGEConv` (Hamilton et al., NeurIPS 2017)
+  with mean aggregation becomes ``lin_l(A_mean @ x) + lin_r(x)``, ``A_mean``
+  holding ``1 / in-degree``;
 * :class:`~torch_geometric.nn.GATConv` (Velickovic et al., ICLR 2018)
   computes its attention logits, leaky ReLU and per-target softmax on the
   edges in CSR order with segment reductions (max on the detached logits, sum
