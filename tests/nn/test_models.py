@@ -176,3 +176,26 @@ def test_register_model_capabilities_and_errors(scratch_model):
         register_model("no way", _Tiny)
     with pytest.raises(ValueError, match="unknown model 'gone'"):
         get_model("gone")
+
+
+@pytest.mark.parametrize("conv", ["gcn", "gat", "sage"])
+def test_gsrgnn_kernels_switch(conv):
+    """``GSRGNN(kernels=False)`` runs PyG's convs; the CSR kernels (default)
+    agree with them to rounding in float64, outputs and gradients."""
+    torch.manual_seed(0)
+    x = torch.randn(40, 5, dtype=torch.float64)
+    edge_index = torch.randint(0, 40, (2, 160))
+    edge_index = edge_index[:, edge_index[0] != edge_index[1]].unique(dim=1)
+    grads = {}
+    for kernels in (True, False):
+        torch.manual_seed(1)
+        m = GSRGNN(5, 16, 2, 3, num_groups=2, conv=conv,
+                   kernels=kernels).double()
+        assert m.stack.kernels is kernels
+        out = m(x, edge_index)
+        out.square().sum().backward()
+        grads[kernels] = (out.detach(), [p.grad.clone() for p in m.parameters()])
+    (a, ga), (b, gb) = grads[True], grads[False]
+    torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    for p, q in zip(ga, gb):
+        torch.testing.assert_close(p, q, rtol=1e-9, atol=1e-11)

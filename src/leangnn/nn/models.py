@@ -67,6 +67,10 @@ class GSRGNN(torch.nn.Module):
         flat_parameters (bool, optional): the stack's parameters in one flat
             tensor (one gradient, one set of optimizer moments), see
             :class:`~leangnn.nn.reversible.GSRStack`. (default: ``True``)
+        kernels (bool, optional): group functions of GCN, SAGE (mean) and GAT
+            convs run through CSR kernels (:mod:`leangnn.nn.csr`; equal to
+            the PyG convs to rounding); ``False`` runs the PyG convs.
+            (default: ``True``)
         **conv_kwargs: passed to every conv.
 
     Shapes:
@@ -78,7 +82,8 @@ class GSRGNN(torch.nn.Module):
                  num_layers: int, num_groups: int = 2, conv: ConvSpec = "sage",
                  sparsity: int | float | None = None, dropout: float = 0.0,
                  disable: bool = False, exact_stream: bool = True,
-                 flat_parameters: bool = True, **conv_kwargs):
+                 flat_parameters: bool = True, kernels: bool = True,
+                 **conv_kwargs):
         super().__init__()
         self.in_channels, self.hidden_channels = in_channels, hidden_channels
         self.out_channels, self.num_layers = out_channels, num_layers
@@ -87,7 +92,8 @@ class GSRGNN(torch.nn.Module):
         self.stack = GSRStack(hidden_channels, num_layers, num_groups, conv,
                               sparsity, dropout, disable,
                               exact_stream=exact_stream,
-                              flat_parameters=flat_parameters, **conv_kwargs)
+                              flat_parameters=flat_parameters, kernels=kernels,
+                              **conv_kwargs)
         self.out_norm = torch.nn.LayerNorm(hidden_channels)
         self.head = torch.nn.Linear(hidden_channels, out_channels)
 
