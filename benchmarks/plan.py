@@ -550,7 +550,7 @@ CLI_ROWS = [
          "offload --model gcn --layers 2 --hidden 32 --device-budget 64MiB "
          "--parts 8"),
     dict(name="csbm100k-auto-sage3", args="--dataset csbm:100000 --strategy auto "
-         "--model sage --layers 3 --hidden 64 --memory-budget 96MiB"),
+         "--model sage --layers 3 --hidden 64 --memory-budget 160MiB"),
 ]
 
 
@@ -565,8 +565,8 @@ def _cli_config(argv: list[str]):
     return TrainConfig(**given)
 
 
-def _cli_measure(row: dict, epochs: int, threads: int | None, timeout: float
-                 ) -> dict:
+def _cli_measure(row: dict, epochs: int, threads: int | None, timeout: float,
+                 mmap: bool = False) -> dict:
     """Run ``python -m leangnn train`` for ``row`` in a fresh interpreter and
     read its summary.json."""
     import shlex
@@ -575,13 +575,22 @@ def _cli_measure(row: dict, epochs: int, threads: int | None, timeout: float
 
     with tempfile.TemporaryDirectory(prefix="plan-cli-") as tmp:
         out = Path(tmp) / "run"
-        argv = [sys.executable, "-m", "leangnn", "train", *shlex.split(row["args"]),
+        from leangnn.plan.measure import EPOCH_CPU_SHIM
+
+        # the real command line (leangnn.cli.main), with every training
+        # epoch's CPU time recorded beside it (one thread: what an idle
+        # machine's wall time would be; this one is shared)
+        code = EPOCH_CPU_SHIM + ("import sys\nfrom leangnn.cli import main\n"
+                                 "sys.exit(main(sys.argv[1:]))\n")
+        argv = [sys.executable, "-c", code, "train", *shlex.split(row["args"]),
                 "--epochs", str(epochs), "--out", str(out), "--quiet"]
         env = dict(os.environ)
-        for k in ("MALLOC_MMAP_THRESHOLD_",):
-            env.pop(k, None)  # what a plain `leangnn train` gets
+        env.pop("MALLOC_MMAP_THRESHOLD_", None)  # what a plain `leangnn train` gets
+        if mmap:  # what the Trainer would get with glibc's threshold pinned
+            env["MALLOC_MMAP_THRESHOLD_"] = "65536"
         if threads:
             env["OMP_NUM_THREADS"] = str(threads)
+        env["LEANGNN_EPOCH_CPU"] = str(Path(tmp) / "epoch_cpu.jsonl")
         t0 = time.perf_counter()
         p = subprocess.run(argv, env=env, capture_output=True, text=True,
                            timeout=timeout)
@@ -591,9 +600,11 @@ def _cli_measure(row: dict, epochs: int, threads: int | None, timeout: float
         s = json.loads((out / "summary.json").read_text())
         epochs_s = [json.loads(line)["epoch_seconds"] for line in
                     (out / "metrics.jsonl").read_text().splitlines() if line]
+        cpu = [float(x) for x in Path(env["LEANGNN_EPOCH_CPU"]).read_text().split()]
     m = {"peak_bytes": s["memory"]["peak_bytes"],
          "epoch_seconds_median": s["time"]["epoch_seconds_median"],
          "epoch_seconds": epochs_s, "wall_seconds": wall,
+         "epoch_cpu_seconds": cpu, "epoch_cpu_seconds_median": statistics.median(cpu),
          "strategy": s["strategy"], "model": s["model"],
          "num_layers": s["num_layers"], "threads": threads}
     if "plan" in s:
@@ -621,7 +632,8 @@ def _cli_estimate(row: dict, splits_cache: dict, cal) -> dict:
     splits = splits_cache[key]
     c0, w0 = time.process_time(), time.perf_counter()
     if cfg.strategy == "auto":
-        table = plan_config(cfg, splits, cfg.memory_budget, calibration=cal)
+        table = plan_config(cfg, splits, cfg.memory_budget, calibration=cal,
+                            lazy=True)
         pick = choose(table)
         est, label = pick.estimate, pick.label
         cfg = pick.apply(cfg)
@@ -639,7 +651,9 @@ def _cli_estimate(row: dict, splits_cache: dict, cal) -> dict:
 
 
 def cli_rows(args, cal) -> dict:
-    out_path = results_path("plan_cli.json", args.quick)
+    mmap = args.cli_allocator == "mmap"
+    out_path = results_path("plan_cli_mmap.json" if mmap else "plan_cli.json",
+                            args.quick)
     old = json.loads(out_path.read_text()) if out_path.is_file() else {}
     prev = {r["name"]: r for r in old.get("rows", [])}
     rows, splits = [], {}
@@ -657,7 +671,8 @@ def cli_rows(args, cal) -> dict:
         else:
             log(f"cli {row['name']}: leangnn train {row['args']} ...")
             try:
-                meas = _cli_measure(row, args.cli_epochs, args.threads, args.timeout)
+                meas = _cli_measure(row, args.cli_epochs, args.threads, args.timeout,
+                                    mmap)
             except Exception as e:  # noqa: BLE001 - one row must not stop the rest
                 meas = {"error": f"{type(e).__name__}: {e}"}
         est = _cli_estimate(row, splits, cal)
@@ -671,6 +686,9 @@ def cli_rows(args, cal) -> dict:
             if est["estimated_epoch_seconds"] and meas["epoch_seconds_median"]:
                 r["time_ratio"] = (est["estimated_epoch_seconds"]
                                    / meas["epoch_seconds_median"])
+                if meas.get("epoch_cpu_seconds_median"):
+                    r["time_ratio_cpu"] = (est["estimated_epoch_seconds"]
+                                           / meas["epoch_cpu_seconds_median"])
                 r["estimate_share_of_epoch"] = (est["estimate_cpu_seconds"]
                                                 / meas["epoch_seconds_median"])
             log(f"  measured {mb / MiB:.1f} MiB, estimated {eb / MiB:.1f} "
@@ -681,7 +699,7 @@ def cli_rows(args, cal) -> dict:
             log(f"  failed: {meas['error']}")
         rows.append(r)
         write_json(out_path, {"calibration": cal.kind, "rows": keep + rows})
-    res = {"calibration": cal.kind, "threads": args.threads,
+    res = {"calibration": cal.kind, "threads": args.threads, "allocator": mmap,
            "epochs": args.cli_epochs, "rows": keep + rows}
     res["summary"] = _cli_summary(res["rows"])
     write_json(out_path, res)
@@ -693,11 +711,14 @@ def _cli_summary(rows: list[dict]) -> dict:
     if not ok:
         return {}
     err = [abs(r["rel_error"]) for r in ok]
-    tr = [r["time_ratio"] for r in ok if r.get("time_ratio")]
+    # epoch time against the runs' CPU time only: wall time on a shared
+    # machine is the load's, not the estimate's
+    tr = [r["time_ratio_cpu"] for r in ok if r.get("time_ratio_cpu")]
     share = [r["estimate_share_of_epoch"] for r in ok
              if r.get("estimate_share_of_epoch") is not None]
     return {"rows": len(ok), "failed": len(rows) - len(ok),
             "median_abs_error": statistics.median(err), "worst_abs_error": max(err),
+            "time_rows": len(tr),
             "time_ratio_median": statistics.median(tr) if tr else None,
             "time_ratio_min": min(tr) if tr else None,
             "time_ratio_max": max(tr) if tr else None,
@@ -709,8 +730,9 @@ def cli_markdown(res: dict) -> str:
     out = ["## Planner through `leangnn train`: estimate vs summary.json", "",
            "`python benchmarks/plan.py --section cli` runs each command line "
            "below as `python -m leangnn train ARGS --epochs "
-           f"{res['epochs']} --out TMP --quiet` in a fresh interpreter (glibc's "
-           "default allocator, "
+           f"{res['epochs']} --out TMP --quiet` in a fresh interpreter ("
+           + ("`MALLOC_MMAP_THRESHOLD_=65536`, "
+              if res.get("allocator") else "glibc's default allocator, ")
            + (f"`OMP_NUM_THREADS={res['threads']}`" if res.get("threads")
               else "torch's default threads")
            + ") and compares summary.json's `memory.peak_bytes` (the Trainer's "
@@ -723,27 +745,30 @@ def cli_markdown(res: dict) -> str:
         out += [f"**{s['rows']} rows**: memory error median "
                 f"**{s['median_abs_error']:.1%}**, worst "
                 f"**{s['worst_abs_error']:.1%}**; estimated / measured epoch "
-                f"time median {s['time_ratio_median'] or 0:.2f}x (range "
+                f"CPU time ({s.get('time_rows', 0)} rows with it recorded) median "
+                f"{s['time_ratio_median'] or 0:.2f}x (range "
                 f"{s['time_ratio_min'] or 0:.2f}-{s['time_ratio_max'] or 0:.2f}x); "
                 "estimate CPU time / measured epoch median "
                 f"{s['median_estimate_share'] or 0:.0%}.", ""]
     out += ["| row | trains | estimated | measured | error | est. epoch s | "
-            "epoch s | ratio | estimate CPU s |",
-            "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+            "epoch s (wall) | epoch CPU s | ratio | estimate CPU s |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in res["rows"]:
         m, e = r["measured"], r["estimate"]
         trains = f"{e['strategy']} {e['model']} L{e['num_layers']}"
         if "error" in m:
             out.append(f"| {r['name']} | {trains} | "
                        f"{e['estimated_run_bytes'] / MiB:.1f} MiB | failed: "
-                       f"{m['error'][:60]} | | | | | |")
+                       f"{m['error'][:60]} | | | | | | |")
             continue
-        ratio = r.get("time_ratio")
+        ratio = r.get("time_ratio_cpu") or r.get("time_ratio")
+        cpu = m.get("epoch_cpu_seconds_median")
         out.append(
             f"| {r['name']} | {trains} | {e['estimated_run_bytes'] / MiB:.1f} MiB "
             f"| {m['peak_bytes'] / MiB:.1f} MiB | {r['rel_error']:+.1%} | "
             f"{e['estimated_epoch_seconds'] or 0:.3f} | "
             f"{m['epoch_seconds_median']:.3f} | "
+            + ("" if cpu is None else f"{cpu:.3f}") + " | "
             + ("" if ratio is None else f"{ratio:.2f}x")
             + f" | {e['estimate_cpu_seconds']:.2f} |")
     out += ["", "Command lines:", ""]
@@ -774,6 +799,10 @@ def main(argv=None) -> int:
                     help="cli section: OMP_NUM_THREADS of the runs (0: torch's "
                          "default; on a shared machine more threads spin-wait)")
     ap.add_argument("--cli-epochs", type=int, default=3)
+    ap.add_argument("--cli-allocator", choices=["default", "mmap"],
+                    default="default", help="cli section: glibc's default "
+                    "allocator (what `leangnn train` gets today) or its mmap "
+                    "threshold pinned at 64 KiB")
     ap.add_argument("--recalibrate", action="store_true")
     ap.add_argument("--timeout", type=float, default=1800)
     ap.add_argument("--out", default=None, help="default: results/plan.json "
@@ -787,8 +816,21 @@ def main(argv=None) -> int:
     if args.section == "cli":
         from leangnn.plan.calibrate import load_calibration
 
-        res_cli = cli_rows(args, load_calibration(args.device))
-        md = Path(args.md) if args.md else results_path("plan_cli.md", args.quick)
+        if args.cli_allocator == "mmap":  # this process estimates for it too
+            os.environ["MALLOC_MMAP_THRESHOLD_"] = "65536"
+        else:
+            os.environ.pop("MALLOC_MMAP_THRESHOLD_", None)
+        if args.report:  # the markdown again from the JSON, no runs
+            name = "plan_cli_mmap.json" if args.cli_allocator == "mmap" else \
+                "plan_cli.json"
+            res_cli = json.loads(results_path(name, args.quick).read_text())
+            res_cli.setdefault("epochs", args.cli_epochs)
+            res_cli.setdefault("threads", args.threads)
+            res_cli["summary"] = _cli_summary(res_cli["rows"])
+        else:
+            res_cli = cli_rows(args, load_calibration(args.device))
+        name = "plan_cli_mmap.md" if args.cli_allocator == "mmap" else "plan_cli.md"
+        md = Path(args.md) if args.md else results_path(name, args.quick)
         write_section("plan-cli", cli_markdown(res_cli), md)
         print(cli_markdown(res_cli))
         return 0

@@ -248,6 +248,9 @@ class Trainer:
             # the epochs whose random streams the checkpoint continues.
             set_rng_state(rng)
         load_backends()  # its imports are not the run's memory
+        # Start from the pages really in use: heap that setup (or a planner in
+        # the same process) freed would otherwise be reused unmetered.
+        self._release_heap()
         meter = self._meter = MemoryMeter(self.device).start()
         bar = tqdm(range(start, cfg.epochs), desc=f"train {cfg.strategy}/{cfg.model}",
                    unit="ep", initial=start, total=cfg.epochs,

@@ -122,3 +122,33 @@ def test_default_glibc_fit_is_conservative(monkeypatch):
     if cal.allocator != "glibc-default":
         pytest.skip("not a glibc system")
     assert cal.heap_scale == pytest.approx(2.1) and cal.const == 0.0
+
+
+def test_default_glibc_fit_takes_the_first_run_constant_from_a_tiny_run(
+        monkeypatch):
+    # a run with next to no tensors measures what every run pays besides
+    # them (kernels' first calls, validation, checkpoints): the constant;
+    # the heap factor is then fitted on what is left, and offload runs pay
+    # the constant on top of their scaled store
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
+    const = 8e6
+    samples = _samples(1.0, 0.0, 2e-5, 1e-9, 3e-10)
+    samples[0].update(big_bytes=1000.0, heap_bytes=4000.0,
+                      run_bytes=1000.0 + 4000.0 + const)
+    for s, factor in zip(samples[1:], (1.2, 1.6, 1.4)):
+        s["big_bytes"], s["heap_bytes"] = 5e6, float(32 << 20)
+        s["run_bytes"] = s["big_bytes"] + factor * s["heap_bytes"] + const
+    off = [dict(s, work={**s["work"], "jobs": 10, "device_bytes": 1.0,
+                         "host_bytes": 1.0},
+                run_bytes=0.9 * s["tensor_bytes"] + const) for s in samples[4:6]]
+    cal = fit_calibration(samples[:4] + off, "cpu")
+    if cal.allocator != "glibc-default":
+        pytest.skip("not a glibc system")
+    assert cal.const == pytest.approx(const)
+    assert cal.heap_scale == pytest.approx(1.6)
+    assert cal.offload_bytes_scale == pytest.approx(0.9)
+    est = Estimate("offload", {}, "cpu", step_bytes=1000, method="offload-accounting",
+                   work={"ops": 1, "written": 0, "flops": 0, "jobs": 1,
+                         "device_bytes": 600, "host_bytes": 400})
+    cal.apply(est)
+    assert est.run_bytes == pytest.approx(900 + const, abs=1)

@@ -127,3 +127,24 @@ def test_plan_and_fit_a_user_model(splits):
         fit(model, g, strategy="full", memory_budget=1024, epochs=1)
     with pytest.raises(ValueError, match="strategy"):
         fit(model, g, strategy="fastest", epochs=1)
+
+
+def test_lazy_plan_estimates_only_what_the_pick_needs(roomy, res_cfg, splits):
+    # --strategy auto: full batch fits, so nothing else can be picked and
+    # nothing else is estimated; the pick is the full table's
+    lazy = plan_config(res_cfg, splits, "1GiB", calibration=EXACT,
+                       strategies=("full", "reversible"), lazy=True)
+    assert lazy.pick.label == roomy.pick.label
+    # (a dry run repeated in one process may move by a freed gradient)
+    assert lazy.pick.need_bytes == pytest.approx(roomy.pick.need_bytes, rel=0.02)
+    rest = [r for r in lazy.rows if not r.chosen]
+    assert rest and all(r.need_bytes is None and "not estimated" in r.why
+                        for r in rest)
+    # below full batch's need the model change is estimated and picked (the
+    # full table judged against the same budget picks it too)
+    budget = (roomy.pick.need_bytes + min(r.need_bytes for r in roomy.rows)) // 2
+    tight = plan_config(res_cfg, splits, budget, calibration=EXACT,
+                        strategies=("full", "reversible"), lazy=True)
+    assert roomy.with_budget(budget).pick.strategy == "reversible"
+    assert tight.pick.strategy == "reversible" and tight.pick.need_bytes <= budget
+    assert all(r.need_bytes is not None for r in tight.rows)

@@ -236,6 +236,9 @@ def estimate_model(model: torch.nn.Module, data: Data, loss_fn: Callable | None 
     """
     t0 = time.perf_counter()
     dev = torch.device(device)
+    if step is None and data.get("adj_t", None) is not None and \
+            data.get("edge_index", None) is None:
+        step = _adj_step  # e.g. DPR's core, trained through its adjacency
     trace = trace_step(model, data, loss_fn or default_loss(data), step, lr=lr,
                        clip_norm=clip_norm, device=dev,
                        round_to=512 if dev.type == "cuda" else 1)

@@ -235,7 +235,7 @@ def format_table(table: PlanTable) -> str:
                           if k not in ("hidden_channels",))
         rows.append([("* " if r.chosen else "  ") + r.strategy, knobs,
                      "n/a" if r.need_bytes is None else format_bytes(r.need_bytes),
-                     "yes" if r.fits else "no",
+                     "?" if r.need_bytes is None else "yes" if r.fits else "no",
                      "n/a" if r.epoch_seconds is None else f"{r.epoch_seconds:.3g} s",
                      r.why])
     widths = [max(len(h), *(len(x[i]) for x in rows)) for i, h in enumerate(head)]
@@ -354,7 +354,8 @@ def candidates(cfg, budget_bytes: int) -> list[tuple[str, dict, str]]:
 
 def plan_config(cfg, splits, memory_budget=None, device=None,
                 calibration: Calibration | None = None,
-                strategies: tuple[str, ...] | None = None) -> PlanTable:
+                strategies: tuple[str, ...] | None = None,
+                lazy: bool = False) -> PlanTable:
     """Plan ``cfg``'s model (its ``model``, ``num_layers``, ``hidden_channels``
     and options; its ``strategy`` is ignored) on ``splits``' training graphs.
 
@@ -366,6 +367,11 @@ def plan_config(cfg, splits, memory_budget=None, device=None,
         device (str, optional): default ``cfg.device``.
         calibration (Calibration, optional): default: this machine's.
         strategies (tuple of str, optional): only these strategies' rows.
+        lazy (bool, optional): estimate only what the pick needs (for
+            ``--strategy auto``): exact rows first, and no further once full
+            batch fits; a model change only when no exact row fits; DPR's
+            cores only when nothing else does. Rows left out say so.
+            (default: ``False``, every row: the table ``leangnn plan`` prints)
 
     Returns:
         PlanTable: rows marked, the pick ``chosen`` (none when nothing fits;
@@ -375,25 +381,45 @@ def plan_config(cfg, splits, memory_budget=None, device=None,
     dev = torch.device(device or cfg.device)
     budget = resolve_budget(memory_budget, dev)
     cal = calibration or load_calibration(dev)
-    rows = []
-    for strategy, fields, kind in candidates(cfg, budget):
-        if strategies is not None and strategy not in strategies:
-            continue
-        try:
-            c = replace(cfg, **fields, device=str(dev))
-        except ValueError as e:
-            rows.append(unavailable_row(strategy, fields, str(e), kind))
-            continue
-        try:
-            est = estimate_config(c, splits, dev, cal)
-        except (ValueError, RuntimeError) as e:  # e.g. budget below one job
-            knobs = {k: v for k, v in fields.items() if k != "strategy"}
-            rows.append(unavailable_row(
-                strategy, knobs, f"not possible: {str(e).splitlines()[0]}", kind))
-            continue
-        rows.append(estimate_row(strategy, est, cal, kind, fields))
-    table = PlanTable(rows, budget, str(dev),
+    todo = [c for c in candidates(cfg, budget)
+            if strategies is None or c[0] in strategies]
+    rows: list[PlanRow | None] = [None] * len(todo)
+    done = False
+    for cls in sorted({_CLASS[k] for _, _, k in todo}):
+        for i, (strategy, fields, kind) in enumerate(todo):
+            if _CLASS[kind] != cls:
+                continue
+            if done:
+                knobs = {k: v for k, v in fields.items() if k != "strategy"}
+                rows[i] = unavailable_row(strategy, knobs, "not estimated: a "
+                                          "preferred row fits (planned lazily)", kind)
+                continue
+            rows[i] = _row(cfg, strategy, fields, kind, dev, splits, cal)
+            r = rows[i]
+            if lazy and r.need_bytes is not None and r.need_bytes <= budget and \
+                    not r.host_short and _SPEED_RANK.get(strategy) == 0:
+                done = True  # full batch fits: nothing exact is faster
+        if lazy and any(r is not None and r.need_bytes is not None
+                        and r.need_bytes <= budget and not r.host_short
+                        for r in rows):
+            done = True
+    table = PlanTable([r for r in rows if r is not None], budget, str(dev),
                       cal.kind if cal.calibrated else "uncalibrated")
     mark_table(table)
     table.seconds = time.perf_counter() - t0
     return table
+
+
+def _row(cfg, strategy: str, fields: dict, kind: str, dev: torch.device, splits,
+         cal: Calibration) -> PlanRow:
+    try:
+        c = replace(cfg, **fields, device=str(dev))
+    except ValueError as e:
+        return unavailable_row(strategy, fields, str(e), kind)
+    try:
+        est = estimate_config(c, splits, dev, cal)
+    except (ValueError, RuntimeError) as e:  # e.g. budget below one job
+        knobs = {k: v for k, v in fields.items() if k != "strategy"}
+        return unavailable_row(strategy, knobs,
+                               f"not possible: {str(e).splitlines()[0]}", kind)
+    return estimate_row(strategy, est, cal, kind, fields)
