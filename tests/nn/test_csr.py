@@ -26,15 +26,6 @@ CONVS = {
 }
 
 
-@pytest.fixture(scope="module")
-def graph():
-    data = load_circuit("iscas85/c432", task="arrival")
-    # a few self-loops (GCN keeps them, GAT replaces them) and a node
-    # without in-edges (the primary inputs): rows a CSR must get right
-    loops = torch.arange(0, data.num_nodes, 7).repeat(2, 1)
-    return torch.cat([data.edge_index, loops], 1), data.num_nodes
-
-
 def _grads(conv, x, edge_index):
     out = conv(x, edge_index)
     return out, torch.autograd.grad(out.square().sum(), [x, *conv.parameters()])

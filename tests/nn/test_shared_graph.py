@@ -9,18 +9,8 @@ import torch
 from torch_geometric.nn import GATConv, GCNConv, SAGEConv
 from torch_geometric.nn.conv import gcn_conv
 
-from leangnn.circuits import load_circuit
 from leangnn.nn import GSRStack
 from leangnn.nn.shared_graph import shared_graph
-
-
-@pytest.fixture(scope="module")
-def graph():
-    data = load_circuit("iscas85/c432", task="arrival")
-    # a few self-loops, which GCN keeps (add_remaining_self_loops) and GAT
-    # removes and re-adds: the shared path must do exactly the same
-    loops = torch.arange(0, data.num_nodes, 7).repeat(2, 1)
-    return torch.cat([data.edge_index, loops], 1), data.num_nodes
 
 
 def _convs(kind, n, dtype):
