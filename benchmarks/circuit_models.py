@@ -481,6 +481,39 @@ def markdown(result: dict) -> str:
     return "\n".join(lines)
 
 
+def cost_ab(circuit: str = "itc99/b19", rounds: int = 5, hidden: int = 32,
+            layers: int = 2) -> dict:
+    """DAGNN vs ResGNN-8 step cost side by side in one process (one thread,
+    process CPU time, alternating rounds after a warm-up): the issue's cost
+    ratio, with the same models as :func:`bench_deep`."""
+    import statistics
+
+    def step(state):
+        m, o, d = state["model"], state["opt"], state["data"]
+        t0 = time.process_time()
+        out = m(d.x, d.edge_index)
+        loss = torch.nn.functional.mse_loss(out.view(-1), d.y)
+        o.zero_grad(set_to_none=True)
+        loss.backward()
+        o.step()
+        return time.process_time() - t0
+
+    dag = _deep_setup("dag", circuit, hidden, layers, 1)
+    res = _deep_setup("res", circuit, hidden, 8, 1)
+    step(dag), step(res)
+    td, tr = [], []
+    for _ in range(rounds):
+        td.append(step(dag))
+        tr.append(step(res))
+    ratios = [a / b for a, b in zip(td, tr)]
+    out = {"circuit": circuit, "dag_s": statistics.median(td),
+           "res8_s": statistics.median(tr), "ratio": statistics.median(ratios),
+           "ratios": ratios, "target": 3.0}
+    print(f"{circuit}: DAGNN {out['dag_s']:.2f} s, ResGNN-8 {out['res8_s']:.2f} s "
+          f"per step; ratio {out['ratio']:.2f} (target <= 3)")
+    return out
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--parts", nargs="*", default=["quality", "deep"],
@@ -517,7 +550,12 @@ def main(argv=None) -> dict:
                     help="with --merge: a merged run replaces only the run of the "
                          "same task, split, model and seed in --out (add seeds to "
                          "a row instead of replacing the row)")
+    ap.add_argument("--cost-ab", type=int, metavar="ROUNDS", default=0,
+                    help="only the DAGNN / ResGNN-8 step-cost A/B on the first "
+                         "--deep-circuits circuit, ROUNDS alternating rounds")
     args = ap.parse_args(argv)
+    if args.cost_ab:
+        return cost_ab(args.deep_circuits[0], args.cost_ab, args.hidden, args.layers)
     if args.quick:
         args.tasks, args.splits, args.seeds = ["arrival"], ["default"], [0]
         args.models, args.epochs, args.parts = ["dag"], 15, ["quality"]
