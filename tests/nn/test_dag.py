@@ -174,6 +174,52 @@ def test_hand_written_backward_matches_autograd(aggr, monkeypatch):
         torch.testing.assert_close(a, b, rtol=1e-7, atol=1e-9)
 
 
+@pytest.mark.parametrize("circuit", ["iscas85/c432", "epfl/router"])
+def test_typed_update_grouped_by_gate_type_equals_the_dense_product(
+        circuit, monkeypatch):
+    """The per-type GRU input weights run as one product per gate type present
+    (one-hot rows); the dense one-hot expansion is the reference (float64,
+    outputs and every gradient, manual backward)."""
+    from leangnn.circuits import load_circuit
+    from leangnn.nn import dag
+
+    data = load_circuit(circuit, task="arrival")
+    x = data.x.double()
+    calls, real = [], dag._typed_mm
+    monkeypatch.setattr(dag, "_typed_mm", lambda *a, **k: calls.append(1) or
+                        real(*a, **k))
+    results = []
+    for grouped in (True, False):
+        if not grouped:
+            monkeypatch.setattr(dag, "_type_groups", lambda onehot: None)
+        torch.manual_seed(0)
+        model = DAGNN(x.size(1), 8, 1, task="arrival").double()
+        out = model(x, data.edge_index)
+        out.square().sum().backward()
+        results.append((out.detach(), [p.grad.clone() for p in model.parameters()
+                                       if p.grad is not None]))
+        if grouped:
+            assert calls, "the grouped product was not used"
+            n = len(calls)
+    assert len(calls) == n  # the dense run did not group
+    (a, ga), (b, gb) = results
+    torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    assert len(ga) == len(gb)
+    for p, q in zip(ga, gb):
+        torch.testing.assert_close(p, q, rtol=1e-9, atol=1e-11)
+
+
+def test_type_groups_refuse_rows_that_are_not_one_hot():
+    from leangnn.nn.dag import _type_groups
+
+    onehot = torch.eye(4)[[2, 0, 2, 3, 0]]
+    order, sizes = _type_groups(onehot)
+    assert sizes == [2, 0, 2, 1] and order.tolist() == [1, 4, 0, 2, 3]
+    assert _type_groups(torch.cat([onehot, torch.zeros(1, 4)])) is None
+    assert _type_groups(onehot * 0.5) is None
+    assert _type_groups(onehot[:0]) is None
+
+
 def test_max_plus_gradient_shares_ties():
     # node 2 = max(node 0, node 1) + d; equal arrivals split the gradient
     plan = level_plan(torch.tensor([[0, 1], [2, 2]]), 3, cache=False)
