@@ -185,6 +185,7 @@ def test_typed_update_grouped_by_gate_type_equals_the_dense_product(
 
     data = load_circuit(circuit, task="arrival")
     x = data.x.double()
+    monkeypatch.setattr(dag, "GROUP_MIN_ROWS", 1)  # every level, however small
     calls, real = [], dag._typed_mm
     monkeypatch.setattr(dag, "_typed_mm", lambda *a, **k: calls.append(1) or
                         real(*a, **k))
@@ -209,10 +210,13 @@ def test_typed_update_grouped_by_gate_type_equals_the_dense_product(
         torch.testing.assert_close(p, q, rtol=1e-9, atol=1e-11)
 
 
-def test_type_groups_refuse_rows_that_are_not_one_hot():
+def test_type_groups_refuse_rows_that_are_not_one_hot(monkeypatch):
+    from leangnn.nn import dag
     from leangnn.nn.dag import _type_groups
 
     onehot = torch.eye(4)[[2, 0, 2, 3, 0]]
+    assert _type_groups(onehot) is None  # below GROUP_MIN_ROWS: dense
+    monkeypatch.setattr(dag, "GROUP_MIN_ROWS", 1)
     order, sizes = _type_groups(onehot)
     assert sizes == [2, 0, 2, 1] and order.tolist() == [1, 4, 0, 2, 3]
     assert _type_groups(torch.cat([onehot, torch.zeros(1, 4)])) is None
