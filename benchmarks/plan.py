@@ -575,14 +575,10 @@ def _cli_measure(row: dict, epochs: int, threads: int | None, timeout: float,
 
     with tempfile.TemporaryDirectory(prefix="plan-cli-") as tmp:
         out = Path(tmp) / "run"
-        from leangnn.plan.measure import EPOCH_CPU_SHIM
-
-        # the real command line (leangnn.cli.main), with every training
-        # epoch's CPU time recorded beside it (one thread: what an idle
-        # machine's wall time would be; this one is shared)
-        code = EPOCH_CPU_SHIM + ("import sys\nfrom leangnn.cli import main\n"
-                                 "sys.exit(main(sys.argv[1:]))\n")
-        argv = [sys.executable, "-c", code, "train", *shlex.split(row["args"]),
+        # the real command line; metrics.jsonl has every epoch's CPU time
+        # beside its wall time (one thread: what an idle machine's wall time
+        # would be; this one is shared)
+        argv = [sys.executable, "-m", "leangnn", "train", *shlex.split(row["args"]),
                 "--epochs", str(epochs), "--out", str(out), "--quiet"]
         env = dict(os.environ)
         env.pop("MALLOC_MMAP_THRESHOLD_", None)  # what a plain `leangnn train` gets
@@ -590,7 +586,6 @@ def _cli_measure(row: dict, epochs: int, threads: int | None, timeout: float,
             env["MALLOC_MMAP_THRESHOLD_"] = "65536"
         if threads:
             env["OMP_NUM_THREADS"] = str(threads)
-        env["LEANGNN_EPOCH_CPU"] = str(Path(tmp) / "epoch_cpu.jsonl")
         t0 = time.perf_counter()
         p = subprocess.run(argv, env=env, capture_output=True, text=True,
                            timeout=timeout)
@@ -598,9 +593,10 @@ def _cli_measure(row: dict, epochs: int, threads: int | None, timeout: float,
         if p.returncode != 0:
             return {"error": (p.stderr.strip().splitlines() or ["?"])[-1]}
         s = json.loads((out / "summary.json").read_text())
-        epochs_s = [json.loads(line)["epoch_seconds"] for line in
-                    (out / "metrics.jsonl").read_text().splitlines() if line]
-        cpu = [float(x) for x in Path(env["LEANGNN_EPOCH_CPU"]).read_text().split()]
+        records = [json.loads(line) for line in
+                   (out / "metrics.jsonl").read_text().splitlines() if line]
+    epochs_s = [r["epoch_seconds"] for r in records]
+    cpu = [r["epoch_cpu_seconds"] for r in records]
     m = {"peak_bytes": s["memory"]["peak_bytes"],
          "epoch_seconds_median": s["time"]["epoch_seconds_median"],
          "epoch_seconds": epochs_s, "wall_seconds": wall,

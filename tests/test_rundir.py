@@ -44,6 +44,7 @@ def _lines(run):
     for ln in (run / "metrics.jsonl").read_text().splitlines():
         rec = json.loads(ln, parse_constant=lambda c: pytest.fail(f"token {c}"))
         rec.pop("epoch_seconds")
+        rec.pop("epoch_cpu_seconds")
         out.append(rec)
     return out
 

@@ -28,6 +28,7 @@ def _lines(path):
     for ln in path.read_text().splitlines():
         rec = json.loads(ln)
         rec.pop("epoch_seconds")
+        rec.pop("epoch_cpu_seconds")
         out.append(rec)
     return out
 
@@ -81,6 +82,9 @@ def test_run_directory_contents(tmp_path):
     assert s["memory"]["peak_bytes"] >= 0 and s["memory"]["method"].startswith("cpu")
     assert s["memory"]["saved_for_backward_bytes"] > 0
     assert s["time"]["epoch_seconds_median"] > 0
+    recs = [json.loads(ln) for ln in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in recs] == [1, 2]
+    assert all(0 < r["epoch_cpu_seconds"] for r in recs)
     ckpt = torch.load(run / "checkpoint.pt", weights_only=True)
     assert ckpt["epoch"] == 2
     assert torch.load(run / "checkpoint.prev.pt", weights_only=True)["epoch"] == 1

@@ -259,9 +259,12 @@ class Trainer:
         for epoch in bar:
             if stopped:
                 break
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             train_loss = self._train_epoch(epoch)
             times.append(time.perf_counter() - t0)
+            # this thread's CPU seconds: with one intra-op thread the epoch's
+            # compute, steady where a shared machine's wall time is not
+            cpu = time.thread_time() - c0
             self._release_heap()
             val = self.evaluate(self.splits.val)
             self._release_heap()
@@ -275,7 +278,8 @@ class Trainer:
                 else:
                     bad += 1
             run.append_metrics({"epoch": epoch + 1, "train_loss": train_loss,
-                                "val": val, "epoch_seconds": times[-1]})
+                                "val": val, "epoch_seconds": times[-1],
+                                "epoch_cpu_seconds": cpu})
             if run.enabled:
                 run.save_checkpoint(self._state(epoch + 1, best, best_state, bad,
                                                 times))

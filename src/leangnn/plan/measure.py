@@ -26,8 +26,7 @@ from unittest import mock
 
 import torch
 
-__all__ = ["measure", "measure_fresh", "measure_trainer", "MMAP_ENV",
-           "EPOCH_CPU_SHIM"]
+__all__ = ["measure", "measure_fresh", "measure_trainer", "MMAP_ENV"]
 
 #: glibc settings under which a CPU's resident memory follows the live tensor
 #: bytes: every block of 64 KiB or more is mapped and unmapped on its own
@@ -162,25 +161,10 @@ def measure_fresh(cfg, epochs: int = 2, live: bool = False, mmap: bool = False,
     return result
 
 
-#: every training epoch's CPU seconds (this thread's), appended to the file
-#: named by ``LEANGNN_EPOCH_CPU`` (a child process's shim around the Trainer)
-EPOCH_CPU_SHIM = """
-import json, os, time
-from leangnn.train import Trainer
-_epoch = Trainer._train_epoch
-def _timed(self, epoch):
-    t = time.thread_time()
-    try:
-        return _epoch(self, epoch)
-    finally:
-        with open(os.environ["LEANGNN_EPOCH_CPU"], "a") as f:
-            f.write(json.dumps(time.thread_time() - t) + "\\n")
-Trainer._train_epoch = _timed
-"""
-
-_TRAINER = EPOCH_CPU_SHIM + """
-import sys
+_TRAINER = """
+import json, sys
 from leangnn.config import TrainConfig
+from leangnn.train import Trainer
 Trainer(TrainConfig.from_dict(json.loads(sys.argv[1])), progress=False).fit()
 """
 
@@ -216,8 +200,7 @@ def measure_trainer(cfg, epochs: int = 3, threads: int | None = 1,
         env["OMP_NUM_THREADS"] = str(threads)
     with tempfile.TemporaryDirectory(prefix="leangnn-measure-") as tmp:
         out = Path(tmp) / "run"
-        env["LEANGNN_EPOCH_CPU"] = str(Path(tmp) / "epoch_cpu.jsonl")
-        run = {**d, "epochs": epochs, "out": str(out), "strategy": d["strategy"]}
+        run = {**d, "epochs": epochs, "out": str(out)}
         p = subprocess.run([sys.executable, "-c", _TRAINER, json.dumps(run)],
                            env=env, capture_output=True, text=True, timeout=timeout)
         if p.returncode != 0:
@@ -225,9 +208,10 @@ def measure_trainer(cfg, epochs: int = 3, threads: int | None = 1,
             raise RuntimeError(f"training {d.get('strategy')}/{d.get('model')} "
                                f"failed: {lines[-1]}")
         summary = json.loads((out / "summary.json").read_text())
-        times = [json.loads(line)["epoch_seconds"] for line in
-                 (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
-        cpu = [float(x) for x in Path(env["LEANGNN_EPOCH_CPU"]).read_text().split()]
+        records = [json.loads(line) for line in
+                   (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    times = [r["epoch_seconds"] for r in records]
+    cpu = [r["epoch_cpu_seconds"] for r in records]
     mem = summary["memory"]
     return {"run_bytes": mem["peak_bytes"], "method": mem["method"],
             "baseline_bytes": mem["baseline_bytes"], "epoch_seconds": times,
