@@ -45,6 +45,7 @@ __all__ = [
     "PhaseMeter",
     "SavedTensorsMeter",
     "LiveBytesMeter",
+    "sparse_parts",
     "rss_bytes",
     "peak_rss_bytes",
     "reset_peak_rss",
@@ -255,7 +256,7 @@ class PhaseMeter:
                 f"phases={list(self.records)})")
 
 
-def _sparse_parts(t: Tensor) -> tuple[Tensor, ...]:
+def sparse_parts(t: Tensor) -> tuple[Tensor, ...]:
     """The strided tensors holding a sparse tensor's data (``(t,)`` if dense)."""
     if t.layout == torch.sparse_coo:
         return (t._indices(), t._values())
@@ -267,7 +268,7 @@ def _sparse_parts(t: Tensor) -> tuple[Tensor, ...]:
 
 
 def _sparse_bytes(t: Tensor) -> int:
-    return sum(p.numel() * p.element_size() for p in _sparse_parts(t))
+    return sum(p.numel() * p.element_size() for p in sparse_parts(t))
 
 
 class SavedTensorsMeter:
@@ -357,10 +358,10 @@ class LiveBytesMeter(TorchDispatchMode):
             # (a sparse tensor has no storage: its index and value tensors do)
             inputs = {p.untyped_storage().data_ptr()
                       for t in tree_flatten((args, kwargs))[0]
-                      if isinstance(t, Tensor) for p in _sparse_parts(t)}
+                      if isinstance(t, Tensor) for p in sparse_parts(t)}
             for t in tree_flatten(out)[0]:
                 if isinstance(t, Tensor):
-                    for p in _sparse_parts(t):
+                    for p in sparse_parts(t):
                         key = p.untyped_storage().data_ptr()
                         if key in inputs and key not in self._refs:
                             continue

@@ -510,17 +510,11 @@ def default_heap_threshold(device: torch.device | str = "cpu") -> int:
 
 
 def tensor_bytes(t: Tensor) -> int:
-    """Bytes of ``t``'s storage; a sparse CSR/CSC tensor's index and value
-    storages (it has none of its own)."""
-    if t.layout in (torch.sparse_csr, torch.sparse_csc):
-        compressed, plain = ((t.crow_indices(), t.col_indices())
-                             if t.layout == torch.sparse_csr
-                             else (t.ccol_indices(), t.row_indices()))
-        return sum(x.untyped_storage().nbytes() for x in (compressed, plain,
-                                                          t.values()))
-    if t.layout == torch.sparse_coo:
-        return sum(x.untyped_storage().nbytes() for x in (t._indices(), t._values()))
-    return t.untyped_storage().nbytes()
+    """Bytes of ``t``'s storage; a sparse tensor's index and value storages
+    (it has none of its own)."""
+    from leangnn.profile import sparse_parts
+
+    return sum(x.untyped_storage().nbytes() for x in sparse_parts(t))
 
 
 def _data_bytes(data: Data) -> int:
