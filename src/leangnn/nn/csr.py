@@ -34,7 +34,6 @@ distributed mask than PyG's).
 from __future__ import annotations
 
 import contextlib
-import warnings
 from collections.abc import Callable, Iterator, Sequence
 
 import torch
@@ -99,9 +98,10 @@ def _compressed(rows: Tensor, n: int) -> Tensor:
 
 
 def _csr(crow: Tensor, col: Tensor, values: Tensor, n: int) -> Tensor:
-    with warnings.catch_warnings():  # "sparse CSR support is in beta"
-        warnings.simplefilter("ignore", UserWarning)
-        return torch.sparse_csr_tensor(crow, col, values, (n, n))
+    # lazily: leangnn.graphs.sparse imports SciPy, which leangnn.nn does not need
+    from leangnn.graphs.sparse import csr_tensor
+
+    return csr_tensor(crow, col, values, (n, n))
 
 
 class _SpMM(torch.autograd.Function):
