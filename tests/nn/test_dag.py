@@ -361,12 +361,11 @@ def test_task_default_starts_apply_where_they_fit():
 
 @pytest.mark.parametrize("name", ["iscas85/c6288", "epfl/router"])
 def test_cut_input_starts_as_the_cut_estimate(name, monkeypatch):
-    from collections import OrderedDict
-
     from leangnn.circuits import sigprob
     from leangnn.nn import dag
+    from leangnn.nn.levels import EdgeIndexCache
 
-    monkeypatch.setattr(dag, "_ESTIMATES", OrderedDict())  # count from empty
+    monkeypatch.setattr(dag, "_ESTIMATES", EdgeIndexCache())  # count from empty
 
     data = load_circuit(name, "signal_prob")
     want = torch.as_tensor(sigprob.cut_signal_probability(
@@ -428,3 +427,18 @@ def test_hand_written_backward_with_a_fixed_estimate(learn, monkeypatch):
                       if p.requires_grad])
     for a, b in zip(*grads):
         torch.testing.assert_close(a, b, rtol=1e-7, atol=1e-9)
+
+
+def test_edge_index_cache_stamps_evicts_and_forgets_dead_tensors():
+    from leangnn.nn.levels import EdgeIndexCache
+
+    cache = EdgeIndexCache(size=2)
+    a, b, c = (torch.zeros(2, i + 1, dtype=torch.long) for i in range(3))
+    cache.put(a, 1, "plan a")
+    assert cache.get(a, 1) == "plan a" and cache.get(a, 2) is None
+    assert cache.get(b, 1) is None  # another tensor
+    cache.put(b, 1, "plan b")
+    cache.put(c, 1, "plan c")  # over size: the least recently used (a) goes
+    assert len(cache) == 2 and cache.get(a, 1) is None
+    del b  # its entry dies with it (reference counting, no collector)
+    assert len(cache) == 1 and cache.get(c, 1) == "plan c"

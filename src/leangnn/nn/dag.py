@@ -28,8 +28,6 @@ Activation memory is ``O(rounds x N x C)`` whatever the depth (see
 from __future__ import annotations
 
 import hashlib
-import weakref
-from collections import OrderedDict
 from collections.abc import Sequence
 
 import numpy as np
@@ -38,7 +36,14 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch_geometric.nn import MLP
 
-from .levels import LevelPlan, cell_sweep, level_plan, max_plus, one_intraop_thread
+from .levels import (
+    EdgeIndexCache,
+    LevelPlan,
+    cell_sweep,
+    level_plan,
+    max_plus,
+    one_intraop_thread,
+)
 
 __all__ = ["DAGNN", "AGGRS", "ESTIMATORS", "TASK_DEFAULTS"]
 
@@ -91,8 +96,7 @@ def _quantile_offsets(f: Tensor, q: Tensor) -> Tensor:
 
 # edge_index -> (gate types digest, cut estimate); like the level plans, an
 # entry dies with its edge_index tensor, so a graph pays for it once per run.
-_ESTIMATES: OrderedDict[int, tuple] = OrderedDict()
-_ESTIMATES_SIZE = 64
+_ESTIMATES = EdgeIndexCache(64)
 
 
 def _cut_estimate(onehot: Tensor, edge_index: Tensor, plan: LevelPlan) -> Tensor:
@@ -101,14 +105,11 @@ def _cut_estimate(onehot: Tensor, edge_index: Tensor, plan: LevelPlan) -> Tensor
     from ..circuits.sigprob import cut_signal_probability_arrays
 
     types = onehot.detach().argmax(1).to(torch.int8).cpu().numpy()
-    key = id(edge_index)
     stamp = (edge_index._version, tuple(edge_index.shape),
              hashlib.blake2b(types.tobytes(), digest_size=16).digest())
-    if key in _ESTIMATES:
-        ref, old, est = _ESTIMATES[key]
-        if ref() is edge_index and old == stamp:
-            _ESTIMATES.move_to_end(key)
-            return est
+    est = _ESTIMATES.get(edge_index, stamp)
+    if est is not None:
+        return est
     ei = edge_index.detach().cpu().numpy().astype(np.int64, copy=False)
     by_dst = np.argsort(ei[1], kind="stable")
     ptr = np.zeros(types.size + 1, dtype=np.int64)
@@ -116,11 +117,7 @@ def _cut_estimate(onehot: Tensor, edge_index: Tensor, plan: LevelPlan) -> Tensor
     prob = cut_signal_probability_arrays(types, ptr, ei[0][by_dst],
                                          plan.level.cpu().numpy())
     est = torch.as_tensor(prob, device=edge_index.device)[:, None]
-    _ESTIMATES[key] = (weakref.ref(edge_index,
-                                   lambda _, k=key: _ESTIMATES.pop(k, None)),
-                       stamp, est)
-    while len(_ESTIMATES) > _ESTIMATES_SIZE:
-        _ESTIMATES.popitem(last=False)
+    _ESTIMATES.put(edge_index, stamp, est)
     return est
 
 

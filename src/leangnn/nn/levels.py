@@ -46,7 +46,7 @@ warnings.filterwarnings("ignore", message=r"index_reduce\(\) is in beta",
                         category=UserWarning)
 
 __all__ = ["LevelPlan", "LevelStep", "level_plan", "topological_levels", "max_plus",
-           "cell_sweep", "SweepCell"]
+           "cell_sweep", "SweepCell", "EdgeIndexCache"]
 
 
 @dataclass(frozen=True)
@@ -215,9 +215,41 @@ def _build(edge_index: Tensor, num_nodes: int, level: Tensor | None) -> LevelPla
                      tuple(reversed(rev)))
 
 
-# edge_index -> plan; entries die with their edge_index tensor.
-_CACHE: OrderedDict[int, tuple] = OrderedDict()
-_CACHE_SIZE = 64
+class EdgeIndexCache:
+    """Values derived from a graph tensor (an ``edge_index``), kept while that
+    tensor lives: an entry dies with its tensor (weak reference), is valid only
+    for the same object under the same ``stamp`` (e.g. its ``_version``), and
+    the least recently used go beyond ``size`` entries.
+
+    Args:
+        size (int, optional): most entries kept. (default: ``64``)
+    """
+
+    def __init__(self, size: int = 64):
+        self.size = size
+        self._entries: OrderedDict[int, tuple] = OrderedDict()
+
+    def get(self, tensor: Tensor, stamp):
+        """The value stored for ``tensor`` under ``stamp``, else ``None``."""
+        ent = self._entries.get(id(tensor))
+        if ent is None or ent[0]() is not tensor or ent[1] != stamp:
+            return None
+        self._entries.move_to_end(id(tensor))
+        return ent[2]
+
+    def put(self, tensor: Tensor, stamp, value) -> None:
+        key, entries = id(tensor), self._entries
+        entries[key] = (weakref.ref(tensor, lambda _, k=key: entries.pop(k, None)),
+                        stamp, value)
+        while len(entries) > self.size:
+            entries.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+# edge_index -> plan
+_CACHE = EdgeIndexCache(64)
 
 
 def level_plan(edge_index: Tensor, num_nodes: int | None = None,
@@ -238,20 +270,13 @@ def level_plan(edge_index: Tensor, num_nodes: int | None = None,
     """
     if num_nodes is None:
         num_nodes = int(edge_index.max()) + 1 if edge_index.numel() else 0
-    key = id(edge_index)
     stamp = (edge_index._version, int(num_nodes), tuple(edge_index.shape),
              None if level is None else (id(level), level._version))
-    if cache and key in _CACHE:
-        ref, old_stamp, plan = _CACHE[key]
-        if ref() is edge_index and old_stamp == stamp:
-            _CACHE.move_to_end(key)
-            return plan
-    plan = _build(edge_index, num_nodes, level)
-    if cache:
-        _CACHE[key] = (weakref.ref(edge_index, lambda _, k=key: _CACHE.pop(k, None)),
-                       stamp, plan)
-        while len(_CACHE) > _CACHE_SIZE:
-            _CACHE.popitem(last=False)
+    plan = _CACHE.get(edge_index, stamp) if cache else None
+    if plan is None:
+        plan = _build(edge_index, num_nodes, level)
+        if cache:
+            _CACHE.put(edge_index, stamp, plan)
     return plan
 
 
