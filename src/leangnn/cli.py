@@ -208,7 +208,7 @@ def _planned(cfg, args):
 
     budget = resolve_budget(cfg.memory_budget, torch.device(cfg.device))
     _budget_note(cfg, budget)
-    if getattr(args, "model", None) is None and not str(cfg.dataset or "") \
+    if args.model is None and not str(cfg.dataset or "") \
             .startswith("csbm:"):
         print(f"leangnn: note: --strategy auto plans the generic deep models "
               f"(here {cfg.model!r}); on circuits the default `--strategy full` "
