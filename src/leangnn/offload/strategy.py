@@ -49,7 +49,8 @@ class OffloadStrategy(Strategy):
 
     def __init__(self, device: torch.device | str = "cpu",
                  device_budget: int | str = DEFAULT_BUDGET, num_parts: int = 8,
-                 cache: str = "auto", mode: str = "exact", **engine_kwargs):
+                 cache: str = OffloadOptions.cache, mode: str = OffloadOptions.mode,
+                 **engine_kwargs):
         super().__init__(device)
         self.options = OffloadOptions(device_budget, num_parts, cache, mode,
                                       device=self.device, **engine_kwargs)
@@ -66,8 +67,8 @@ class OffloadStrategy(Strategy):
         retain = getattr(cfg, "retain", None)
         return cls(device=cfg.device,
                    device_budget=cfg.device_budget or DEFAULT_BUDGET,
-                   num_parts=cfg.num_parts, cache=cfg.cache or "auto",
-                   mode=getattr(cfg, "offload_mode", "exact") or "exact",
+                   num_parts=cfg.num_parts, cache=cfg.cache or OffloadOptions.cache,
+                   mode=getattr(cfg, "offload_mode", None) or OffloadOptions.mode,
                    retain=OffloadOptions.retain if retain is None else bool(retain))
 
     @staticmethod
