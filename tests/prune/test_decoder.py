@@ -145,10 +145,11 @@ def test_decoder_starts_at_anchor_average_and_learns():
 
 
 @pytest.mark.parametrize("layers", [1, 2, 3])
-@pytest.mark.parametrize("anchor_features,residual",
-                         [(True, True), (False, True), (True, False)])
+@pytest.mark.parametrize("anchor_features,residual,act",
+                         [(True, True, None), (False, True, None),
+                          (True, False, None), (True, True, "tanh")])
 def test_anchored_serving_equals_concatenated_inputs(layers, anchor_features,
-                                                     residual):
+                                                     residual, act):
     # forward() on the concatenated inputs is the reference; the serving path
     # reassociates the first Linear, so only float64 rounding may differ.
     torch.manual_seed(0)
@@ -156,6 +157,8 @@ def test_anchored_serving_equals_concatenated_inputs(layers, anchor_features,
     dec = AnchorDecoder(f, c, 3 if residual else 2, hidden_channels=16,
                         num_layers=layers, anchor_features=anchor_features,
                         residual=residual).double().eval()
+    if act == "tanh":  # not a ReLU: the serving path must not run it in place
+        dec.mlp.act = torch.nn.Tanh()
     for p in dec.parameters():  # the zero-init head would hide the MLP
         torch.nn.init.normal_(p)
     h, xc = torch.randn(n_core, c).double(), torch.randn(n_core, f).double()

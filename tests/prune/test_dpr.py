@@ -11,7 +11,7 @@ from leangnn.graphs.synthetic import contextual_sbm
 from leangnn.metrics import accuracy
 from leangnn.nn.models import build_model
 from leangnn.profile import SavedTensorsMeter
-from leangnn.prune import DPRConfig, DPRStrategy
+from leangnn.prune import AnchorDecoder, Anchors, DPRConfig, DPRStrategy
 from leangnn.train import Trainer, make_loss_fn
 
 LOSS = make_loss_fn("classification")
@@ -229,3 +229,79 @@ def test_fused_serving_equals_unfused_in_float64():
     torch.testing.assert_close(fused, plain, rtol=0, atol=1e-10)
     assert not torch.allclose(fused[st.pruned], st.anchors.weight @ model(
         st.train_data.x, st.train_data.adj_t))  # the decoder did something
+
+
+@pytest.mark.parametrize("fused,name", [(True, "sage"), (False, "sage"),
+                                        (True, "gcn")])
+def test_fast_serving_equals_the_model_and_csr_path_in_float64(fused, name):
+    # Default serving (reassociated GraphSAGE / GCN normalised once,
+    # embedding_bag products) against the model's own forward with
+    # torch.sparse products (both off switches).
+    d = _graph(600)
+    strat = DPRStrategy(budget_ratio=0.3, decoder_epochs=2, chunk_size=70)
+    torch.manual_seed(0)
+    model = build_model(name, d.num_features, 32, int(d.y.max()) + 1, 2)
+    strat.setup(model, [d])
+    st = strat.prepare(d)
+    model.double().eval()
+    d.x = d.x.double()
+    st.train_data.x = st.train_data.x.double()
+    st.train_data.adj_t = st.train_data.adj_t.double()
+    strat._ensure_anchors(st, d, rows=False)
+    st.anchors.weight = st.anchors.weight.double()
+    st.anchors.mass = st.anchors.mass.double()
+    for p in model.parameters():
+        torch.nn.init.normal_(p, std=0.3)
+    # before fit_end: anchor averaging of the encoder's outputs
+    ref = strat.predict(model, d, kernel="csr", reassociate=False)
+    torch.testing.assert_close(strat.predict(model, d), ref, rtol=0, atol=1e-10)
+    with torch.no_grad():
+        h = model(d.x[st.core.index], st.train_data.adj_t)
+    torch.testing.assert_close(ref[st.pruned], st.anchors.weight @ h, rtol=0,
+                               atol=1e-10)
+    strat.decoder = AnchorDecoder(d.num_features, h.size(1), h.size(1), 16).double()
+    for p in strat.decoder.parameters():
+        torch.nn.init.normal_(p, std=0.3)
+    ref = strat.predict(model, d, fused=fused, kernel="csr", reassociate=False)
+    for kernel in ("bag", "csr"):
+        out = strat.predict(model, d, fused=fused, kernel=kernel)
+        torch.testing.assert_close(out, ref, rtol=0, atol=1e-10)
+    with pytest.raises(ValueError, match="kernel"):
+        strat.predict(model, d, kernel="dense")
+    with pytest.raises(ValueError, match="serve_kernel"):
+        DPRConfig(serve_kernel="mkl")
+
+
+def test_serving_reads_the_features_of_every_call():
+    # Only graph-derived operands are reused across calls: new features on
+    # the same graph (same cache key) give the model's outputs on them.
+    d = _graph(500)
+    strat = DPRStrategy(budget_ratio=0.4, decoder_epochs=1)
+    model = _model(d).eval()
+    strat.setup(model, [d])
+    strat.fit_end(model, [d], LOSS)
+    st = strat.prepare(d)
+    first = strat.predict(model, d)
+    d2 = d.clone()
+    d2.x = d.x * 2 + 1
+    second = strat.predict(model, d2)
+    assert strat.prepare(d2) is st
+    with torch.no_grad():
+        h2 = model(d2.x[st.core.index], st.train_data.adj_t)
+    torch.testing.assert_close(second[st.core.index], h2, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(first[st.pruned], second[st.pruned], atol=1e-3)
+
+
+def test_serving_chunks_follow_replaced_anchors():
+    # Anchor chunks are sliced once and reused; new anchors must replace them.
+    d = _graph(500)
+    strat = DPRStrategy(budget_ratio=0.4, chunk_size=64)
+    model = _model(d).eval()
+    strat.setup(model, [d])
+    first = strat.predict(model, d)  # before fit_end: anchor averaging
+    st = strat.prepare(d)
+    a = st.anchors
+    st.anchors = Anchors(a.nodes, a.weight * 0.5, a.mass)
+    second = strat.predict(model, d)
+    torch.testing.assert_close(second[st.pruned], first[st.pruned] * 0.5)
+    torch.testing.assert_close(second[st.core.index], first[st.core.index])

@@ -7,6 +7,9 @@
 * :mod:`~leangnn.prune.decoder`: sparse PageRank anchors and the decoder;
 * :mod:`~leangnn.prune.dpr`: :class:`DPRStrategy`, the trainer strategy
   ``prune``;
+* :mod:`~leangnn.prune.serve`: exact serving kernels (``embedding_bag`` row
+  products, GraphSAGE aggregating at ``min(in, out)`` width, GCN normalised
+  once per graph);
 * :mod:`~leangnn.prune.baselines`: the peers DPR is measured against (DSpar
   full-batch, sampled GraphSAGE).
 """
@@ -37,6 +40,7 @@ from .importance import (
     pagerank,
     register_importance,
 )
+from .serve import ServeGraph, mean_adjacency, rows_mm, servable, serve_forward
 
 __all__ = [
     "IMPORTANCE", "register_importance", "node_importance", "degree_importance",
@@ -45,6 +49,7 @@ __all__ = [
     "dspar_sparsify", "build_core",
     "Anchors", "ppr_anchors", "AnchorDecoder",
     "DPRConfig", "DPRStrategy",
+    "rows_mm", "mean_adjacency", "ServeGraph", "servable", "serve_forward",
     "SparseFullBatch", "UniformNeighborSampler", "neighbor_batches",
     "sampled_inference",
 ]

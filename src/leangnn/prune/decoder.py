@@ -288,35 +288,45 @@ class AnchorDecoder(torch.nn.Module):
         if mass is None:
             mass = torch.ones(x.size(0), device=x.device, dtype=x.dtype)
         # Log-mass and bias ride along as two extra input columns: one GEMM
-        # instead of GEMM + outer product + broadcast add (~30 % faster on CPU).
+        # instead of GEMM + outer product + broadcast add (2.48 ms against
+        # 2.59-2.88 ms per 16k CSBM rows, one thread).
         cols = [x, mass.clamp_min(1e-6).log().to(x.dtype).unsqueeze(-1)]
         wcols = [first.weight[:, :f], first.weight[:, -1:]]
         if first.bias is not None:
             cols.append(x.new_ones(x.size(0), 1))
             wcols.append(first.bias.unsqueeze(-1))
         z = torch.addmm(anchored[:, :k], torch.cat(cols, -1), torch.cat(wcols, -1).t())
-        out = self._mlp_after_first(z)
-        return out + anchored[:, k:] if self.residual else out
+        return self._mlp_after_first(z, anchored[:, k:] if self.residual else None)
 
-    def _mlp_after_first(self, x: Tensor) -> Tensor:
-        # torch_geometric.nn.MLP.forward with its first Linear already applied.
+    def _mlp_after_first(self, x: Tensor, residual: Tensor | None = None) -> Tensor:
+        # torch_geometric.nn.MLP.forward with its first Linear already applied
+        # (x is a fresh tensor, so a ReLU may run in place), plus ``residual``.
         mlp = self.mlp
+        relu = isinstance(mlp.act, torch.nn.ReLU)
+
+        def act(t: Tensor) -> Tensor:
+            return t.relu_() if relu else mlp.act(t)
+
         for i, (lin, norm) in enumerate(zip(mlp.lins, mlp.norms)):
             if i:
                 x = lin(x)
             if mlp.act is not None and mlp.act_first:
-                x = mlp.act(x)
+                x = act(x)
             x = norm(x)
             if mlp.act is not None and not mlp.act_first:
-                x = mlp.act(x)
+                x = act(x)
             x = torch.nn.functional.dropout(x, p=mlp.dropout[i],
                                             training=mlp.training)
         if mlp.plain_last:
             if len(mlp.lins) > 1:
-                x = mlp.lins[-1](x)
+                last = mlp.lins[-1]
+                if residual is not None and not (mlp.training and mlp.dropout[-1]):
+                    out = torch.addmm(residual, x, last.weight.t())
+                    return out if last.bias is None else out.add_(last.bias)
+                x = last(x)
             x = torch.nn.functional.dropout(x, p=mlp.dropout[-1],
                                             training=mlp.training)
-        return x
+        return x if residual is None else x + residual
 
     def __repr__(self) -> str:
         return (f"{self.__class__.__name__}({self.in_channels}, {self.embed_channels}, "
