@@ -14,12 +14,23 @@ loss and every parameter gradient with PyG full batch.
     python benchmarks/offload_hubs.py                  # 2^18 and 2^20, 25% / 6.25%
     python benchmarks/offload_hubs.py --scales 14 --check-scale 14   # quick
 
+On large check graphs the reference and each real epoch run in their own
+process (each under the machine's per-command limit): ``--ref FILE
+--ref-only`` computes PyG full batch once and saves loss and gradients;
+``--ref FILE --append`` then loads them for each offload epoch and merges the
+check into ``--out``. ``--ref-adj csr`` runs the same PyG model on a
+``torch.sparse_csr`` adjacency (PyG's ``adj_t`` path: ``spmm``, no ``[E, C]``
+messages), so hidden 64 fits in memory on 24M edges; it equals the
+``edge_index`` path to float32 rounding (``--ref-compare`` measures that).
+
 Writes ``benchmarks/results/offload_hubs.json`` and prints the markdown.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import resource
 import sys
 import time
 from pathlib import Path
@@ -31,6 +42,7 @@ from leangnn.graphs.synthetic import rmat_graph
 from leangnn.nn.models import build_model
 from leangnn.offload import BudgetError, OffloadEngine
 from leangnn.plan.vertex import full_batch_vertex_bytes
+from leangnn.utils import atomic_torch_save
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _report import results_path, write_json  # noqa: E402
@@ -101,58 +113,159 @@ def plan_rows(data, model, frac, args, replay=True) -> list[dict]:
     return rows
 
 
-def real_check(args, frac, policy="st") -> dict:
+def peak_rss_bytes() -> int:
+    """This process's peak resident set so far (Linux ``ru_maxrss`` is KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def check_graph(args):
+    return rmat_graph(args.check_scale, args.edge_factor, in_channels=64,
+                      seed=args.seed)
+
+
+def ref_key(args) -> dict:
+    return {"scale": args.check_scale, "edge_factor": args.edge_factor,
+            "seed": args.seed, "model": args.model, "hidden": args.hidden}
+
+
+def pyg_reference(args, data, model, adj_mode: str) -> dict:
+    """PyG full batch: loss and every parameter gradient of one epoch.
+
+    ``adj_mode="csr"`` hands the same PyG model the transposed adjacency as a
+    ``torch.sparse_csr`` tensor (PyG's ``adj_t`` input): GCNConv then
+    normalises it in ``gcn_norm`` and aggregates with ``spmm``; no offload
+    code is involved either way."""
+    if adj_mode == "csr":
+        from torch_geometric.utils import to_torch_csr_tensor
+        n = data.num_nodes
+        t0 = time.perf_counter()
+        adj = to_torch_csr_tensor(data.edge_index.flip(0), size=(n, n))
+    else:
+        adj = data.edge_index
+        t0 = time.perf_counter()
+    loss = ce_loss(model(data.x, adj), data)
+    grads = torch.autograd.grad(loss, list(model.parameters()))
+    t = time.perf_counter() - t0
+    return {"key": ref_key(args), "adj": adj_mode, "loss": loss.detach(),
+            "grads": [g.detach() for g in grads], "pyg_s": round(t, 1),
+            "params": [p.detach().clone() for p in model.parameters()],
+            "peak_rss_bytes": peak_rss_bytes(), "nodes": data.num_nodes,
+            "edges": int(data.edge_index.size(1))}
+
+
+def rel_errors(grads, ref) -> list[float]:
+    return [float((g - r).abs().max() / r.abs().max().clamp_min(1e-30))
+            for g, r in zip(grads, ref)]
+
+
+def load_reference(args, model) -> dict:
+    ref = torch.load(args.ref, weights_only=True)
+    if ref["key"] != ref_key(args):
+        raise ValueError(f"--ref {args.ref}: reference of {ref['key']}, this run "
+                         f"checks {ref_key(args)}")
+    if not all(torch.equal(p.detach(), q)
+               for p, q in zip(model.parameters(), ref["params"])):
+        raise ValueError(f"--ref {args.ref}: saved parameters differ from this "
+                         "run's initial parameters")
+    log(f"  reference loaded from {args.ref} (PyG full batch, adj "
+        f"{ref['adj']}, {ref['pyg_s']} s, process peak "
+        f"{ref['peak_rss_bytes'] / MiB:,.0f} MiB)")
+    return ref
+
+
+def make_reference(args) -> dict:
+    """Compute (``--ref-only``: and save) the PyG reference of the check graph."""
+    data = check_graph(args)
+    log(f"check graph R-MAT 2^{args.check_scale}: {data.num_nodes:,} nodes, "
+        f"{data.edge_index.size(1):,} edges; rss "
+        f"{peak_rss_bytes() / MiB:,.0f} MiB before PyG")
+    ref = pyg_reference(args, data, new_model(args), args.ref_adj)
+    log(f"  PyG full batch ({args.ref_adj}): loss {float(ref['loss']):.6f}, "
+        f"{ref['pyg_s']} s, process peak {ref['peak_rss_bytes'] / MiB:,.0f} MiB")
+    if args.ref_compare:
+        other = "edge_index" if args.ref_adj == "csr" else "csr"
+        alt = pyg_reference(args, data, new_model(args), other)
+        errs = rel_errors(alt["grads"], ref["grads"])
+        ref["compare"] = {
+            "adj": other, "pyg_s": alt["pyg_s"],
+            "peak_rss_bytes": alt["peak_rss_bytes"],
+            "loss_rel_err": float((alt["loss"] - ref["loss"]).abs()
+                                  / ref["loss"].abs()),
+            "grad_rel_err": max(errs)}
+        log(f"  PyG {other} vs {args.ref_adj}: loss rel err "
+            f"{ref['compare']['loss_rel_err']:.1e}, max grad rel err "
+            f"{max(errs):.1e} ({alt['pyg_s']} s, process peak "
+            f"{alt['peak_rss_bytes'] / MiB:,.0f} MiB)")
+    if args.ref:
+        Path(args.ref).parent.mkdir(parents=True, exist_ok=True)
+        atomic_torch_save(ref, args.ref)
+        log(f"  saved {args.ref}")
+    return ref
+
+
+def real_check(args, frac, policy="st", ref=None) -> dict:
     """One real epoch against PyG full batch on the check graph (``auto``:
     the engine with its defaults, as the CLI builds it)."""
-    data = rmat_graph(args.check_scale, args.edge_factor, in_channels=64,
-                      seed=args.seed)
+    data = check_graph(args)
     model = new_model(args)
-    t0 = time.perf_counter()
-    out = model(data.x, data.edge_index)
-    loss = ce_loss(out, data)
-    ref = torch.autograd.grad(loss, list(model.parameters()))
-    t_pyg = time.perf_counter() - t0
-    del out
+    if ref is None:
+        ref = (load_reference(args, model) if args.ref
+               else pyg_reference(args, data, model, args.ref_adj))
     need = full_batch_vertex_bytes(model, data.num_nodes)
     kw = {} if policy == "auto" else {"cache": policy}
+    t0 = time.perf_counter()
     eng = OffloadEngine(model, data, int(frac * need), args.parts,
                         cache_dir=args.cache_dir, **kw)
+    t_plan = time.perf_counter() - t0
     model.zero_grad(set_to_none=True)
     t0 = time.perf_counter()
     got = eng.train_step(ce_loss, data)
     t_eng = time.perf_counter() - t0
-    err = max(float((p.grad - r).abs().max() / r.abs().max().clamp_min(1e-30))
-              for p, r in zip(model.parameters(), ref))
+    errs = rel_errors([p.grad for p in model.parameters()], ref["grads"])
+    err = max(errs)
+    loss = float(ref["loss"])
+    pieces = [ch.piece for ch in eng.sched.chunks if ch.piece is not None]
+    c = eng.counters
     res = {"scale": args.check_scale, "nodes": data.num_nodes,
            "edges": int(data.edge_index.size(1)), "budget_fraction": frac,
+           "need_bytes": need, "hidden": args.hidden,
            "cache": policy, "policy": eng.policy, "retain": eng.retain,
            "num_chunks": eng.num_chunks, "num_pieces": eng.sched.num_pieces,
-           "loss_rel_err": abs(got - float(loss.detach())) / abs(float(loss.detach())),
-           "grad_rel_err": err, "dtype": "float32", "epoch_s": round(t_eng, 1),
-           "pyg_s": round(t_pyg, 1),
-           "peak_device_bytes": eng.counters.peak_device_bytes,
-           "budget_bytes": eng.budget}
+           "hubs_split": len({p.node for p in pieces}),
+           "loss_rel_err": abs(got - loss) / abs(loss),
+           "grad_rel_err": err, "grad_rel_errs": errs, "dtype": "float32",
+           "epoch_s": round(t_eng, 1), "plan_s": round(t_plan, 1),
+           "pyg_s": ref["pyg_s"], "ref_adj": ref["adj"],
+           "ref_peak_rss_bytes": ref.get("peak_rss_bytes"),
+           "peak_device_bytes": c.peak_device_bytes,
+           "traffic_bytes": c.h2d_bytes + c.d2h_bytes,
+           "budget_bytes": eng.budget, "peak_rss_bytes": peak_rss_bytes(),
+           "threads": torch.get_num_threads()}
     log(f"  real epoch ({policy} = {eng.policy}) at {frac:.2%}: "
         f"{eng.num_chunks} jobs/sweep "
         f"({eng.sched.num_pieces} pieces), loss rel err {res['loss_rel_err']:.1e}, "
         f"max gradient rel err {err:.1e} (float32), {t_eng:.1f} s "
-        f"(PyG full batch {t_pyg:.1f} s)")
+        f"(PyG full batch {ref['pyg_s']} s), device peak "
+        f"{c.peak_device_bytes / MiB:,.1f} of {eng.budget / MiB:,.1f} MiB, "
+        f"process peak {res['peak_rss_bytes'] / MiB:,.0f} MiB")
     return res
 
 
 def markdown(res: dict) -> str:
     cfg = res["config"]
-    lines = [
-        f"3-layer {cfg['model'].upper()} (hidden {cfg['hidden']}, float32), "
-        f"{cfg['parts']} METIS parts, R-MAT a=0.57 b=c=0.19 (edge factor "
-        f"{cfg['edge_factor']}, symmetrised, deduplicated); budget a fraction of "
-        "the full-batch need; epochs replayed in counting mode. Target: every "
-        "policy plans and its epoch runs (before edge splits, `lru`/`degree`/`st` "
-        "stopped with `BudgetError` at 25% on 2^18).", "",
-        "| graph | budget (of need) | policy | plans | jobs/sweep | hub pieces "
-        "(hubs) | largest hub: in-edges / pieces | one-node hub job fits | "
-        "traffic | peak <= budget | target |",
-        "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = []
+    if res["graphs"]:
+        lines += [
+            f"3-layer {cfg['model'].upper()} (hidden {cfg['hidden']}, float32), "
+            f"{cfg['parts']} METIS parts, R-MAT a=0.57 b=c=0.19 (edge factor "
+            f"{cfg['edge_factor']}, symmetrised, deduplicated); budget a fraction "
+            "of the full-batch need; epochs replayed in counting mode. Target: "
+            "every policy plans and its epoch runs (before edge splits, "
+            "`lru`/`degree`/`st` stopped with `BudgetError` at 25% on 2^18).", "",
+            "| graph | budget (of need) | policy | plans | jobs/sweep | hub pieces "
+            "(hubs) | largest hub: in-edges / pieces | one-node hub job fits | "
+            "traffic | peak <= budget | target |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
     for g in res["graphs"]:
         name = f"R-MAT 2^{g['scale']} ({g['nodes']:,} n, {g['edges'] / 1e6:.1f}M e)"
         for r in g["rows"]:
@@ -168,17 +281,40 @@ def markdown(res: dict) -> str:
                 + (f"{r['traffic_bytes'] / MiB:,.0f} MiB | "
                    f"{'yes' if r['under_budget'] else 'NO'} | plans |"
                    if r.get("replayed") else "(planned only) | | plans |"))
+    if res.get("checks"):
+        adj = {c.get("ref_adj", "edge_index") for c in res["checks"]}
+        lines += [
+            "" if lines else None,
+            f"Real epochs (3-layer {cfg['model'].upper()}, hidden "
+            f"{cfg['hidden']}, float32, {cfg['parts']} METIS parts) against PyG "
+            "full batch"
+            + (" on a `torch.sparse_csr` adjacency (PyG's `adj_t` path)"
+               if adj == {"csr"} else "")
+            + ": loss and every parameter gradient; error = max |offload - PyG| "
+            "/ max |PyG| per tensor, largest over the tensors.", "",
+            "| graph | budget (of need) | policy | jobs/sweep | hub pieces (hubs) "
+            "| loss rel. error | max grad rel. error | target | epoch | PyG full "
+            "batch | device peak / budget |",
+            "|---|---|---|---:|---|---:|---:|---|---:|---:|---|"]
+        lines = [x for x in lines if x is not None]
     for c in res.get("checks", []):
         pol = c.get("cache", "st")
         pol = pol if c.get("policy", pol) == pol else f"{pol} = {c['policy']}"
-        lines += ["", f"Real epoch (`{pol}`, R-MAT 2^{c['scale']}, "
-                  f"{c['nodes']:,} nodes, "
-                  f"{c['edges'] / 1e6:.1f}M edges, {c['budget_fraction']:.2%} of the "
-                  f"need, {c['num_chunks']} jobs/sweep with {c['num_pieces']} hub "
-                  f"pieces): loss relative error {c['loss_rel_err']:.1e}, largest "
-                  f"parameter-gradient relative error {c['grad_rel_err']:.1e} against "
-                  f"PyG full batch (float32; target 1e-5); {c['epoch_s']} s "
-                  f"(PyG {c['pyg_s']} s)."]
+        err = c["grad_rel_err"]
+        peak = ""
+        if "peak_device_bytes" in c:
+            under = c["peak_device_bytes"] <= c["budget_bytes"]
+            peak = (f"{c['peak_device_bytes'] / MiB:,.1f} / "
+                    f"{c['budget_bytes'] / MiB:,.1f} MiB "
+                    f"({'under' if under else '**over**'})")
+        hubs = c.get("hubs_split")
+        lines.append(
+            f"| R-MAT 2^{c['scale']} ({c['nodes']:,} n, {c['edges'] / 1e6:.1f}M e) | "
+            f"{c['budget_fraction']:.2%} | `{pol}` | {c['num_chunks']} | "
+            f"{c['num_pieces']}" + (f" ({hubs})" if hubs is not None else "")
+            + f" | {c['loss_rel_err']:.1e} | **{err:.1e}** | <= 1e-5: "
+            f"{'met' if err <= 1e-5 and c['loss_rel_err'] <= 1e-5 else 'MISSED'} | "
+            f"{c['epoch_s']} s | {c['pyg_s']} s | {peak} |")
     lines += ["", f"Command: `{res['config']['command']}`"]
     return "\n".join(lines)
 
@@ -203,6 +339,21 @@ def main(argv=None) -> dict:
                     choices=["auto", *POLICIES],
                     help="cache policies of the real epochs (auto: the engine's "
                          "defaults)")
+    ap.add_argument("--ref", default=None,
+                    help="file of the PyG reference: written by --ref-only, "
+                         "read by the real epochs")
+    ap.add_argument("--ref-only", action="store_true",
+                    help="compute the check graph's PyG reference, save it to "
+                         "--ref, run no offload epoch")
+    ap.add_argument("--ref-adj", default="edge_index", choices=["edge_index", "csr"],
+                    help="adjacency the PyG reference runs on (csr: "
+                         "torch.sparse_csr adj_t, no [E, C] messages)")
+    ap.add_argument("--ref-compare", action="store_true",
+                    help="with --ref-only: also run the other adjacency and "
+                         "report how far the two PyG references differ")
+    ap.add_argument("--append", action="store_true",
+                    help="merge into --out's existing checks (replacing the same "
+                         "scale/fraction/policy) instead of starting afresh")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--cache-dir", default=None)
     ap.add_argument("--out", default=None,
@@ -210,12 +361,26 @@ def main(argv=None) -> dict:
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     out = args.out or str(results_path("offload_hubs.json"))
+    if args.ref_only:
+        if not args.ref or not args.check_scale:
+            ap.error("--ref-only needs --ref FILE and --check-scale")
+        ref = make_reference(args)
+        print(json.dumps({"pyg_s": ref["pyg_s"], "adj": ref["adj"],
+                          "peak_rss_bytes": ref["peak_rss_bytes"],
+                          "compare": ref.get("compare")}))
+        return ref
     res = {"config": {"model": args.model, "hidden": args.hidden, "parts": args.parts,
                       "edge_factor": args.edge_factor, "seed": args.seed,
                       "threads": args.threads, "torch": torch.__version__,
                       "command": "python benchmarks/offload_hubs.py "
                                  + " ".join(sys.argv[1:] if argv is None else argv)},
            "graphs": [], "checks": []}
+    if args.append and Path(out).is_file():
+        old = json.loads(Path(out).read_text())
+        res["graphs"] = old.get("graphs", [])
+        res["checks"] = old.get("checks", [])
+        res["config"]["command"] = (old["config"]["command"] + "; "
+                                    + res["config"]["command"])
     for scale in args.scales:
         t0 = time.perf_counter()
         data = rmat_graph(scale, args.edge_factor, in_channels=64, seed=args.seed)
@@ -236,7 +401,13 @@ def main(argv=None) -> dict:
     if args.check_scale:
         for frac in args.check_fractions:
             for pol in args.check_policies:
-                res["checks"].append(real_check(args, frac, pol))
+                try:
+                    c = real_check(args, frac, pol)
+                except (ValueError, FileNotFoundError) as e:
+                    ap.exit(2, f"offload_hubs.py: {e}\n")
+                res["checks"] = [o for o in res["checks"] if (
+                    o["scale"], o["budget_fraction"], o.get("cache")) != (
+                    c["scale"], frac, pol)] + [c]
                 write_json(out, res)
     write_json(out, res)
     md = markdown(res)
