@@ -524,6 +524,10 @@ def auto_markdown(res: dict) -> str:
 #: ``leangnn train`` command lines (after ``train``) the ``cli`` section runs
 #: in fresh interpreters: every strategy, gsr/res/sage/gcn/gat, the default
 #: circuit split, itc99/b19 and a csbm graph; ``--strategy auto`` rows too
+_B19 = "--dataset itc99/b19 --val-dataset iscas85/c17 --test-dataset iscas85/c432"
+_MULT = ("--dataset epfl/multiplier --val-dataset iscas85/c17 "
+         "--test-dataset iscas85/c432")
+_SIN = "--dataset epfl/sin --val-dataset iscas85/c17 --test-dataset iscas85/c432"
 CLI_ROWS = [
     dict(name="default-auto-2GiB", args="--strategy auto --memory-budget 2GiB"),
     dict(name="default-auto-20MiB", args="--strategy auto --memory-budget 20MiB"),
@@ -551,6 +555,48 @@ CLI_ROWS = [
          "--parts 8"),
     dict(name="csbm100k-auto-sage3", args="--dataset csbm:100000 --strategy auto "
          "--model sage --layers 3 --hidden 64 --memory-budget 160MiB"),
+    # more models, depths and graphs (issue 11: >= 30 configurations)
+    dict(name="b19-full-gcn3", args=f"{_B19} --strategy full --model gcn "
+         "--layers 3 --hidden 32"),
+    dict(name="b19-full-gat2", args=f"{_B19} --strategy full --model gat "
+         "--layers 2 --hidden 32"),
+    dict(name="b19-full-res4", args=f"{_B19} --strategy full --model res "
+         "--conv sage --layers 4 --hidden 32"),
+    dict(name="b19-prune-sage3", args=f"{_B19} --strategy prune --model sage "
+         "--layers 3 --hidden 64 --budget-ratio 0.3"),
+    dict(name="mult-full-res8", args=f"{_MULT} --strategy full --model res "
+         "--conv sage --layers 8 --hidden 64"),
+    dict(name="mult-full-res4-gcn", args=f"{_MULT} --strategy full --model res "
+         "--conv gcn --layers 4 --hidden 64"),
+    dict(name="mult-full-gat3", args=f"{_MULT} --strategy full --model gat "
+         "--layers 3 --hidden 64"),
+    dict(name="mult-full-gcn2", args=f"{_MULT} --strategy full --model gcn "
+         "--layers 2 --hidden 128"),
+    dict(name="mult-gsr64", args=f"{_MULT} --strategy reversible --model gsr "
+         "--layers 64 --hidden 64 --groups 2"),
+    dict(name="mult-gsr16-gat", args=f"{_MULT} --strategy reversible --model gsr "
+         "--conv gat --layers 16 --hidden 32 --groups 2"),
+    dict(name="mult-offload-sage3", args=f"{_MULT} --strategy offload --model sage "
+         "--layers 3 --hidden 64 --device-budget 32MiB --parts 8"),
+    dict(name="mult-prune-res16", args=f"{_MULT} --strategy prune --model res "
+         "--conv sage --layers 16 --hidden 64 --budget-ratio 0.3"),
+    dict(name="sin-gsr256", args=f"{_SIN} --strategy reversible --model gsr "
+         "--layers 256 --hidden 32 --groups 2"),
+    dict(name="sin-full-res64-gcn", args=f"{_SIN} --strategy full --model res "
+         "--conv gcn --layers 64 --hidden 32"),
+    dict(name="csbm100k-full-sage2", args="--dataset csbm:100000 --strategy full "
+         "--model sage --layers 2 --hidden 32"),
+    dict(name="csbm100k-gsr4", args="--dataset csbm:100000 --strategy reversible "
+         "--model gsr --layers 4 --hidden 32 --groups 2"),
+    dict(name="csbm100k-full-gat2", args="--dataset csbm:100000 --strategy full "
+         "--model gat --layers 2 --hidden 16"),
+    dict(name="default-full-res128", args="--strategy full --model res --conv sage "
+         "--layers 128 --hidden 32"),
+    dict(name="csbm20k-auto-res16", args="--dataset csbm:20000 --strategy auto "
+         "--model res --layers 16 --hidden 32 --memory-budget 96MiB"),
+    # the ~2M-node synthetic graph (graph ~2 GiB loaded; DPR's core trains)
+    dict(name="csbm2m-prune-sage2", args="--dataset csbm:2000000 --strategy prune "
+         "--model sage --layers 2 --hidden 32 --budget-ratio 0.3", max_runs=1),
 ]
 
 
@@ -611,9 +657,30 @@ def _cli_measure(row: dict, epochs: int, threads: int | None, timeout: float,
     return m
 
 
-def _cli_estimate(row: dict, splits_cache: dict, cal) -> dict:
+def _in_order(rows: list[dict]) -> list[dict]:
+    """Rows in :data:`CLI_ROWS`' order (rows no longer there last)."""
+    order = {r["name"]: i for i, r in enumerate(CLI_ROWS)}
+    return sorted(rows, key=lambda r: order.get(r["name"], len(order)))
+
+
+def _median_run(runs: list[dict]) -> dict:
+    """The run with the median peak (the lower middle one of an even count),
+    all runs kept under ``runs``: glibc's default heap differs from process
+    to process of one command line (hash seeds, address layout)."""
+    order = sorted(runs, key=lambda m: m["peak_bytes"])
+    m = dict(order[(len(order) - 1) // 2])
+    m["runs"] = runs
+    m["peaks"] = [r["peak_bytes"] for r in runs]
+    m["peak_bytes"] = statistics.median(m["peaks"])
+    return m
+
+
+def _cli_estimate(row: dict, splits_cache: dict, cal, ran: dict | None = None
+                  ) -> dict:
     """This code's estimate of what ``row`` trains: the planner's pick for an
-    ``auto`` row (planned here again), else the configuration itself."""
+    ``auto`` row (planned here again; where the run picked another row,
+    ``ran`` (its summary's plan), that row's estimate: the figure compared is
+    the estimate of what was trained), else the configuration itself."""
     import shlex
 
     from leangnn.data import load_graphs
@@ -627,16 +694,24 @@ def _cli_estimate(row: dict, splits_cache: dict, cal) -> dict:
         splits_cache[key] = load_graphs(cfg, progress=False)
     splits = splits_cache[key]
     c0, w0 = time.process_time(), time.perf_counter()
+    replanned = None
     if cfg.strategy == "auto":
         table = plan_config(cfg, splits, cfg.memory_budget, calibration=cal,
                             lazy=True)
         pick = choose(table)
         est, label = pick.estimate, pick.label
-        cfg = pick.apply(cfg)
+        base, cfg = cfg, pick.apply(cfg)
     else:
         est, label = estimate_config(cfg, splits, calibration=cal), None
     cpu, wall = time.process_time() - c0, time.perf_counter() - w0
-    return {"pick": label, "strategy": cfg.strategy, "model": cfg.model,
+    if label is not None and ran and ran.get("config") and ran.get("pick") != label:
+        from leangnn.config import TrainConfig
+
+        replanned = label
+        cfg = TrainConfig.from_dict({**base.to_dict(), **ran["config"]})
+        est, label = estimate_config(cfg, splits, calibration=cal), ran["pick"]
+    return {"pick": label, "replanned_pick": replanned,
+            "strategy": cfg.strategy, "model": cfg.model,
             "num_layers": cfg.num_layers,
             "estimated_run_bytes": max(est.run_bytes, est.later_run_bytes or 0),
             "tensor_bytes": est.step_bytes, "big_bytes": est.big_bytes,
@@ -662,31 +737,39 @@ def cli_rows(args, cal) -> dict:
         ok = p and p.get("args") == row["args"] and p.get("measured") and \
             "error" not in p["measured"] and p.get("epochs") == args.cli_epochs \
             and p["measured"].get("threads") == args.threads
-        if ok and not args.remeasure:
-            meas = p["measured"]
-        else:
-            log(f"cli {row['name']}: leangnn train {row['args']} ...")
+        runs = [] if not ok or args.remeasure else p["measured"].get(
+            "runs", [{k: v for k, v in p["measured"].items() if k != "runs"}])
+        meas = None
+        # a row may cap its runs (the 2M-node graph: minutes each)
+        repeat = min(args.repeat, row.get("max_runs", args.repeat))
+        while len(runs) < repeat:
+            log(f"cli {row['name']}: leangnn train {row['args']} "
+                f"(run {len(runs) + 1} of {repeat}) ...")
             try:
-                meas = _cli_measure(row, args.cli_epochs, args.threads, args.timeout,
-                                    mmap)
+                m = _cli_measure(row, args.cli_epochs, args.threads, args.timeout,
+                                 mmap)
             except Exception as e:  # noqa: BLE001 - one row must not stop the rest
-                meas = {"error": f"{type(e).__name__}: {e}"}
-        est = _cli_estimate(row, splits, cal)
-        r = {"name": row["name"], "args": row["args"], "epochs": args.cli_epochs,
-             "measured": meas, "estimate": est}
+                m = {"error": f"{type(e).__name__}: {e}"}
+            if "error" in m:
+                meas = m
+                break
+            runs.append(m)
+        if meas is None:
+            meas = _median_run(runs)
+        try:
+            est = _cli_estimate(row, splits, cal, meas.get("plan"))
+        except Exception as e:  # noqa: BLE001 - e.g. an op the dry run cannot follow
+            log(f"  estimate failed: {type(e).__name__}: {e}")
+            rows.append({"name": row["name"], "args": row["args"],
+                         "epochs": args.cli_epochs, "measured": meas,
+                         "estimate_error": f"{type(e).__name__}: "
+                                           f"{str(e).splitlines()[0][:200]}"})
+            write_json(out_path, {"calibration": cal.kind, "rows": keep + rows})
+            continue
+        r = _score({"name": row["name"], "args": row["args"],
+                    "epochs": args.cli_epochs, "measured": meas, "estimate": est})
         if "error" not in meas:
             mb, eb = meas["peak_bytes"], est["estimated_run_bytes"]
-            r["rel_error"] = (eb - mb) / mb
-            if meas.get("plan") and meas["plan"].get("pick") != est["pick"]:
-                r["note"] = f"the run picked {meas['plan']['pick']}"
-            if est["estimated_epoch_seconds"] and meas["epoch_seconds_median"]:
-                r["time_ratio"] = (est["estimated_epoch_seconds"]
-                                   / meas["epoch_seconds_median"])
-                if meas.get("epoch_cpu_seconds_median"):
-                    r["time_ratio_cpu"] = (est["estimated_epoch_seconds"]
-                                           / meas["epoch_cpu_seconds_median"])
-                r["estimate_share_of_epoch"] = (est["estimate_cpu_seconds"]
-                                                / meas["epoch_seconds_median"])
             log(f"  measured {mb / MiB:.1f} MiB, estimated {eb / MiB:.1f} "
                 f"({r['rel_error']:+.1%}); epoch {meas['epoch_seconds_median']:.3f}"
                 f" s, estimated {est['estimated_epoch_seconds'] or 0:.3f} s; "
@@ -696,29 +779,142 @@ def cli_rows(args, cal) -> dict:
         rows.append(r)
         write_json(out_path, {"calibration": cal.kind, "rows": keep + rows})
     res = {"calibration": cal.kind, "threads": args.threads, "allocator": mmap,
-           "epochs": args.cli_epochs, "rows": keep + rows}
+           "epochs": args.cli_epochs, "rows": _in_order(keep + rows)}
     res["summary"] = _cli_summary(res["rows"])
     write_json(out_path, res)
     return res
+
+
+def _score(r: dict) -> dict:
+    """``r`` with its errors: memory (estimate over the measured median
+    peak), epoch time (over wall and CPU seconds)."""
+    meas, est = r["measured"], r.get("estimate")
+    if est is None or "error" in meas:
+        return r
+    for k in ("rel_error", "time_ratio", "time_ratio_cpu", "estimate_share_of_epoch",
+              "note"):
+        r.pop(k, None)
+    mb, eb = meas["peak_bytes"], est["estimated_run_bytes"]
+    r["rel_error"] = (eb - mb) / mb
+    if est.get("replanned_pick"):
+        r["note"] = (f"planned here again: {est['replanned_pick']}; the "
+                     f"run picked {est['pick']}, whose estimate is shown")
+    if est["estimated_epoch_seconds"] and meas["epoch_seconds_median"]:
+        r["time_ratio"] = (est["estimated_epoch_seconds"]
+                           / meas["epoch_seconds_median"])
+        if meas.get("epoch_cpu_seconds_median"):
+            r["time_ratio_cpu"] = (est["estimated_epoch_seconds"]
+                                   / meas["epoch_cpu_seconds_median"])
+        r["estimate_share_of_epoch"] = (est["estimate_cpu_seconds"]
+                                        / meas["epoch_seconds_median"])
+    return r
+
+
+def merge_runs(res: dict, extra: dict[str, list[dict]]) -> int:
+    """Add runs measured elsewhere (``{row name: [measurement, ...]}``, as
+    :func:`_cli_measure` returns them) to the rows of ``res``; the rows'
+    medians and errors anew. Returns how many runs were added."""
+    added = 0
+    for r in res["rows"]:
+        m = r["measured"]
+        new = extra.get(r["name"], [])
+        if "error" in m or not new:
+            continue
+        old = list(m.get("runs", [{k: v for k, v in m.items() if k != "runs"}]))
+        seen = {(x["peak_bytes"], x["wall_seconds"]) for x in old}
+        runs = old + [x for x in new
+                      if (x["peak_bytes"], x["wall_seconds"]) not in seen]
+        # a --strategy auto run planned with another calibration may train
+        # another configuration: only runs of the first run's pick count
+        pick = (runs[0].get("plan") or {}).get("pick")
+        other = [x for x in runs if (x.get("plan") or {}).get("pick") != pick]
+        runs = [x for x in runs if x not in other]
+        if other:
+            r["other_picks"] = sorted({x["plan"]["pick"] for x in other})
+        added += len(runs) - len(old)
+        r["measured"] = _median_run(runs)
+        _score(r)
+    return added
+
+
+def _cpu_share(r: dict) -> float | None:
+    """The estimate's CPU time over one measured epoch's CPU time (one
+    thread each: the load of a shared machine stays out of both)."""
+    cpu = r["measured"].get("epoch_cpu_seconds_median")
+    if not cpu:
+        return None
+    return r["estimate"]["estimate_cpu_seconds"] / cpu
 
 
 def _cli_summary(rows: list[dict]) -> dict:
     ok = [r for r in rows if r.get("rel_error") is not None]
     if not ok:
         return {}
+    # process-to-process spread of the measurement itself (rows run twice
+    # or more): (max - min) / median
+    spread = [(max(r["measured"]["peaks"]) - min(r["measured"]["peaks"]))
+              / r["measured"]["peak_bytes"] for r in ok
+              if len(r["measured"].get("peaks", [])) > 1]
     err = [abs(r["rel_error"]) for r in ok]
     # epoch time against the runs' CPU time only: wall time on a shared
     # machine is the load's, not the estimate's
     tr = [r["time_ratio_cpu"] for r in ok if r.get("time_ratio_cpu")]
-    share = [r["estimate_share_of_epoch"] for r in ok
-             if r.get("estimate_share_of_epoch") is not None]
+    share = [x for x in map(_cpu_share, ok) if x is not None]
     return {"rows": len(ok), "failed": len(rows) - len(ok),
             "median_abs_error": statistics.median(err), "worst_abs_error": max(err),
+            "within_5": sum(e <= 0.05 for e in err),
+            "within_15": sum(e <= 0.15 for e in err),
             "time_rows": len(tr),
             "time_ratio_median": statistics.median(tr) if tr else None,
             "time_ratio_min": min(tr) if tr else None,
             "time_ratio_max": max(tr) if tr else None,
-            "median_estimate_share": statistics.median(share) if share else None}
+            "median_estimate_share": statistics.median(share) if share else None,
+            "worst_estimate_share": max(share) if share else None,
+            "share_within_10": sum(x <= 0.10 for x in share),
+            "share_rows": len(share), "failed_estimates": sum(
+                "estimate_error" in r for r in rows),
+            "spread_rows": len(spread),
+            "spread_median": statistics.median(spread) if spread else None,
+            "spread_max": max(spread) if spread else None}
+
+
+def cli_plot(res: dict, path: Path) -> None:
+    """Estimate against measurement of the cli rows, one marker per strategy
+    (of the pick for ``--strategy auto``)."""
+    if not can_plot(path):
+        return
+    rows = [r for r in res["rows"] if r.get("rel_error") is not None]
+    if not rows:
+        return
+    with figure(path, 1, 1, figsize=(5.5, 5)) as (fig, ax):
+        for strat, mark in (("full", "o"), ("reversible", "s"), ("prune", "^"),
+                            ("offload", "D")):
+            for auto in (False, True):
+                sel = [r for r in rows if r["estimate"]["strategy"] == strat and
+                       ("--strategy auto" in r["args"]) == auto]
+                if sel:
+                    ax.scatter([r["measured"]["peak_bytes"] / MiB for r in sel],
+                               [r["estimate"]["estimated_run_bytes"] / MiB
+                                for r in sel], marker=mark, alpha=0.8,
+                               facecolors="none" if auto else None,
+                               edgecolors="C3" if auto else None,
+                               label=f"{strat} (auto pick)" if auto else strat)
+        vals = [v for r in rows for v in (r["measured"]["peak_bytes"],
+                                          r["estimate"]["estimated_run_bytes"])]
+        xs = [min(vals) / MiB * 0.8, max(vals) / MiB * 1.2]
+        ax.plot(xs, xs, "k-", lw=0.8, label="exact")
+        ax.fill_between(xs, [x * 0.85 for x in xs], [x * 1.15 for x in xs],
+                        color="grey", alpha=0.15, label="±15%")
+        ax.fill_between(xs, [x * 0.95 for x in xs], [x * 1.05 for x in xs],
+                        color="grey", alpha=0.25, label="±5%")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("measured: summary.json memory.peak_bytes (MiB)")
+        ax.set_ylabel("planner estimate (MiB)")
+        alloc = "mmap 64 KiB" if res.get("allocator") else "glibc default"
+        ax.set_title(f"`leangnn train`, {alloc}: {len(rows)} command lines",
+                     fontsize=10)
+        ax.legend(fontsize=7)
 
 
 def cli_markdown(res: dict) -> str:
@@ -744,29 +940,59 @@ def cli_markdown(res: dict) -> str:
                 f"CPU time ({s.get('time_rows', 0)} rows with it recorded) median "
                 f"{s['time_ratio_median'] or 0:.2f}x (range "
                 f"{s['time_ratio_min'] or 0:.2f}-{s['time_ratio_max'] or 0:.2f}x); "
-                "estimate CPU time / measured epoch median "
-                f"{s['median_estimate_share'] or 0:.0%}.", ""]
+                "estimate CPU time / one measured epoch's CPU time median "
+                f"{s['median_estimate_share'] or 0:.0%}, worst "
+                f"{s.get('worst_estimate_share') or 0:.0%} ("
+                f"{s.get('share_within_10', 0)} of {s.get('share_rows', 0)} rows "
+                "within the issue's 10%); "
+                f"{s.get('within_5', 0)} rows within 5%, "
+                f"{s.get('within_15', 0)} within 15%."
+                + (f" The same command line's peak differs from process to "
+                   f"process (glibc's default heap): (max - min) / median "
+                   f"{s['spread_median']:.1%} at the median, "
+                   f"{s['spread_max']:.1%} at worst over the "
+                   f"{s['spread_rows']} rows run more than once."
+                   if s.get("spread_rows") else "")
+                + (f" {s['failed_estimates']} rows have no estimate (the dry "
+                   "run failed)." if s.get("failed_estimates") else ""), ""]
     out += ["| row | trains | estimated | measured | error | est. epoch s | "
-            "epoch s (wall) | epoch CPU s | ratio | estimate CPU s |",
-            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+            "epoch s (wall) | epoch CPU s | ratio | estimate CPU s | "
+            "estimate / epoch |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in res["rows"]:
-        m, e = r["measured"], r["estimate"]
+        m, e = r["measured"], r.get("estimate")
+        if e is None:
+            got = "" if "error" in m else f"{m['peak_bytes'] / MiB:.1f} MiB"
+            out.append(f"| {r['name']} | | estimate failed: "
+                       f"{r.get('estimate_error', '?')[:80]} | {got} | | | | | | | |")
+            continue
         trains = f"{e['strategy']} {e['model']} L{e['num_layers']}"
         if "error" in m:
             out.append(f"| {r['name']} | {trains} | "
                        f"{e['estimated_run_bytes'] / MiB:.1f} MiB | failed: "
-                       f"{m['error'][:60]} | | | | | | |")
+                       f"{m['error'][:60]} | | | | | | | |")
             continue
         ratio = r.get("time_ratio_cpu") or r.get("time_ratio")
         cpu = m.get("epoch_cpu_seconds_median")
+        peaks = m.get("peaks", [])
+        meas = f"{m['peak_bytes'] / MiB:.1f} MiB" + (
+            f" ({min(peaks) / MiB:.0f}-{max(peaks) / MiB:.0f}, {len(peaks)} runs)"
+            if len(peaks) > 1 else "")
         out.append(
             f"| {r['name']} | {trains} | {e['estimated_run_bytes'] / MiB:.1f} MiB "
-            f"| {m['peak_bytes'] / MiB:.1f} MiB | {r['rel_error']:+.1%} | "
+            f"| {meas} | {r['rel_error']:+.1%} | "
             f"{e['estimated_epoch_seconds'] or 0:.3f} | "
             f"{m['epoch_seconds_median']:.3f} | "
             + ("" if cpu is None else f"{cpu:.3f}") + " | "
             + ("" if ratio is None else f"{ratio:.2f}x")
-            + f" | {e['estimate_cpu_seconds']:.2f} |")
+            + f" | {e['estimate_cpu_seconds']:.2f} | "
+            + ("" if _cpu_share(r) is None else f"{_cpu_share(r):.0%}") + " |")
+    notes = [f"- `{r['name']}`: {r['note']}" for r in res["rows"] if r.get("note")]
+    notes += [f"- `{r['name']}`: a run planned with a later calibration picked "
+              f"{', '.join(r['other_picks'])} (not counted: another configuration)"
+              for r in res["rows"] if r.get("other_picks")]
+    if notes:
+        out += ["", "Notes:", "", *notes]
     out += ["", "Command lines:", ""]
     out += [f"- `{r['name']}`: `leangnn train {r['args']}`" for r in res["rows"]]
     return "\n".join(out)
@@ -795,6 +1021,12 @@ def main(argv=None) -> int:
                     help="cli section: OMP_NUM_THREADS of the runs (0: torch's "
                          "default; on a shared machine more threads spin-wait)")
     ap.add_argument("--cli-epochs", type=int, default=3)
+    ap.add_argument("--merge-runs", default=None, metavar="JSON",
+                    help="cli section with --report: add the runs in JSON "
+                         "({row name: [measurement, ...]}) to the rows")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="cli section: runs per command line (fresh "
+                         "interpreters; the median peak is compared)")
     ap.add_argument("--cli-allocator", choices=["default", "mmap"],
                     default="default", help="cli section: glibc's default "
                     "allocator (what `leangnn train` gets today) or its mmap "
@@ -819,15 +1051,26 @@ def main(argv=None) -> int:
         if args.report:  # the markdown again from the JSON, no runs
             name = "plan_cli_mmap.json" if args.cli_allocator == "mmap" else \
                 "plan_cli.json"
-            res_cli = json.loads(results_path(name, args.quick).read_text())
+            path = results_path(name, args.quick)
+            res_cli = json.loads(path.read_text())
             res_cli.setdefault("epochs", args.cli_epochs)
             res_cli.setdefault("threads", args.threads)
+            if args.merge_runs:  # runs measured by another process, added
+                added = merge_runs(res_cli, json.loads(
+                    Path(args.merge_runs).read_text()))
+                log(f"{added:+d} runs from {args.merge_runs} (after leaving out "
+                    "runs of another pick)")
+            res_cli["rows"] = [_score(r) for r in _in_order(res_cli["rows"])]
             res_cli["summary"] = _cli_summary(res_cli["rows"])
+            write_json(path, res_cli)
         else:
             res_cli = cli_rows(args, load_calibration(args.device))
         name = "plan_cli_mmap.md" if args.cli_allocator == "mmap" else "plan_cli.md"
         md = Path(args.md) if args.md else results_path(name, args.quick)
         write_section("plan-cli", cli_markdown(res_cli), md)
+        png = Path(args.plot) if args.plot else results_path(
+            name.replace(".md", "_scatter.png"), args.quick)
+        cli_plot(res_cli, png)
         print(cli_markdown(res_cli))
         return 0
     if args.section in ("auto", "all"):

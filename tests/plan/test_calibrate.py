@@ -152,3 +152,135 @@ def test_default_glibc_fit_takes_the_first_run_constant_from_a_tiny_run(
                          "device_bytes": 600, "host_bytes": 400})
     cal.apply(est)
     assert est.run_bytes == pytest.approx(900 + const, abs=1)
+
+
+def test_heap_families_most_specific_first():
+    from leangnn.plan.calibrate import heap_families
+
+    assert heap_families("full", {"model": "gat"}) == ["gat"]
+    assert heap_families("reversible", {"model": "gsr", "conv": "gcn"}) == \
+        ["gsr-gcn", "gsr"]
+    assert heap_families("prune", {"model": "res", "conv": "sage"}) == \
+        ["prune-res-sage", "prune-res", "prune"]
+    assert heap_families("full", {}) == []  # a user's own module: the fallback
+
+
+def test_default_glibc_heap_factor_per_op_mix(monkeypatch):
+    # each op mix gets the median factor of its own runs (every level of
+    # heap_families), a run of another mix the largest factor measured
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
+    const = 8e6
+    samples = _samples(1.0, 0.0, 2e-5, 1e-9, 3e-10)[:5]
+    samples[0].update(big_bytes=1000.0, heap_bytes=4000.0,
+                      run_bytes=5000.0 + const, config={"model": "sage"})
+    plan = [({"strategy": "full", "model": "gat"}, 1.3),
+            ({"strategy": "full", "model": "res", "conv": "sage"}, 2.0),
+            ({"strategy": "full", "model": "res", "conv": "sage"}, 2.2),
+            ({"strategy": "full", "model": "res", "conv": "gcn"}, 1.2)]
+    for s, (config, factor) in zip(samples[1:], plan):
+        s["big_bytes"], s["heap_bytes"] = 4e6, float(64 << 20)
+        s["run_bytes"] = s["big_bytes"] + factor * s["heap_bytes"] + const
+        s["config"] = config
+    cal = fit_calibration(samples, "cpu")
+    if cal.allocator != "glibc-default":
+        pytest.skip("not a glibc system")
+    assert cal.heap_scales["gat"] == pytest.approx(1.3)
+    assert cal.heap_scales["res-sage"] == pytest.approx(2.1)
+    assert cal.heap_scales["res"] == pytest.approx(2.0)  # median of 1.2, 2.0, 2.2
+    assert cal.heap_scale == pytest.approx(2.2)
+    # every run is predicted by its own mix's factor: only the two res-sage
+    # runs are off, by 0.1 x their heap
+    worst = 0.1 * (64 << 20) / samples[2]["run_bytes"]
+    assert cal.error["worst"] == pytest.approx(worst, rel=1e-6)
+
+    def run_bytes(knobs, strategy="full"):
+        est = Estimate(strategy, knobs, "cpu", step_bytes=3000, big_bytes=1000,
+                       heap_bytes=2000)
+        cal.apply(est)
+        return est.run_bytes
+
+    assert run_bytes({"model": "gat"}) == pytest.approx(1000 + 1.3 * 2000 + const,
+                                                        abs=1)
+    assert run_bytes({"model": "res", "conv": "gat"}) == pytest.approx(
+        1000 + 2.0 * 2000 + const, abs=1)  # no res-gat run: all residual runs
+    assert run_bytes({"model": "sage"}, "prune") == pytest.approx(
+        1000 + 2.2 * 2000 + const, abs=1)  # nothing like it: the largest
+    back = Calibration.from_dict(json.loads(json.dumps(cal.to_dict())))
+    assert back.heap_scales == cal.heap_scales
+
+
+def test_calibrate_repeats_reuses_and_skips_failures(tmp_path, monkeypatch):
+    # the runs are stubbed: what is checked is the bookkeeping (median of
+    # repeats, measurements kept and reused, a failing run left out)
+    import leangnn.data
+    import leangnn.plan.calibrate as cmod
+    import leangnn.plan.estimate
+
+    monkeypatch.setenv("LEANGNN_CACHE", str(tmp_path))
+    runs = [dict(strategy="full", model="gcn", num_layers=2, hidden_channels=8,
+                 dataset="csbm:100"),
+            dict(strategy="full", model="gat", num_layers=2, hidden_channels=8,
+                 dataset="csbm:100"),
+            dict(strategy="full", model="sage", num_layers=2, hidden_channels=8,
+                 dataset="csbm:100")]
+    monkeypatch.setattr(cmod, "CALIBRATION_RUNS", runs)
+    monkeypatch.setattr(leangnn.data, "load_graphs", lambda cfg, progress: None)
+
+    def fake_estimate(cfg, splits):
+        if cfg.model == "gat":
+            raise RuntimeError("a dry run that fails")
+        return Estimate(cfg.strategy, {"model": cfg.model}, "cpu",
+                        step_bytes=10 << 20, big_bytes=2 << 20, heap_bytes=8 << 20,
+                        work={"ops": 10, "written": 1e6, "flops": 1e6, "graphs": 1})
+
+    monkeypatch.setattr(leangnn.plan.estimate, "estimate_config", fake_estimate)
+    calls = []
+
+    def fake_measure(cfg, device, mmap, timeout):
+        calls.append(cfg.model)
+        peak = {"gcn": [30, 10, 20], "sage": [50, 70, 60]}[cfg.model]
+        i = sum(c == cfg.model for c in calls) - 1
+        return {"run_bytes": peak[i] << 20, "epoch_seconds": [0.5],
+                "epoch_cpu_seconds": [0.4], "baseline_bytes": 0}
+
+    monkeypatch.setattr(cmod, "_measure", fake_measure)
+    cal = cmod.calibrate("cpu", mmap=False, repeat=3, save=False, progress=False)
+    assert calls == ["gcn"] * 3 + ["sage"] * 3  # gat's estimate failed: not run
+    assert [s["run_bytes"] for s in cal.samples] == [20 << 20, 60 << 20]
+    assert [s["run_bytes_all"] for s in cal.samples] == [
+        [10 << 20, 20 << 20, 30 << 20], [50 << 20, 60 << 20, 70 << 20]]
+    stored = json.loads(cmod.measurements_path("cpu", False).read_text())
+    assert len(stored[cmod._run_key(runs[0])]) == 3
+    again = cmod.calibrate("cpu", mmap=False, repeat=3, save=False, progress=False,
+                           reuse=True)
+    assert len(calls) == 6  # everything reused
+    assert [s["run_bytes"] for s in again.samples] == [20 << 20, 60 << 20]
+
+
+def test_offload_scale_per_model():
+    # offload runs of two models keep different shares beside the engine's
+    # accounting: each model gets its own scale, others the largest run's
+    samples = _samples(1.0, 0.0, 2e-5, 1e-9, 3e-10)
+    off = []
+    for s, (model, scale) in zip(samples[:3], (("sage", 1.1), ("gcn", 2.8),
+                                                ("gcn", 2.6))):
+        off.append(dict(s, work={**s["work"], "jobs": 8},
+                        run_bytes=scale * s["tensor_bytes"],
+                        config={"strategy": "offload", "model": model}))
+    cal = fit_calibration(samples[3:] + off)
+    assert cal.offload_scales["offload-sage"] == pytest.approx(1.1)
+    assert cal.offload_scales["offload-gcn"] == pytest.approx(2.7)
+
+    def run_bytes(model):
+        est = Estimate("offload", {"model": model}, "cpu", step_bytes=1000,
+                       method="offload-accounting",
+                       work={"ops": 1, "written": 0, "flops": 0, "jobs": 1})
+        cal.apply(est)
+        return est.run_bytes
+
+    assert run_bytes("sage") == pytest.approx(1100 + cal.const, abs=1)
+    assert run_bytes("gcn") == pytest.approx(2700 + cal.const, abs=1)
+    top = max(off, key=lambda s: s["tensor_bytes"])
+    assert run_bytes("gat") == pytest.approx(
+        1000 * (top["run_bytes"] - cal.const) / top["tensor_bytes"] + cal.const,
+        abs=1)

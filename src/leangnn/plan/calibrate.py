@@ -10,7 +10,11 @@ than it hands out). A short calibration measures a few small real runs here
 * memory: on CPU ``measured = big + heap_scale x heap + const``, where the
   dry run splits the step's bytes at glibc's mmap threshold into blocks on
   their own pages (resident exactly while alive) and the heap's high-water
-  (freed small blocks stay resident); on CUDA ``measured = tensor bytes +
+  (freed small blocks stay resident); under glibc's default allocator the
+  heap factor is fitted per op mix (:func:`heap_families`: GAT's heap
+  fragments less than a residual SAGE stack's), and each run is repeated in
+  fresh processes (its peak varies by +-10% with hash seeds and address
+  layout); on CUDA ``measured = tensor bytes +
   const`` and ``reserved / allocated`` for budget checks; offload's
   accounting (an upper bound by design) gets a scale for its device side
   and one for its host store;
@@ -20,7 +24,8 @@ than it hands out). A short calibration measures a few small real runs here
 
 One JSON file per machine kind (CPU model and allocator setting, or GPU name)
 under ``cache_root("calibration")``; re-measure with
-``python -m leangnn.plan.calibrate [--device cuda] [--quick]``.
+``python -m leangnn.plan.calibrate [--device cuda] [--quick] [--repeat N]
+[--reuse]``.
 """
 
 from __future__ import annotations
@@ -41,11 +46,14 @@ import torch
 
 from leangnn.utils import atomic_write_text, cache_root, format_bytes
 
-__all__ = ["Calibration", "machine_kind", "allocator_mode", "calibration_path",
-           "load_calibration", "calibrate", "fit_calibration", "CALIBRATION_RUNS",
-           "main"]
+__all__ = ["Calibration", "heap_families", "machine_kind", "allocator_mode",
+           "calibration_path", "measurements_path", "load_calibration", "calibrate",
+           "fit_calibration", "CALIBRATION_RUNS", "main"]
 
 _SMALL = "epfl/priority,iscas85/c3540,epfl/cavlc"
+#: a mid-size circuit none of the benchmark rows trains on
+_SQUARE = dict(dataset="epfl/square", val_dataset="iscas85/c17",
+               test_dataset="iscas85/c432")
 #: epochs of a calibration run (the Trainer's peak covers later epochs too)
 CALIBRATION_EPOCHS = 3
 
@@ -75,6 +83,32 @@ CALIBRATION_RUNS: list[dict[str, Any]] = [
          dataset="csbm:40000"),
     dict(strategy="prune", model="sage", num_layers=3, hidden_channels=64,
          budget_ratio=0.3, dataset="csbm:40000"),
+    # one run per further op mix (heap_families): glibc's default heap
+    # fragments by a factor that depends on it; a circuit beside each csbm
+    dict(strategy="full", model="gcn", num_layers=3, hidden_channels=64,
+         dataset="csbm:20000"),
+    dict(strategy="full", model="res", conv="gat", num_layers=2,
+         hidden_channels=32, dataset="csbm:10000"),
+    dict(strategy="reversible", model="gsr", conv="gcn", num_layers=4,
+         num_groups=2, hidden_channels=32, dataset="csbm:20000"),
+    dict(strategy="reversible", model="gsr", conv="gat", num_layers=4,
+         num_groups=2, hidden_channels=32, dataset="csbm:10000"),
+    dict(strategy="full", model="sage", num_layers=2, hidden_channels=64,
+         **_SQUARE),
+    dict(strategy="full", model="gcn", num_layers=2, hidden_channels=64,
+         **_SQUARE),
+    dict(strategy="full", model="gat", num_layers=2, hidden_channels=64,
+         **_SQUARE),
+    dict(strategy="full", model="res", conv="sage", num_layers=8,
+         hidden_channels=32, **_SQUARE),
+    dict(strategy="reversible", model="gsr", conv="sage", num_layers=16,
+         num_groups=2, hidden_channels=64, **_SQUARE),
+    dict(strategy="full", model="res", conv="gcn", num_layers=4,
+         hidden_channels=64, **_SQUARE),
+    dict(strategy="reversible", model="gsr", conv="gcn", num_layers=16,
+         num_groups=2, hidden_channels=64, **_SQUARE),
+    dict(strategy="prune", model="res", conv="sage", num_layers=8,
+         hidden_channels=64, budget_ratio=0.3, **_SQUARE),
     dict(strategy="offload", model="sage", num_layers=3, hidden_channels=32,
          device_budget="12MiB", num_parts=8, dataset="csbm:20000"),
     # a budget large enough that the device side (pool, workspace) dominates
@@ -127,6 +161,31 @@ def calibration_path(device: torch.device | str = "cpu") -> Path:
     return cache_root("calibration") / f"{machine_kind(device)}.json"
 
 
+def heap_families(strategy: str | None, knobs: dict[str, Any] | None
+                  ) -> list[str]:
+    """The op mixes whose heap factor applies to a run, most specific first.
+
+    Under glibc's default allocator the C heap's resident size over its
+    high-water depends on the order and sizes of a step's blocks, i.e. on
+    the model: measured through the Trainer x1.1-1.3 for GCN stacks, GAT and
+    GSR, x1.8 for plain SAGE, x2.1 for residual SAGE stacks. Keys: the model
+    (``sage``, ``gcn``, ``gat``, ...), for the deep models with their conv
+    (``res-sage``, ``gsr-gcn``, then ``res``), and ``prune-`` before each for
+    DPR's core (trained through a sparse adjacency: another op mix), then
+    ``prune``. Empty without a model (a user's own module).
+    """
+    knobs = knobs or {}
+    model = knobs.get("model")
+    if not model:
+        return []
+    fams = [model]
+    if model in ("res", "gsr"):
+        fams.insert(0, f"{model}-{knobs.get('conv') or 'sage'}")
+    if strategy == "prune":
+        fams = [f"prune-{f}" for f in fams] + ["prune"]
+    return fams
+
+
 @dataclass
 class Calibration:
     """Allocator overhead and time coefficients of one machine kind.
@@ -147,10 +206,20 @@ class Calibration:
             their device side when ``offload_host_scale`` is set.
         offload_host_scale (float, optional): the same for the host store
             (zero-filled gradient arrays are resident only once written).
+        offload_scales (dict, optional): ``offload_bytes_scale`` per model
+            (``"offload-sage"``, ...: :func:`heap_families` of the run), the
+            median of its calibration runs; measured through the Trainer
+            x1.1 for SAGE and x2.8 for GCN (whose normalisation keeps
+            edge-sized state the accounting does not follow).
         heap_scale (float, optional): CPU: resident bytes per byte of the C
             heap's high-water (freed small blocks stay resident and
             fragment); measured = big bytes + ``heap_scale`` x heap bytes +
             const replaces ``scale`` when set.
+        heap_scales (dict, optional): the same per op mix
+            (:func:`heap_families`: ``"gat"``, ``"res-sage"``,
+            ``"prune-sage"``, ...), measured under glibc's default allocator,
+            whose fragmentation depends on the model (x1.1 for GCN stacks to
+            x2.1 for residual SAGE ones); ``heap_scale`` for the rest.
         calibrated (bool): measured here (``False``: defaults).
         error (dict): median and worst relative error of the fit.
         samples (list): the measurements fitted.
@@ -169,6 +238,8 @@ class Calibration:
     offload_bytes_scale: float = 1.0
     offload_host_scale: float | None = None
     heap_scale: float | None = None
+    heap_scales: dict[str, float] = field(default_factory=dict)
+    offload_scales: dict[str, float] = field(default_factory=dict)
     calibrated: bool = False
     measured_at: str = ""
     error: dict[str, float] = field(default_factory=dict)
@@ -180,23 +251,39 @@ class Calibration:
         return cls(machine_kind(device), mode, scale=_DEFAULT_SCALE.get(mode, 1.0))
 
     # ------------------------------------------------------------ applying
-    def overhead(self, tensor_bytes: int, big: int = 0, heap: int = 0) -> int:
-        """Allocator bytes on top of ``tensor_bytes`` (never below -it)."""
+    def heap_factor(self, families: list[str] | tuple[str, ...] = ()) -> float | None:
+        """The heap factor of the most specific of ``families`` calibrated
+        (:func:`heap_families`), else :attr:`heap_scale`."""
+        for fam in families:
+            if fam in self.heap_scales:
+                return self.heap_scales[fam]
+        return self.heap_scale
+
+    def overhead(self, tensor_bytes: int, big: int = 0, heap: int = 0,
+                 families: list[str] | tuple[str, ...] = ()) -> int:
+        """Allocator bytes on top of ``tensor_bytes`` (never below -it);
+        ``families`` (:func:`heap_families`) select the heap factor."""
         # one first-run constant for all: fitted per strategy it overfits
         const = self.const
-        if self.heap_scale is not None and (big or heap):
-            resident = big + self.heap_scale * heap
+        factor = self.heap_factor(families)
+        if factor is not None and (big or heap):
+            resident = big + factor * heap
         else:
             resident = self.scale * tensor_bytes
         return max(-tensor_bytes, round(resident - tensor_bytes + const))
 
-    def offload_bytes(self, step_bytes: float, work: dict) -> float:
+    def offload_bytes(self, step_bytes: float, work: dict,
+                      families: list[str] | tuple[str, ...] = ()) -> float:
         """Measured bytes of an offload step from its accounting (plus the
-        first-run constant every run pays)."""
+        first-run constant every run pays); ``families`` select a per-model
+        scale (:attr:`offload_scales`)."""
         if self.offload_host_scale is not None and "host_bytes" in work:
             return (self.offload_bytes_scale * work["device_bytes"]
                     + self.offload_host_scale * work["host_bytes"] + self.const)
-        return self.offload_bytes_scale * step_bytes + self.const
+        scale = next((self.offload_scales[f"offload-{f}"] for f in families
+                      if f"offload-{f}" in self.offload_scales),
+                     self.offload_bytes_scale)
+        return scale * step_bytes + self.const
 
     def seconds(self, work: dict[str, float]) -> float | None:
         """Epoch seconds of traced ``work`` (``None`` without any)."""
@@ -211,14 +298,16 @@ class Calibration:
     def apply(self, est) -> None:
         """Fill ``est``'s allocator overhead and epoch time in place."""
         if est.method == "offload-accounting":
-            est.overhead_bytes = round(self.offload_bytes(est.step_bytes, est.work)
-                                       - est.step_bytes)
+            est.overhead_bytes = round(self.offload_bytes(
+                est.step_bytes, est.work, heap_families(est.strategy, est.knobs))
+                - est.step_bytes)
         else:
+            fams = heap_families(est.strategy, est.knobs)
             est.overhead_bytes = self.overhead(est.step_bytes, est.big_bytes,
-                                               est.heap_bytes)
+                                               est.heap_bytes, fams)
             if est.later is not None:
                 step, big, heap = est.later
-                est.later_run_bytes = step + self.overhead(step, big, heap)
+                est.later_run_bytes = step + self.overhead(step, big, heap, fams)
         est.epoch_seconds = self.seconds(est.work)
         if not self.calibrated:
             hint = (f"uncalibrated ({self.kind}): run python -m "
@@ -252,6 +341,18 @@ def load_calibration(device: torch.device | str = "cpu") -> Calibration:
 
 
 # ------------------------------------------------------------------- fitting
+#: a heap factor below 1 means the run reused heap the estimate counts as
+#: new (freed before the meter started); not less than half of it
+_MIN_HEAP_FACTOR = 0.5
+
+
+def _sample_families(s: dict[str, Any]) -> list[str]:
+    if "families" in s:
+        return list(s["families"])
+    c = s.get("config") or {}
+    return heap_families(c.get("strategy"), c)
+
+
 def _relative_lstsq(a: np.ndarray, y: np.ndarray, nonneg: bool) -> np.ndarray:
     w = 1.0 / np.maximum(y, 1e-12)
     aw, yw = a * w[:, None], y * w
@@ -292,8 +393,17 @@ def fit_calibration(samples: list[dict[str, Any]], device="cpu") -> Calibration:
         # fragments by a model-dependent factor (measured x1.1 for GAT, x2.1
         # for residual SAGE stacks): take the largest, so a plan errs towards
         # not fitting.
-        cal.heap_scale = max(1.0, max((s["run_bytes"] - s["big_bytes"] - cal.const)
-                                      / s["heap_bytes"] for s in heavy))
+        factors = [(s["run_bytes"] - s["big_bytes"] - cal.const) / s["heap_bytes"]
+                   for s in heavy]
+        cal.heap_scale = max(1.0, max(factors))
+        # Per op mix (the model and its conv): the median of its runs, for
+        # every level of heap_families (``res`` gets all residual runs)
+        by_fam: dict[str, list[float]] = {}
+        for s, f in zip(heavy, factors):
+            for fam in _sample_families(s):
+                by_fam.setdefault(fam, []).append(f)
+        cal.heap_scales = {fam: max(_MIN_HEAP_FACTOR, float(np.median(fs)))
+                           for fam, fs in sorted(by_fam.items())}
     elif cal.allocator.startswith("glibc") and len(heap) >= 2 and \
             len(heap) == len(plain):
         # resident = big blocks + heap_scale x heap high-water + const; the
@@ -331,11 +441,19 @@ def fit_calibration(samples: list[dict[str, Any]], device="cpu") -> Calibration:
         cal.offload_bytes_scale = max(0.0, top["run_bytes"] - cal.const) / max(
             top["tensor_bytes"], 1)
         cal.offload_host_scale = None
+        # per model: what the Trainer keeps beside the engine's accounting
+        # depends on the conv (GCN's normalisation: edge-sized state)
+        by_fam: dict[str, list[float]] = {}
+        for s in off:
+            for fam in _sample_families(s):
+                by_fam.setdefault(f"offload-{fam}", []).append(
+                    max(0.0, s["run_bytes"] - cal.const) / max(s["tensor_bytes"], 1))
+        cal.offload_scales = {k: float(np.median(v)) for k, v in sorted(by_fam.items())}
     pred = [s["tensor_bytes"] + cal.overhead(
         int(s["tensor_bytes"]), int(s.get("big_bytes") or 0),
-        int(s.get("heap_bytes") or 0))
-        if "jobs" not in s["work"] else cal.offload_bytes(s["tensor_bytes"],
-                                                          s["work"])
+        int(s.get("heap_bytes") or 0), _sample_families(s))
+        if "jobs" not in s["work"] else cal.offload_bytes(
+            s["tensor_bytes"], s["work"], _sample_families(s))
         for s in samples]
     cal.error = _errors(np.array(pred), np.array([s["run_bytes"] for s in samples],
                                                  dtype=float))
@@ -373,25 +491,46 @@ def _fit_time(cal: Calibration, samples: list[dict[str, Any]]) -> None:
 
 
 # --------------------------------------------------------------- measuring
-def _sample(run: dict[str, Any], device: str, mmap: bool | None,
-            timeout: float | None) -> dict[str, Any]:
-    from leangnn.config import TrainConfig
-    from leangnn.data import load_graphs
-    from leangnn.plan.estimate import estimate_config
+def _measure(cfg, device: str, mmap: bool, timeout: float | None
+             ) -> dict[str, Any]:
     from leangnn.plan.measure import measure_fresh, measure_trainer
 
-    cfg = TrainConfig(**{**run, "device": device, "epochs": CALIBRATION_EPOCHS})
-    est = estimate_config(cfg, load_graphs(cfg, progress=False))
-    mmap = allocator_mode(device) == "glibc-mmap" if mmap is None else mmap
     if torch.device(device).type == "cpu":
         # What users see: the Trainer's meter over training, validation and
         # checkpoints; one thread, timed by the fastest epoch, so a shared
         # machine's load (other processes, spin-waiting OpenMP threads) stays
         # out of the speed figures
-        m = measure_trainer(cfg, epochs=CALIBRATION_EPOCHS, threads=1, mmap=mmap,
-                            timeout=timeout)
-    else:
-        m = measure_fresh(cfg, epochs=2, mmap=mmap, timeout=timeout)
+        return measure_trainer(cfg, epochs=CALIBRATION_EPOCHS, threads=1,
+                               mmap=mmap, timeout=timeout)
+    return measure_fresh(cfg, epochs=2, mmap=mmap, timeout=timeout)
+
+
+def _run_key(run: dict[str, Any]) -> str:
+    return json.dumps(run, sort_keys=True)
+
+
+def _sample(run: dict[str, Any], device: str, mmap: bool | None,
+            timeout: float | None, measured: list[dict[str, Any]] | None = None,
+            repeat: int = 1, keep=None) -> dict[str, Any]:
+    """Estimate ``run`` and measure it ``repeat`` times (fresh interpreters;
+    ``measured``: earlier measurements of it, reused), the median run."""
+    from leangnn.config import TrainConfig
+    from leangnn.data import load_graphs
+    from leangnn.plan.estimate import estimate_config
+
+    cfg = TrainConfig(**{**run, "device": device, "epochs": CALIBRATION_EPOCHS})
+    est = estimate_config(cfg, load_graphs(cfg, progress=False))
+    mmap = allocator_mode(device) == "glibc-mmap" if mmap is None else mmap
+    runs = list(measured or [])
+    while len(runs) < repeat:
+        runs.append(_measure(cfg, device, mmap, timeout))
+        if keep is not None:
+            keep(runs)
+    # glibc's default heap differs from process to process of one command
+    # (hash seeds, address layout: measured +-10%): the median of repeats
+    runs = sorted(runs[:max(repeat, 1)], key=lambda r: r["run_bytes"])
+    m = dict(runs[(len(runs) - 1) // 2])
+    m["run_bytes"] = float(np.median([r["run_bytes"] for r in runs]))
     step = est.step_bytes
     if est.later is not None and est.method != "offload-accounting":
         step = max(step, est.later[0])
@@ -400,7 +539,9 @@ def _sample(run: dict[str, Any], device: str, mmap: bool | None,
     secs = m.get("epoch_cpu_seconds") or m["epoch_seconds"]
     out = {"config": run, "tensor_bytes": step, "run_bytes": m["run_bytes"],
            "work": est.work, "epoch_seconds": min(secs),
-           "estimate_seconds": est.estimate_seconds}
+           "estimate_seconds": est.estimate_seconds,
+           "families": heap_families(est.strategy, est.knobs),
+           "run_bytes_all": [r["run_bytes"] for r in runs]}
     if est.big_bytes or est.heap_bytes:
         big, heap = est.big_bytes, est.heap_bytes
         if est.later is not None:  # the costlier of the first and later epochs
@@ -412,34 +553,84 @@ def _sample(run: dict[str, Any], device: str, mmap: bool | None,
     return out
 
 
+def _kind(device: str, mmap: bool | None) -> str:
+    kind = machine_kind(device)
+    if mmap is not None and torch.device(device).type == "cpu":
+        kind = re.sub(r"glibc-(mmap|default)$",
+                      "glibc-mmap" if mmap else "glibc-default", kind)
+    return kind
+
+
+def measurements_path(device: str = "cpu", mmap: bool | None = None) -> Path:
+    """Where :func:`calibrate` keeps every run's raw measurement (per machine
+    kind), for ``reuse``."""
+    return cache_root("calibration") / f"{_kind(device, mmap)}.runs.json"
+
+
 def calibrate(device: str = "cpu", quick: bool = False, mmap: bool | None = None,
               timeout: float | None = 900, save: bool = True,
-              progress: bool = True) -> Calibration:
+              progress: bool = True, repeat: int = 1,
+              reuse: bool = False) -> Calibration:
     """Measure :data:`CALIBRATION_RUNS` here, fit and (by default) store them.
 
     Args:
         device (str, optional): ``cpu`` or ``cuda[:i]``. (default: ``"cpu"``)
-        quick (bool, optional): the first three runs only. (default: ``False``)
+        quick (bool, optional): the first four runs only. (default: ``False``)
         mmap (bool, optional): measure CPU runs with glibc's fixed mmap
             threshold; default: as this process is set up.
         timeout (float, optional): seconds per run. (default: ``900``)
         save (bool, optional): store it for this machine kind.
+        repeat (int, optional): fresh-interpreter runs per configuration,
+            the median kept (glibc's default heap varies by +-10% from
+            process to process). (default: ``1``)
+        reuse (bool, optional): take the runs measured before (kept in
+            :func:`measurements_path`) and measure only what is missing; the
+            estimates are always made anew. (default: ``False``)
+
+    A run whose estimate or measurement fails is left out (said on stderr).
     """
     runs = CALIBRATION_RUNS[:4] if quick else CALIBRATION_RUNS
+    store_path = measurements_path(device, mmap)
+    try:
+        store = json.loads(store_path.read_text())
+    except (OSError, ValueError):
+        store = {}
+    if not reuse:
+        store = {_run_key(r): [] for r in runs} | {
+            k: v for k, v in store.items() if k not in {_run_key(r) for r in runs}}
+
+    def keep(key):
+        def _keep(measured):
+            store[key] = measured
+            store_path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_text(store_path, json.dumps(store, indent=1) + "\n")
+        return _keep
+
     samples = []
     for run in runs:
-        s = _sample(run, device, mmap, timeout)
+        key = _run_key(run)
+        what = (f"{run['strategy']}/{run['model']} L{run['num_layers']} "
+                f"{run['dataset']}")
+        try:
+            s = _sample(run, device, mmap, timeout, store.get(key), repeat,
+                        keep(key))
+        except Exception as e:  # noqa: BLE001 - one run must not stop the rest
+            print(f"calibrate: {what}: left out ({type(e).__name__}: "
+                  f"{str(e).splitlines()[0][:160] if str(e) else ''})",
+                  file=sys.stderr, flush=True)
+            continue
         samples.append(s)
         if progress:
-            print(f"calibrate: {run['strategy']}/{run['model']} "
-                  f"L{run['num_layers']} {run['dataset']}: tensors "
-                  f"{format_bytes(s['tensor_bytes'])}, measured "
-                  f"{format_bytes(s['run_bytes'])}, {s['epoch_seconds']:.2f} s/epoch",
+            print(f"calibrate: {what}: tensors {format_bytes(s['tensor_bytes'])}, "
+                  f"measured {format_bytes(s['run_bytes'])} (of "
+                  f"{len(s['run_bytes_all'])}), {s['epoch_seconds']:.2f} s/epoch",
                   file=sys.stderr, flush=True)
+    if not samples:
+        raise RuntimeError("calibrate: every calibration run failed")
     cal = fit_calibration(samples, device)
     if mmap is not None and torch.device(device).type == "cpu":
         cal.allocator = "glibc-mmap" if mmap else "glibc-default"
-        cal.kind = re.sub(r"glibc-(mmap|default)$", cal.allocator, cal.kind)
+        cal.kind = _kind(device, mmap)
     if save:
         cal.save()
     return cal
@@ -451,18 +642,28 @@ def main(argv: list[str] | None = None) -> int:
         description="Measure this machine's allocator overhead and speed for "
                     "the planner (a few short training runs).")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:i]")
-    p.add_argument("--quick", action="store_true", help="three runs only")
+    p.add_argument("--quick", action="store_true", help="four runs only")
     p.add_argument("--allocator", choices=["default", "mmap"], default=None,
                    help="CPU: measure with glibc's default or a fixed mmap "
                         "threshold (default: as this shell is set up)")
     p.add_argument("--show", action="store_true",
                    help="print the stored calibration and exit")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="fresh-interpreter runs per configuration, the median "
+                        "kept (default 1; glibc's default heap varies by "
+                        "+-10%% from process to process)")
+    p.add_argument("--reuse", action="store_true",
+                   help="reuse the runs measured before; measure only the "
+                        "missing ones (estimates are always made anew)")
     args = p.parse_args(argv)
     if args.show:
         print(json.dumps(load_calibration(args.device).to_dict(), indent=1))
         return 0
     mmap = None if args.allocator is None else args.allocator == "mmap"
-    cal = calibrate(args.device, args.quick, mmap)
+    if args.repeat < 1:
+        p.error(f"--repeat: at least 1, got {args.repeat}")
+    cal = calibrate(args.device, args.quick, mmap, repeat=args.repeat,
+                    reuse=args.reuse)
     mem = (f"big blocks + {cal.heap_scale:.2f} x heap high-water"
            if cal.heap_scale is not None else f"{cal.scale:.3f} x tensor bytes")
     print(f"{cal.kind}: run bytes = {mem} {cal.const / 2**20:+.1f} MiB (median "
