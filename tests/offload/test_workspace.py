@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from leangnn.nn.models import build_model
@@ -30,3 +31,46 @@ def test_model_covers_measured_jobs_of_unseen_sizes():
                 with LiveBytesMeter(exclude=[x, g, ei]) as m:
                     run(li, backward, x, ei, None, n_t, g)
                 assert m.peak <= ws.conv_bytes(li, backward, n_s, n_t, n_e)
+
+
+def test_nnls3_matches_scipy_nnls():
+    from scipy.optimize import nnls
+
+    from leangnn.offload.workspace import nnls3
+
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        a = rng.uniform(0, 4096, size=(5, 3))
+        y = a @ rng.normal(size=3) + rng.normal(scale=100, size=5)
+        want, _ = nnls(a, y)
+        np.testing.assert_allclose(nnls3(a, y), want, rtol=1e-7, atol=1e-7)
+
+
+def test_cpu_calibration_is_kept_on_disk_and_equal(tmp_path, monkeypatch):
+    monkeypatch.setenv("LEANGNN_CACHE", str(tmp_path))
+    torch.manual_seed(0)
+    lw = LayerwiseModel(build_model("sage", 8, 16, 4, 2))
+
+    def run(li, backward, x, ei, w, nt, g):
+        return compute_layer(lw, li, backward, x, ei, w, nt, g)
+
+    calls = []
+
+    def counted(*a):
+        calls.append(a)
+        return run(*a)
+
+    key = ("disk-test",)
+    ws = WorkspaceModel(counted, lw.widths, torch.float32, False,
+                        torch.device("cpu"), key=key)
+    assert calls and list((tmp_path / "workspace").glob("*.json"))
+    WorkspaceModel._CACHE.clear()  # a fresh process: only the disk remains
+    n = len(calls)
+    again = WorkspaceModel(counted, lw.widths, torch.float32, False,
+                           torch.device("cpu"), key=key)
+    assert len(calls) == n  # nothing measured
+    for k, f in ws.fits.items():
+        np.testing.assert_array_equal(again.fits[k].coef, f.coef)
+        assert again.fits[k].const == f.const
+    for k, f in ws.kept_fits.items():
+        np.testing.assert_array_equal(again.kept_fits[k].coef, f.coef)

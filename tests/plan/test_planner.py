@@ -148,3 +148,20 @@ def test_lazy_plan_estimates_only_what_the_pick_needs(roomy, res_cfg, splits):
     assert roomy.with_budget(budget).pick.strategy == "reversible"
     assert tight.pick.strategy == "reversible" and tight.pick.need_bytes <= budget
     assert all(r.need_bytes is not None for r in tight.rows)
+
+
+def test_lazy_plan_stops_at_the_largest_core_that_fits(res_cfg, splits):
+    # nothing exact fits: DPR's largest fitting core is the pick, so smaller
+    # cores are not estimated; the full table judged the same picks it too
+    full = plan_config(res_cfg, splits, "1GiB", calibration=EXACT,
+                       strategies=("prune",))
+    needs = {r.knobs["budget_ratio"]: r.need_bytes for r in full.rows}
+    assert needs[0.5] > needs[0.3] > needs[0.1]
+    budget = (needs[0.5] + needs[0.3]) // 2
+    lazy = plan_config(res_cfg, splits, budget, calibration=EXACT,
+                       strategies=("prune",), lazy=True)
+    assert lazy.pick.label == full.with_budget(budget).pick.label
+    assert lazy.pick.knobs["budget_ratio"] == 0.3
+    skipped = [r for r in lazy.rows if r.knobs["budget_ratio"] == 0.1]
+    assert skipped and skipped[0].need_bytes is None
+    assert "not estimated" in skipped[0].why

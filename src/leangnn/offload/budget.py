@@ -58,6 +58,10 @@ class DeviceBudget:
         self.retain_ws: WorkspaceModel | None = None
         self._job_ws: dict[tuple, int] = {}
         self._kept: dict[tuple, int] = {}
+        self._expected: dict[tuple, int] = {}
+        #: nodes of the graph (set by the engine): whole-graph jobs are told
+        #: apart in the expected bytes
+        self.num_nodes: int | None = None
 
     def retained_bytes(self, layer: int, n_s: int, n_t: int, n_e: int) -> int:
         """Bytes a retaining forward job leaves on the device until its
@@ -72,6 +76,49 @@ class DeviceBudget:
                                       + n_s * ws.widths[layer] * ws.elem
                                       + (n_e * ws.elem if ws.weighted else 0))
         return kept
+
+    def kept_expected(self, layer: int, n_s: int, n_t: int, n_e: int) -> int:
+        """:meth:`retained_bytes` as the graph really holds them (the fitted
+        forward-with-graph bytes without the safety margin)."""
+        ws = self.retain_ws
+        kept = ws.kept_bytes(layer, n_s, n_t, n_e) + (n_e * ws.elem if ws.weighted
+                                                      else 0)
+        if self._whole(n_s, n_t):
+            # the input block is the store's array itself: not extra (the
+            # output, which the store takes over, is still counted on both
+            # sides: measured 1.01-1.08x of the live peak, 0.89x without it)
+            return kept
+        return kept + n_s * ws.widths[layer] * ws.elem
+
+    def _whole(self, n_s: int, n_t: int) -> bool:
+        """A whole-graph job on a CPU "device", whose blocks are the host
+        store's arrays themselves (:meth:`~leangnn.offload.store.HostStore.
+        gather`)."""
+        return (self.ws.device.type == "cpu" and self.num_nodes is not None
+                and n_s == n_t == self.num_nodes)
+
+    def expected_bytes(self, layer: int, backward: bool, sizes: tuple[int, int, int],
+                       retaining: bool = False, through_kept: bool = False) -> int:
+        """Device bytes a job really allocates (its workspace without the
+        safety margin and the engine's upper bounds; for estimates, see
+        :meth:`~leangnn.offload.workspace.WorkspaceModel.expected_bytes`).
+        A backward job ``through_kept`` graph recomputes nothing: its graph is
+        already counted with the kept ones, so the recomputed forward's
+        share of the backward workspace is taken out."""
+        key = (layer, backward, retaining, through_kept, sizes)
+        exp = self._expected.get(key)
+        if exp is None:
+            ws = self.retain_ws if retaining and not backward else self.ws
+            exp = ws.expected_bytes(layer, backward, *sizes)
+            if self._whole(*sizes[:2]):
+                n_s, n_t = sizes[:2]
+                exp -= (n_s * ws.widths[layer] + (n_t * ws.widths[layer + 1]
+                                                  if backward else 0)) * ws.elem
+            if through_kept:
+                exp = max(exp - self.retain_ws.kept_bytes(layer, *sizes),
+                          sizes[1] * ws.widths[layer + 1] * ws.elem)
+            self._expected[key] = exp
+        return exp
 
     def retain_need(self, sizes: list[tuple[int, int, int]], num_layers: int) -> int:
         """Workspace an epoch needs to retain every forward job's graph: all
@@ -122,13 +169,24 @@ class DeviceBudget:
 
     def charge(self, layer: int, backward: bool, sizes: tuple[int, int, int],
                cache_bytes: int, counters: OffloadCounters, retained: int = 0,
-               retaining: bool = False) -> int:
+               retaining: bool = False, host: int | None = None,
+               kept: int = 0, through_kept: bool = False) -> int:
         """Account one job: update the peak, assert it is under the budget;
         returns the job's accounted device bytes.
 
         ``retained`` bytes of earlier jobs' autograd graphs are still on the
         device; a ``retaining`` forward job builds its own (charged with the
-        calibrated forward-with-graph workspace, :attr:`retain_ws`)."""
+        calibrated forward-with-graph workspace, :attr:`retain_ws`). Given the
+        ``host`` bytes held now (and ``kept``, the retained graphs' expected
+        bytes), also updates ``peak_total_bytes`` (see
+        :class:`~leangnn.offload.counters.OffloadCounters`)."""
+        if host is not None:
+            # on a CPU "device" the pool is host memory, already in ``host``
+            pool = 0 if self.ws.device.type == "cpu" else cache_bytes
+            total = (host + pool + self.resident + kept
+                     + self.expected_bytes(layer, backward, sizes, retaining,
+                                           through_kept))
+            counters.peak_total_bytes = max(counters.peak_total_bytes, total)
         key = (layer, backward, retaining, sizes)
         job = self._job_ws.get(key)
         if job is None:

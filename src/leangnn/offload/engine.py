@@ -116,6 +116,7 @@ class OffloadEngine:
                                   o.resident_factor * self.lw.param_bytes(),
                                   o.workspace_fraction, self.policy, self.ws,
                                   self.slot_width)
+        self.split.num_nodes = n
         self.sched = self._schedule(like)
         self.retain = self._plan_retention()
         # Rows of every cacheable array registered at once (h_0..h_{L-1} and
@@ -143,15 +144,18 @@ class OffloadEngine:
     # ------------------------------------------------------------------ setup
     def _graph(self, data: Data, like: OffloadEngine | None) -> None:
         o, n = self.options, self.N
-        if like is not None and like.partition.num_parts == o.num_parts:
-            # same graph and partition: reuse the graph-level structures
+        if like is not None:
+            # same graph and model: the edges grouped by target are the same
+            # whatever the part count (the planner's rows differ only in it)
             self.csr, self.degree = like.csr, like.degree
-            self.partition = like.partition
-            return
-        ei, w = self.lw.topology(data.edge_index, n, data.get("edge_weight", None))
-        self.csr = DstCSR(ei, n, w)
-        del ei, w
-        self.degree = torch.bincount(self.csr.col, minlength=n).long()
+            if like.partition.num_parts == o.num_parts:
+                self.partition = like.partition
+                return
+        else:
+            ei, w = self.lw.topology(data.edge_index, n, data.get("edge_weight", None))
+            self.csr = DstCSR(ei, n, w)
+            del ei, w
+            self.degree = torch.bincount(self.csr.col, minlength=n).long()
         self.partition = partition_graph(data.edge_index, n, o.num_parts,
                                          o.partition_method, o.seed,
                                          cache_dir=o.cache_dir)
@@ -286,6 +290,7 @@ class OffloadEngine:
     def _end_epoch(self, ep: Epoch) -> None:
         self.plane.drop_retained()
         self.runner.retain, self.runner.retained = False, 0
+        self.runner.kept = 0
         for aid in list(self.cache.slot_of):
             self.cache.unregister(aid)
         self.plane.clear(keep=self.layout.h(0))
@@ -296,7 +301,11 @@ class OffloadEngine:
         # host memory only grows when an array is allocated: sampling there
         # catches the peak
         c = ep.counters
-        c.peak_host_bytes = max(c.peak_host_bytes, self.plane.host_bytes())
+        host = self.plane.host_bytes()
+        c.peak_host_bytes = max(c.peak_host_bytes, host)
+        pool = 0 if self.device.type == "cpu" else self.cache.nbytes
+        c.peak_total_bytes = max(c.peak_total_bytes, host + pool + self.split.resident
+                                 + getattr(self.runner, "kept", 0))
 
     def _alloc(self, ep: Epoch, aid: int, rows: int, cacheable: bool = True,
                zero: bool | None = None) -> None:

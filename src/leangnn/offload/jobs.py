@@ -202,6 +202,8 @@ class JobRunner:
         #: this epoch keeps forward graphs (set by the engine per epoch), and
         #: the accounted bytes of those still alive
         self.retain, self.retained = False, 0
+        #: the expected (unmargined) bytes of those graphs, for estimates
+        self.kept = 0
 
     def start(self, epoch: Epoch) -> None:
         self.epoch = epoch
@@ -221,7 +223,8 @@ class JobRunner:
         ch, degree = job.chunk, self.keys.degree
         retaining = self.retain
         need = self.budget.charge(job.layer, job.backward, ch.sizes, cache.nbytes, c,
-                                  self.retained, retaining)
+                                  self.retained, retaining, plane.host_bytes(),
+                                  self.kept)
         plane.prefetch(upcoming, self.budget.total - need)
         caching = cache.num_slots > 0
         with plane.measured(c, self.retained):
@@ -244,6 +247,7 @@ class JobRunner:
             del g_up, ei, w
             if retaining:
                 self.retained += self.budget.retained_bytes(job.layer, *ch.sizes)
+                self.kept += self.budget.kept_expected(job.layer, *ch.sizes)
             if job.backward:
                 c.vertex_layer_recomputations += ch.num_targets
             else:
@@ -282,12 +286,14 @@ class JobRunner:
         the input gradient goes out as in a recomputing job."""
         c, ch = self.epoch.counters, job.chunk
         self.budget.charge(job.layer, True, ch.sizes, self.cache.nbytes, c,
-                           self.retained)
+                           self.retained, host=self.plane.host_bytes(),
+                           kept=self.kept, through_kept=True)
         with self.plane.measured(c, self.retained):
             g_up = self._read_grad(job)
             gx = self.plane.backprop(job, g_up)
             del g_up
             self.retained -= self.budget.retained_bytes(job.layer, *ch.sizes)
+            self.kept -= self.budget.kept_expected(job.layer, *ch.sizes)
             groups = []
             if job.grad_src is not None:
                 self._accumulate(job, gx, groups)

@@ -118,17 +118,18 @@ class ChunkBuilder:
         csr = self.csr
         ids, counts = csr.edge_ids(targets)
         src = csr.col[ids]
-        self._mark[targets] = True
-        cand = src[~self._mark[src]]
-        if cand.numel() * 64 > csr.num_nodes:
-            # large chunks: marking and one scan of N flags beats sorting
-            # the candidates (and also yields sorted ids)
-            self._halo[cand] = True
+        if src.numel() * 64 > csr.num_nodes:
+            # large chunks: flagging every source, unflagging the targets and
+            # one scan of N flags beats masking and sorting the candidates
+            # (and also yields sorted ids)
+            self._halo[src] = True
+            self._halo[targets] = False
             halo = torch.nonzero(self._halo).flatten()
             self._halo[halo] = False
         else:
-            halo = torch.unique(cand)
-        self._mark[targets] = False
+            self._mark[targets] = True
+            halo = torch.unique(src[~self._mark[src]])
+            self._mark[targets] = False
         sources = torch.cat([targets, halo])
         weighted = csr.weight is not None
         if not self.topology:
@@ -143,15 +144,18 @@ class ChunkBuilder:
     def __repr__(self) -> str:
         return f"{self.__class__.__name__}({self.csr}, topology={self.topology})"
 
-    def split(self, targets: Tensor, max_edges: int | None = None) -> list[Chunk]:
-        """Chunks covering ``targets`` in order, each fitting the budget."""
+    def split(self, targets: Tensor, max_edges: int | None = None,
+              first: Chunk | None = None) -> list[Chunk]:
+        """Chunks covering ``targets`` in order, each fitting the budget
+        (``first``: ``build(targets)``, when the caller has it already)."""
         out: list[Chunk] = []
         pieces = [targets]
         if max_edges is not None:
             pieces = self._cut(targets, max(1, -(-int(self.csr.in_degree(
                 targets).sum()) // max_edges)))
+            first = None
         for piece in pieces:
-            self._split(piece, out)
+            self._split(piece, out, first)
         return out
 
     def _cut(self, targets: Tensor, k: int) -> list[Tensor]:
@@ -164,8 +168,9 @@ class ChunkBuilder:
         bounds = torch.unique(bounds.clamp(1, targets.numel() - 1))
         return [p for p in torch.tensor_split(targets, bounds) if p.numel()]
 
-    def _split(self, targets: Tensor, out: list[Chunk]) -> None:
-        ch = self.build(targets)
+    def _split(self, targets: Tensor, out: list[Chunk],
+               first: Chunk | None = None) -> None:
+        ch = first if first is not None else self.build(targets)
         if self.fits(*ch.sizes):
             out.append(ch)
             return
@@ -308,9 +313,18 @@ class ExactSchedule:
         builder = ChunkBuilder(csr, fits, estimate, topology,
                                split_hubs=num_layers is not None)
         parts = partition.nodes()
+        first: list[Chunk | None] = [None] * len(parts)
         if order == "overlap" and len(parts) > 2:
-            closure = [torch.unique(torch.cat([v, csr.in_neighbors(v)]))
-                       for v in parts]
+            if topology:
+                closure = [torch.unique(torch.cat([v, csr.in_neighbors(v)]))
+                           for v in parts]
+            else:
+                # a part's own job has its closure (the part and its in-halo)
+                # as sources, and splitting starts by building that job:
+                # build it once for both (a counting schedule keeps no edges,
+                # so holding every part's job at once costs little)
+                first = [builder.build(v) for v in parts]
+                closure = [ch.sources for ch in first]
             self.part_order = overlap_order(closure, n)
             del closure
         else:
@@ -318,14 +332,28 @@ class ExactSchedule:
         self.chunks: list[Chunk] = []
         self.chunk_part: list[int] = []
         for p in self.part_order:
-            for ch in builder.split(parts[p]):
+            ch0, first[p] = first[p], None
+            for ch in builder.split(parts[p], first=ch0):
                 self.chunks.append(ch)
                 self.chunk_part.append(p)
-        self.num_chunks = c = len(self.chunks)
+        self.num_chunks = len(self.chunks)
         self.num_nodes = n
         self.num_pieces = sum(ch.piece is not None for ch in self.chunks)
         self._orders()
-        self._index(n, c)
+        # the next-use index serves the ``st`` cache only (a CPU "device"
+        # caches nothing): built on first use (0.07-0.2 s at 100k nodes)
+        self._indexed = False
+
+    _INDEX = frozenset({"offsets", "count", "next_pos", "prev_pos", "rank",
+                        "first_pos", "last_pos", "owner_pos"})
+
+    def __getattr__(self, name: str):
+        if name in ExactSchedule._INDEX and not self.__dict__.get("_indexed", True):
+            self._indexed = True
+            self._index(self.num_nodes, self.num_chunks)
+            return getattr(self, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute "
+                             f"{name!r}")
 
     def _orders(self) -> None:
         """Visit orders and ranks when hubs are split: units (a chunk, or a

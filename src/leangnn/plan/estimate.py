@@ -39,7 +39,8 @@ from torch_geometric.data import Data
 from leangnn.plan.fake import StepTrace, UnsupportedOpError, tensor_bytes, trace_step
 
 __all__ = ["Estimate", "depth_points", "estimate_model", "estimate_config",
-           "default_loss", "largest_graph", "core_of", "EXTRAPOLATE_ABOVE"]
+           "default_loss", "largest_graph", "core_of", "offload_step",
+           "forget", "EXTRAPOLATE_ABOVE"]
 
 #: registered models deeper than this are traced at :func:`depth_points`
 EXTRAPOLATE_ABOVE = 8
@@ -339,6 +340,10 @@ def estimate_config(cfg, splits, device: torch.device | str | None = None,
     first_fig = _with_history(c, cfg, splits, [train[i] for i in order[:first]],
                               first > 0, loss_fn, dev, traced, big=data)
     graphs = train if cfg.strategy != "prune" else [data]
+    if cfg.strategy == "full" and data is big:
+        # the offload rows of the same model time their epoch on this work
+        _remember_full_work(cfg, big, splits, dev,
+                            _scale_work(c["work"], big, splits.train))
     est = Estimate(cfg.strategy, knobs, str(dev), first_fig[0], c["model_bytes"],
                    graph_bytes, method="fake+extrapolated" if extrapolated else "fake",
                    note=note, work=_scale_work(c["work"], data, graphs),
@@ -408,8 +413,35 @@ def _epoch_heap(cfg, splits, before: list[Data], loss_fn, device: torch.device,
     return heap
 
 
-#: traced full-batch work of recent offload rows' models (one per plan)
+#: traced full-batch work of recent offload rows' models (one per plan; the
+#: full row's trace fills it when it comes first, as in the planner)
 _FULL_WORK: dict[tuple, dict] = {}
+
+#: the last offload row's counting engine, whose graph structures the next
+#: row on the same graph and model reuses (:func:`forget`)
+_LIKE: dict[tuple, Any] = {}
+
+
+def _work_key(cfg, big: Data, splits, device: torch.device) -> tuple:
+    return (id(big), big.edge_index.data_ptr(), int(big.num_nodes), str(device),
+            json.dumps(cfg.model_options(), sort_keys=True, default=str),
+            cfg.model, cfg.num_layers, cfg.hidden_channels, len(splits.train))
+
+
+def _remember_full_work(cfg, big: Data, splits, device: torch.device,
+                        work: dict) -> None:
+    key = _work_key(cfg, big, splits, device)
+    if key not in _FULL_WORK:
+        if len(_FULL_WORK) >= 8:
+            _FULL_WORK.pop(next(iter(_FULL_WORK)))
+        _FULL_WORK[key] = work
+
+
+def forget() -> None:
+    """Drop what one plan's rows share (the last counting engine, which
+    holds the graph grouped by target): call when a plan is done."""
+    _LIKE.clear()
+
 
 #: importance scores of recent graphs: the rows of one plan (core ratios)
 #: select cores of the same graph, and PageRank is the costly part
@@ -469,6 +501,31 @@ def _analytic(cfg, splits, data: Data, device: torch.device, knobs: dict,
                     note=f"dry run failed ({why}); analytic lower bound")
 
 
+def offload_step(eng, counters, x_bytes: int, params: int, device: torch.device
+                 ) -> tuple[int, int, int]:
+    """``(step, device, host)`` bytes of an offloaded training step from a
+    counting engine's epoch: what the step adds above the loaded state (the
+    features and parameters) on a CPU "device" (one memory), on the device
+    alone, and in the host store alone.
+
+    The accounting charges each job its calibrated workspace times a safety
+    margin plus the engine's buffers as an upper bound (it must never exceed
+    the budget); the device figure takes the margin back out. On a CPU the
+    step is the highest *simultaneous* host + device bytes
+    (``peak_total_bytes``: the job's expected bytes, no margin): the sum of
+    the two separate peaks, which come at different jobs, over-counted by
+    up to 1.5x (s38417, GCN-3: 24.1 MiB estimated, 16.4 MiB live).
+    """
+    resident, pool_dev = eng.split.resident, eng.cache.nbytes
+    job = max(0, counters.peak_device_bytes - resident - pool_dev)
+    device_step = max(0, resident - params + pool_dev + round(job / eng.ws.margin))
+    # on a CPU "device" the host figure holds the cache pool too
+    pool = eng.cache.nbytes if device.type == "cpu" else 0
+    host = max(0, counters.peak_host_bytes - x_bytes - pool)
+    step = max(0, counters.peak_total_bytes - x_bytes - params)
+    return step, device_step, host
+
+
 def _offload(cfg, splits, big: Data, device: torch.device, knobs: dict,
              loss_fn) -> Estimate:
     from leangnn.offload import OffloadEngine, OffloadOptions
@@ -478,38 +535,30 @@ def _offload(cfg, splits, big: Data, device: torch.device, knobs: dict,
     budget = cfg.device_budget or DEFAULT_BUDGET
     opts = OffloadOptions(budget, min(cfg.num_parts, int(big.num_nodes)), cfg.cache,
                           cfg.offload_mode, device=device, virtual=True)
+    key = _work_key(cfg, big, splits, device)
+    like = _LIKE.get(key)
     with torch.random.fork_rng(devices=[]):
-        eng = OffloadEngine(model, big, options=opts)
+        eng = OffloadEngine(model, big, options=opts, like=like)
         counters = eng.simulate(train=True)
+    # the next row of the same plan (another part count or budget) reuses the
+    # graph grouped by target (and the partition, at the same part count)
+    _LIKE.clear()
+    _LIKE[key] = eng
     params = _model_bytes(model)
-    x_bytes = big.x.untyped_storage().nbytes()
-    # The engine charges parameters, gradients and moments (resident) plus
-    # cache and workspace; the parameters are loaded before a run's meter.
-    # The accounting charges each job its calibrated workspace times a safety
-    # margin (it must never exceed the budget); the estimate takes the margin
-    # back out: resident state, cache pool and the job's fitted workspace.
-    resident, pool_dev = eng.split.resident, eng.cache.nbytes
-    job = max(0, counters.peak_device_bytes - resident - pool_dev)
-    device_step = max(0, resident - params + pool_dev + round(job / eng.ws.margin))
-    # The features are loaded before the run; on a CPU "device" the host
-    # figure holds the cache pool too, which the device figure already has.
-    pool = eng.cache.nbytes if device.type == "cpu" else 0
-    host = max(0, counters.peak_host_bytes - x_bytes - pool)
+    step, device_step, host = offload_step(eng, counters,
+                                           big.x.untyped_storage().nbytes(),
+                                           params, device)
     knobs["chunks"] = eng.num_chunks
     # The compute of an offloaded epoch is that of full-batch training plus
     # the recomputation and the per-job work; time is fitted on both.
-    key = (id(big), big.edge_index.data_ptr(), int(big.num_nodes), str(device),
-           json.dumps(cfg.model_options(), sort_keys=True, default=str),
-           cfg.model, cfg.num_layers, cfg.hidden_channels, len(splits.train))
     if key not in _FULL_WORK:  # the same for every part count and budget
-        if len(_FULL_WORK) >= 8:
-            _FULL_WORK.pop(next(iter(_FULL_WORK)))
         try:
             full, _ = _trace_config(cfg, big, splits.in_channels,
                                     splits.out_channels, loss_fn, device)
-            _FULL_WORK[key] = _scale_work(full["work"], big, splits.train)
+            work = _scale_work(full["work"], big, splits.train)
         except UnsupportedOpError:
-            _FULL_WORK[key] = {}
+            work = {}
+        _remember_full_work(cfg, big, splits, device, work)
     work = dict(_FULL_WORK[key])
     work.update(jobs=counters.jobs * len(splits.train),
                 traffic=counters.traffic_bytes,
@@ -518,7 +567,7 @@ def _offload(cfg, splits, big: Data, device: torch.device, knobs: dict,
                 device_bytes=device_step, host_bytes=host)
     if device.type == "cpu":
         # one memory: the host store and the "device" pool add up
-        return Estimate("offload", knobs, str(device), device_step + host, params,
+        return Estimate("offload", knobs, str(device), step, params,
                         _resident_graph_bytes(big, device),
                         method="offload-accounting", work=work,
                         note="CPU device: host store and device pool share memory")

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from leangnn.plan.calibrate import Calibration, load_calibration
-from leangnn.plan.estimate import Estimate, estimate_config
+from leangnn.plan.estimate import Estimate, estimate_config, forget
 from leangnn.utils import format_bytes, json_safe, parse_bytes
 
 __all__ = ["PlanRow", "PlanTable", "plan_config", "choose", "format_table",
@@ -385,24 +385,33 @@ def plan_config(cfg, splits, memory_budget=None, device=None,
             if strategies is None or c[0] in strategies]
     rows: list[PlanRow | None] = [None] * len(todo)
     done = False
+    core_fits: float | None = None  # the largest core ratio found to fit
     for cls in sorted({_CLASS[k] for _, _, k in todo}):
         for i, (strategy, fields, kind) in enumerate(todo):
             if _CLASS[kind] != cls:
                 continue
-            if done:
+            if done or (lazy and kind == "approximate" and core_fits is not None
+                        and fields.get("budget_ratio", 0.0) < core_fits):
+                # (approximate rows: the largest core that fits is the pick,
+                # so no smaller one needs an estimate)
                 knobs = {k: v for k, v in fields.items() if k != "strategy"}
                 rows[i] = unavailable_row(strategy, knobs, "not estimated: a "
                                           "preferred row fits (planned lazily)", kind)
                 continue
             rows[i] = _row(cfg, strategy, fields, kind, dev, splits, cal)
             r = rows[i]
-            if lazy and r.need_bytes is not None and r.need_bytes <= budget and \
-                    not r.host_short and _SPEED_RANK.get(strategy) == 0:
+            fits = r.need_bytes is not None and r.need_bytes <= budget and \
+                not r.host_short
+            if lazy and fits and _SPEED_RANK.get(strategy) == 0:
                 done = True  # full batch fits: nothing exact is faster
+            if fits and kind == "approximate":
+                ratio = float(fields.get("budget_ratio", 0.0))
+                core_fits = max(core_fits or 0.0, ratio)
         if lazy and any(r is not None and r.need_bytes is not None
                         and r.need_bytes <= budget and not r.host_short
                         for r in rows):
             done = True
+    forget()  # the rows' shared counting engine: not needed past the plan
     table = PlanTable([r for r in rows if r is not None], budget, str(dev),
                       cal.kind if cal.calibrated else "uncalibrated")
     mark_table(table)

@@ -25,7 +25,13 @@ import torch
 from torch_geometric.data import Data
 
 from leangnn.plan.calibrate import Calibration, load_calibration
-from leangnn.plan.estimate import Estimate, core_of, default_loss, estimate_model
+from leangnn.plan.estimate import (
+    Estimate,
+    core_of,
+    default_loss,
+    estimate_model,
+    offload_step,
+)
 from leangnn.plan.planner import (
     CORE_RATIOS,
     OFFLOAD_PARTS,
@@ -146,13 +152,12 @@ def _offload_model(model, data, device, budget, cal, knobs, full: Estimate
         counters = eng.simulate(train=True)
     params = full.model_bytes
     work = {**full.work, "jobs": counters.jobs}
-    pool = eng.cache.nbytes if device.type == "cpu" else 0  # counted on both sides
-    host = max(0, counters.peak_host_bytes - data.x.untyped_storage().nbytes()
-               - pool)
-    dev_step = max(0, counters.peak_device_bytes - params)
+    step, dev_step, host = offload_step(eng, counters,
+                                        data.x.untyped_storage().nbytes(), params,
+                                        device)
     cpu = device.type == "cpu"
     est = Estimate("offload", dict(knobs), str(device),
-                   dev_step + (host if cpu else 0), params, full.graph_bytes if cpu
+                   step if cpu else dev_step, params, full.graph_bytes if cpu
                    else 0, host_bytes=0 if cpu else host, method="offload-accounting",
                    work=work)
     cal.apply(est)

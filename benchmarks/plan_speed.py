@@ -1,0 +1,170 @@
+"""Planning cost against one real epoch, before/after side by side (issue 11).
+
+Issue 11's target: the estimate takes at most 10% of one real epoch. For each
+row (a ``leangnn train`` command line) this script
+
+* times the estimate (``estimate_config`` of the configuration, or the lazy
+  ``plan_config`` of ``--strategy auto``, as ``leangnn train`` runs it) in a
+  fresh interpreter per round, by the thread's CPU time with one OpenMP
+  thread (the load of the shared machine stays out), alternating rounds of
+  the code under test and of a reference source tree (``--before SRC``, e.g.
+  an export of the last commit), and reports medians;
+* reads one real epoch's CPU time from a ``leangnn train`` run of the same
+  command line (``metrics.jsonl``'s ``epoch_cpu_seconds``, median over the
+  epochs; cached in the JSON, ``--remeasure`` repeats it).
+
+Disk caches (METIS partitions, parsed circuits) are warm in every round, as
+they are for a user's second run; in-process caches are cold.
+
+    python benchmarks/plan_speed.py --before /tmp/before/src   # results/plan_speed.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "benchmarks" / "results" / "plan_speed.json"
+_B19 = ("--dataset itc99/b19 --val-dataset iscas85/c17 "
+        "--test-dataset iscas85/c432")
+
+ROWS = [
+    dict(name="b19-offload-sage3", args=f"{_B19} --strategy offload --model sage "
+         "--layers 3 --hidden 32 --device-budget 32MiB --parts 8"),
+    dict(name="csbm100k-offload-gcn2", args="--dataset csbm:100000 --strategy "
+         "offload --model gcn --layers 2 --hidden 32 --device-budget 64MiB "
+         "--parts 8"),
+    dict(name="csbm100k-auto-sage3", args="--dataset csbm:100000 --strategy auto "
+         "--model sage --layers 3 --hidden 64 --memory-budget 160MiB"),
+    dict(name="s38417-offload-gcn3", args="--dataset iscas89/s38417 --val-dataset "
+         "iscas85/c17 --test-dataset iscas85/c432 --strategy offload --model gcn "
+         "--layers 3 --hidden 64 --device-budget 26667582 --parts 4"),
+]
+
+_CHILD = r"""
+import json, sys, time
+import torch
+torch.set_num_threads(1)
+from leangnn.cli import _TRAIN_FLAGS, build_parser
+from leangnn.config import TrainConfig
+from leangnn.data import load_graphs
+from leangnn.plan.calibrate import load_calibration
+args = build_parser().parse_args(["train", *json.loads(sys.argv[1])])
+cfg = TrainConfig(**{f: getattr(args, a) for a, f in _TRAIN_FLAGS.items()
+                     if getattr(args, a) is not None})
+splits = load_graphs(cfg, progress=False)
+cal = load_calibration(torch.device(cfg.device))
+t = time.thread_time()
+if cfg.strategy == "auto":
+    from leangnn.plan.planner import choose, plan_config
+    table = plan_config(cfg, splits, cfg.memory_budget, calibration=cal, lazy=True)
+    row = choose(table)
+    est, pick = row.estimate, row.label
+else:
+    from leangnn.plan.estimate import estimate_config
+    est, pick = estimate_config(cfg, splits, calibration=cal), None
+cpu = time.thread_time() - t
+print(json.dumps({"cpu": cpu, "pick": pick, "run_bytes": est.run_bytes,
+                  "step_bytes": est.step_bytes, "peak_bytes": est.peak_bytes,
+                  "epoch_seconds": est.epoch_seconds}))
+"""
+
+
+def _env(src: str | None) -> dict:
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    if src:
+        env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def estimate_once(row: dict, src: str | None) -> dict:
+    p = subprocess.run([sys.executable, "-c", _CHILD,
+                        json.dumps(shlex.split(row["args"]))], env=_env(src),
+                       capture_output=True, text=True, timeout=900, cwd=ROOT)
+    if p.returncode:
+        raise RuntimeError(p.stderr.strip().splitlines()[-1])
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def epoch_cpu(row: dict, epochs: int = 2) -> float:
+    with tempfile.TemporaryDirectory(prefix="plan-speed-") as tmp:
+        out = Path(tmp) / "run"
+        subprocess.run([sys.executable, "-m", "leangnn", "train",
+                        *shlex.split(row["args"]), "--epochs", str(epochs),
+                        "--out", str(out), "--quiet"], env=_env(None), check=True,
+                       capture_output=True, timeout=1800, cwd=ROOT)
+        rec = [json.loads(x) for x in (out / "metrics.jsonl").read_text().split("\n")
+               if x]
+    return statistics.median(r["epoch_cpu_seconds"] for r in rec)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--before", help="source tree (its src/) of the reference")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--only", nargs="*")
+    ap.add_argument("--remeasure", action="store_true")
+    args = ap.parse_args(argv)
+    old = json.loads(OUT.read_text()) if OUT.is_file() else {}
+    prev = {r["name"]: r for r in old.get("rows", [])}
+    rows = []
+    for row in ROWS:
+        if args.only and not any(s in row["name"] for s in args.only):
+            continue
+        p = prev.get(row["name"], {})
+        ep = p.get("epoch_cpu_seconds") if p.get("args") == row["args"] else None
+        if ep is None or args.remeasure:
+            ep = epoch_cpu(row)
+        runs: dict[str, list] = {"after": [], "before": []}
+        for _ in range(args.rounds):
+            runs["after"].append(estimate_once(row, None))
+            if args.before:
+                runs["before"].append(estimate_once(row, args.before))
+        r = {"name": row["name"], "args": row["args"], "epoch_cpu_seconds": ep}
+        for side, res in runs.items():
+            if not res:
+                continue
+            cpu = statistics.median(x["cpu"] for x in res)
+            r[side] = {"estimate_cpu_seconds": cpu, "share_of_epoch": cpu / ep,
+                       "pick": res[-1]["pick"],
+                       "step_bytes": res[-1]["step_bytes"],
+                       "run_bytes": res[-1]["run_bytes"],
+                       "epoch_seconds": res[-1]["epoch_seconds"],
+                       "rounds": [x["cpu"] for x in res]}
+        print(json.dumps(r), flush=True)
+        rows.append(r)
+    done = {r["name"] for r in rows}
+    keep = [x for x in old.get("rows", []) if x["name"] not in done]
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    from leangnn.utils import atomic_write_text
+
+    atomic_write_text(OUT, json.dumps({"rows": keep + rows}, indent=1))
+    print(markdown(keep + rows))
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = ["| row | epoch CPU s | estimate CPU s before | after | share of epoch "
+             "before | after (target <= 10%) |", "|---|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        b, a = r.get("before", {}), r.get("after", {})
+
+        def f(d, k, pct=False):
+            v = d.get(k)
+            return "" if v is None else (f"{v:.0%}" if pct else f"{v:.2f}")
+        lines.append(f"| {r['name']} | {r['epoch_cpu_seconds']:.2f} | "
+                     f"{f(b, 'estimate_cpu_seconds')} | {f(a, 'estimate_cpu_seconds')}"
+                     f" | {f(b, 'share_of_epoch', True)} | "
+                     f"{f(a, 'share_of_epoch', True)} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
