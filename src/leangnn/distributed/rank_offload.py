@@ -43,7 +43,7 @@ from leangnn.graphs.sparse import DstCSR
 from leangnn.offload.budget import DeviceBudget
 from leangnn.offload.counters import OffloadCounters
 from leangnn.offload.layerwise import LayerwiseModel
-from leangnn.offload.plane import compute_layer, rng_devices
+from leangnn.offload.plane import compute_layer, probe_code, rng_devices
 from leangnn.offload.schedule import BudgetError, Chunk, ChunkBuilder
 from leangnn.offload.workspace import WorkspaceModel
 from leangnn.profile import LiveBytesMeter
@@ -181,7 +181,8 @@ class RankOffload:
         with torch.random.fork_rng(devices=rng_devices(device)):
             return WorkspaceModel(run, lw.widths, next(model.parameters()).dtype,
                                   weighted, device,
-                                  key=tuple(repr(m) for m in model.modules()))
+                                  key=(*(repr(m) for m in model.modules()),
+                                       probe_code()))
 
     # --------------------------------------------------------------- execute
     def __call__(self, model: torch.nn.Module, runner) -> Tensor:

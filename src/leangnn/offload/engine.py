@@ -47,6 +47,7 @@ from leangnn.offload.plane import (
     CountingPlane,
     DevicePlane,
     compute_layer,
+    probe_code,
     retain_layer,
     rng_devices,
 )
@@ -169,7 +170,7 @@ class OffloadEngine:
             return layer(lw, li, backward, x, ei, w, nt, g)
 
         key = tuple(repr(m) for m in self.model.modules()) + (
-            ("retain",) if retain else ())
+            ("retain",) if retain else ()) + (probe_code(),)
         with torch.random.fork_rng(devices=rng_devices(self.device)):
             return WorkspaceModel(run, self.lw.widths, self.dtype,
                                   self.csr.weight is not None, self.device, key=key)

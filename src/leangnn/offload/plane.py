@@ -15,6 +15,9 @@ have the same methods:
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import inspect
 from contextlib import contextmanager, nullcontext
 
 import torch
@@ -30,7 +33,18 @@ from leangnn.offload.store import HostStore, ShapeStore
 from leangnn.profile import LiveBytesMeter
 
 __all__ = ["CountingPlane", "DevicePlane", "compute_layer", "retain_layer",
-           "rng_devices"]
+           "rng_devices", "probe_code"]
+
+
+@functools.lru_cache(maxsize=1)
+def probe_code() -> str:
+    """Fingerprint of the code a workspace probe runs (the layer functions
+    and :class:`LayerwiseModel`): part of the key under which
+    :class:`~leangnn.offload.workspace.WorkspaceModel` keeps its fits on disk,
+    so that an edit of that code measures anew."""
+    code = "".join(inspect.getsource(m) for m in (compute_layer, retain_layer,
+                                                  LayerwiseModel))
+    return hashlib.sha1(code.encode()).hexdigest()
 
 
 def compute_layer(lw: LayerwiseModel, li: int, backward: bool, x: Tensor,

@@ -39,21 +39,16 @@ _VERSION = 2
 
 def _disk_path(full_key: tuple | None, device: torch.device):
     """Cache file of a CPU calibration (``None``: not cached: no key, or a
-    CUDA device, whose allocator figures depend on the card)."""
+    CUDA device, whose allocator figures depend on the card). The callers'
+    ``key`` carries a fingerprint of the code the probes run
+    (:func:`leangnn.offload.plane.probe_code`), so an edit measures anew."""
     if full_key is None or torch.device(device).type != "cpu":
         return None
     import hashlib
-    import inspect
 
-    from leangnn.offload import layerwise, plane
     from leangnn.utils import cache_root
 
-    # the code that runs in a probe is part of the key: an edit measures anew
-    code = "".join(inspect.getsource(m) for m in (plane.compute_layer,
-                                                  plane.retain_layer,
-                                                  layerwise.LayerwiseModel))
-    text = repr((full_key, torch.__version__, _VERSION, WorkspaceModel.PROBES,
-                 code))
+    text = repr((full_key, torch.__version__, _VERSION, WorkspaceModel.PROBES))
     return cache_root("workspace") / (hashlib.sha1(text.encode()).hexdigest()
                                       + ".json")
 
