@@ -87,6 +87,9 @@ CASES = [
     ("res", dict(conv="gcn", dropout=0.2)),
     pytest.param("res", dict(conv="gat"), marks=SLOW),
     ("gsr", dict(conv="sage", num_groups=2)),
+    # GAT group functions run leangnn.nn.csr's kernel: a CSR matrix whose
+    # values are the (fake) attention weights
+    ("gsr", dict(conv="gat", num_groups=2)),
     pytest.param("gsr", dict(conv="gcn", num_groups=2, sparsity=2, dropout=0.1),
                  marks=SLOW),
     pytest.param("sage", {}, marks=SLOW),
@@ -119,6 +122,48 @@ def test_fake_peak_matches_real_step(graph, name, opts):
                                              rel=0.02)
     assert set(plain.phases) == {"forward", "backward", "optimizer"}
     assert plain.ops > 0 and plain.flops > 0
+
+
+@pytest.mark.parametrize("heads", [1, 2])
+def test_attention_spmm_with_fake_weights_matches_real(heads):
+    # The GAT kernel's product by a CSR matrix built from the attention
+    # weights, and its backward (sampled product, transposed product): the
+    # dry run's bytes against the live-bytes meter on real tensors.
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from leangnn.nn.csr import CSRGraph, _AttnSpMM
+    from leangnn.plan.fake import FakeTracker
+
+    n, c = 400, 16
+    g = contextual_sbm(n, avg_degree=6.0, in_channels=4, seed=3)
+    loops = torch.arange(n).repeat(2, 1)
+    graph = CSRGraph(torch.cat([g.edge_index, loops], 1), n)
+    e = graph.col.numel()
+    a_shape, x_shape = ((e,), (n, c)) if heads == 1 else ((e, heads), (n, heads, c))
+
+    def run(alpha, x):
+        out = _AttnSpMM.apply(alpha, x, graph)
+        (out * out).sum().backward()
+
+    torch.manual_seed(0)
+    alpha = torch.rand(a_shape, requires_grad=True)
+    x = torch.randn(x_shape, requires_grad=True)
+    with LiveBytesMeter(exclude=[alpha, x]) as meter:
+        run(alpha, x)
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    # made outside the tracker, which would compute them for real (no fake
+    # inputs, small): the weights must be fake, as features' are in a step
+    f_alpha = mode.from_tensor(alpha.detach()).requires_grad_()
+    f_x = mode.from_tensor(x.detach()).requires_grad_()
+    tracker = FakeTracker(mode, plain=False)
+    with mode, tracker:
+        run(f_alpha, f_x)
+        assert f_alpha.grad.shape == alpha.grad.shape
+        assert f_x.grad.shape == x.grad.shape
+    assert tracker.peak == pytest.approx(meter.peak, rel=0.02)
+    # per head: the product, its transpose's and the sampled product, each
+    # one multiply-add per entry and channel
+    assert tracker.flops == heads * 3 * 2 * e * c
 
 
 def test_data_dependent_shapes_of_the_graph_are_followed():

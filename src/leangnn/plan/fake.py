@@ -22,7 +22,10 @@ with self loops, masks, counts, RNG seeds; up to ``concrete_limit`` elements),
 so data-dependent shapes of the graph come out exact. Feature-sized
 floating-point tensors are fake; an op whose shape depends on *their* values
 raises :class:`UnsupportedOpError` (the estimator then falls back to an
-analytic bound and says so).
+analytic bound and says so). A sparse matrix whose values are fake (the
+attention weights of :mod:`leangnn.nn.csr`'s GAT kernel) is a real matrix on
+placeholder values that keeps the fake ones alive: fake mode cannot build it,
+but multiplies it with fake operands.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ from torch._subclasses.fake_tensor import (
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
+from torch.utils.weak import WeakIdKeyDictionary
 from torch_geometric.data import Data
 
 __all__ = ["FakeTracker", "StepTrace", "UnsupportedOpError", "fake_model",
@@ -135,6 +139,10 @@ class FakeTracker(TorchDispatchMode):
         # entries of the sparse matrices seen, by shape: the backward of a
         # sparse product may get a fake copy, which reports none
         self._nnz: dict[tuple, int] = {}
+        # real sparse matrices standing in for ones with fake values (fake
+        # mode cannot build those): matrix -> its fake values
+        self._values = WeakIdKeyDictionary()
+        self._blank: dict[tuple, Tensor] = {}  # real placeholder values
 
     # -------------------------------------------------------------- phases
     def phase(self, name: str) -> None:
@@ -161,6 +169,19 @@ class FakeTracker(TorchDispatchMode):
         tensors = [t for t in flat if t.layout == torch.strided]
         if func is aten._local_scalar_dense.default:
             return self._scalar(tensors[0])
+        if not known and func._overloadpacket in _SPARSE_CTORS:
+            out = self._sparse_of_fake(func, args, kwargs)
+            self._note(func, args, kwargs, tensors, out)
+            return out
+        if not known and func is aten.sparse_sampled_addmm.default and \
+                not isinstance(args[0], FakeTensor):
+            return self._sampled(func, args, kwargs, tensors)
+        if func is aten.values.default and args[0] in self._values:
+            # a view of the fake values (as the real op returns a view)
+            values = self._values[args[0]]
+            out = values.view(values.shape)
+            self._note(func, args, kwargs, tensors, out)
+            return out
         if known and "sparse" in func.__name__:
             # e.g. a CSR adjacency built from the graph: fake mode cannot
             # build sparse compressed tensors (it multiplies real ones fine)
@@ -183,6 +204,63 @@ class FakeTracker(TorchDispatchMode):
         else:
             if known and _wants_value(out, self.limit):
                 out = self._real(func, args, kwargs)
+        self._note(func, args, kwargs, tensors, out)
+        return out
+
+    # ------------------------------------------------- sparse, fake values
+    def _placeholder(self, like: Tensor) -> Tensor:
+        """Real zeros shaped like ``like`` (fake), shared by every matrix
+        of that shape: values nothing reads (products with it are fake)."""
+        k = (tuple(like.shape), like.dtype, like.device)
+        if k not in self._blank:
+            with _disable_current_modes():
+                self._blank[k] = torch.zeros(like.shape, dtype=like.dtype,
+                                             device=like.device)
+        return self._blank[k]
+
+    def _sparse_of_fake(self, func, args, kwargs) -> Tensor:
+        """A sparse compressed matrix from real indices and fake values (the
+        attention weights of :mod:`leangnn.nn.csr`'s GAT kernel).
+
+        The real constructor allocates nothing (the matrix holds its three
+        inputs); here it is a real matrix on placeholder values, which fake
+        mode multiplies with fake dense operands into fake outputs, and
+        which keeps the fake values alive (and counted) as long as it lives.
+        """
+        comp, plain, values = args[0], args[1], args[2]
+        if isinstance(comp, FakeTensor) or isinstance(plain, FakeTensor) or \
+                not isinstance(values, FakeTensor):
+            raise UnsupportedOpError(
+                f"{func} builds a sparse matrix from indices computed from "
+                "features; a dry run cannot")
+        args = (comp, plain, self._placeholder(values), *args[3:])
+        out = self._real(func, args, kwargs)
+        self._values[out] = values
+        return out
+
+    def _sampled(self, func, args, kwargs, tensors) -> Tensor:
+        """``sampled_addmm`` of a real sparse pattern with fake dense
+        operands: fake mode answers with a matrix of no values. The real op
+        returns copies of the pattern's indices and fresh values; so does
+        this, the values fake (counted while the result lives)."""
+        pattern, mat1 = args[0], args[1]
+        if pattern.layout != torch.sparse_csr:
+            raise UnsupportedOpError(
+                f"{func} on a {pattern.layout} pattern; a dry run cannot")
+        dtype = torch.promote_types(pattern.dtype, mat1.dtype)
+        with _disable_current_modes():
+            crow = pattern.crow_indices().clone()
+            col = pattern.col_indices().clone()
+            shape = pattern.values().shape
+        values = torch.empty(shape, dtype=dtype,
+                             device=mat1.device)  # fake: the fake mode is below
+        with _disable_current_modes():
+            out = torch.sparse_csr_tensor(crow, col, self._placeholder(values),
+                                          pattern.shape)
+        self._values[out] = values
+        for part in (crow, col):  # freed with the matrix
+            self._track(part, _key(part), owner=out)
+        self._track(values, _key(values))
         self._note(func, args, kwargs, tensors, out)
         return out
 
@@ -256,12 +334,20 @@ class FakeTracker(TorchDispatchMode):
             self._spike(ws)
         sparse = [a for a in args if isinstance(a, Tensor)
                   and a.layout != torch.strided]
+        if sparse and func._overloadpacket in _SPARSE_PARTS and \
+                any(a in self._values for a in sparse):
+            # a view of a matrix's parts: no work (the formula below would
+            # count nnz x the part's length; other matrices' accessors keep
+            # that count, which the recorded calibrations were fitted on)
+            return
         if sparse:
             # a sparse product: 2 nnz multiply-adds per output column (the
             # dense formula would count the matrix's N x N entries)
             with _disable_current_modes():
                 nnz = sum(a._nnz() for a in sparse if not isinstance(a, FakeTensor))
             cols = outs[0].size(-1) if outs and outs[0].dim() else 1
+            if func is aten.sparse_sampled_addmm.default:
+                cols = args[1].size(-1)  # a dot product of that length per entry
             self.flops += 2 * nnz * cols
             return
         fn = flop_registry.get(func._overloadpacket)
@@ -291,7 +377,8 @@ class FakeTracker(TorchDispatchMode):
         self._track(out, base, _key(out))
         return True
 
-    def _track(self, t: Tensor, key: int, raw: int | None = None) -> None:
+    def _track(self, t: Tensor, key: int, raw: int | None = None,
+               owner: Tensor | None = None) -> None:
         if raw is not None and raw != key:
             self._raw[raw] = self._raw.get(raw, 0) + 1
         ent = self._refs.get(key)
@@ -313,7 +400,9 @@ class FakeTracker(TorchDispatchMode):
             self._point(0)
         else:
             ent[0] += 1
-        weakref.finalize(t, self._release, key, raw)
+        # ``owner``: the tensor whose death frees ``t``'s storage (a sparse
+        # matrix holding it)
+        weakref.finalize(t if owner is None else owner, self._release, key, raw)
 
     def adopt(self, tensors) -> None:
         """Count ``tensors`` whose storages are alive but untracked: e.g. a
@@ -364,6 +453,15 @@ class FakeTracker(TorchDispatchMode):
                 self.small_live -= ent[1]
 
 
+#: constructors of sparse compressed tensors (values are their third argument)
+_SPARSE_CTORS = {aten.sparse_compressed_tensor, aten._sparse_compressed_tensor_unsafe,
+                 aten.sparse_csr_tensor, aten._sparse_csr_tensor_unsafe,
+                 aten.sparse_csc_tensor, aten._sparse_csc_tensor_unsafe,
+                 aten.sparse_bsr_tensor, aten.sparse_bsc_tensor}
+#: accessors of a sparse tensor's parts (views: no work, nothing allocated)
+_SPARSE_PARTS = {aten.values, aten._values, aten.indices, aten._indices,
+                 aten.crow_indices, aten.col_indices, aten.ccol_indices,
+                 aten.row_indices}
 _ZEROS = {aten.zeros.default, aten.new_zeros.default, aten.zeros_like.default}
 
 #: functional ops autograd's backward uses under a Python mode where a plain
