@@ -20,7 +20,6 @@ from dataclasses import fields
 from pathlib import Path
 
 from .config import AUTO, AUTO_MODEL, PLANNED_FIELDS, TrainConfig
-from .heap import limit_malloc_arenas
 
 __all__ = ["main", "build_parser", "UsageError"]
 
@@ -537,9 +536,6 @@ def main(argv: list[str] | None = None) -> int:
     error the user can fix, printed as one ``leangnn: error: ...`` line)."""
     errors = _user_errors()
     try:
-        # before any parallel work: worker threads' arenas are what make a
-        # run's resident peak grow with its steps (leangnn.heap)
-        limit_malloc_arenas()
         args = build_parser().parse_args(argv)
         args.argv = list(sys.argv[1:] if argv is None else argv)
         return args.func(args)
