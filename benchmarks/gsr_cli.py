@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -51,28 +52,35 @@ def command(layers: int, out: str, args) -> list[str]:
             "--quiet", *args.extra]
 
 
-def run_one(layers: int, args) -> dict:
+def run_one(layers: int, args, arenas: str | None = None) -> dict:
+    env = None
+    if arenas is not None:  # glibc's arena cap; "0": glibc's default
+        env = {k: v for k, v in os.environ.items() if k != "MALLOC_ARENA_MAX"}
+        if arenas != "0":
+            env["MALLOC_ARENA_MAX"] = arenas
     with tempfile.TemporaryDirectory(prefix="gsr_cli") as tmp:
         out = str(Path(tmp) / "run")
         cmd = command(layers, out, args)
-        r = run_with_peak_rss(cmd, timeout=args.timeout)
+        r = run_with_peak_rss(cmd, timeout=args.timeout, env=env)
         if r.returncode != 0:
             raise RuntimeError(f"{' '.join(cmd)} failed ({r.returncode}):\n"
                                f"{r.stderr[-3000:]}")
         s = json.loads((Path(out) / "summary.json").read_text())
     mem = s["memory"]
-    return {"layers": layers, "trainer_peak_mib": mem["peak_bytes"] / MIB,
+    return {"layers": layers, "arenas": arenas,
+            "trainer_peak_mib": mem["peak_bytes"] / MIB,
             "baseline_mib": mem["baseline_bytes"] / MIB,
             "process_peak_mib": r.peak_bytes / MIB,
             "process_above_baseline_mib": (r.peak_bytes - mem["baseline_bytes"])
             / MIB,
             "wall_s": r.seconds, "test": s["metrics"]["test"],
-            "val": s["metrics"]["val"]}
+            "val": s["metrics"]["val"],
+            "epoch_s": s["time"]["epoch_seconds_median"]}
 
 
 def summarise(runs: list[dict], depths: list[int]) -> dict:
     keys = ("trainer_peak_mib", "process_peak_mib", "process_above_baseline_mib",
-            "baseline_mib")
+            "baseline_mib", "epoch_s")
     med = {d: {k: statistics.median(r[k] for r in runs if r["layers"] == d)
                for k in keys} for d in depths}
     lo, hi = min(depths), max(depths)
@@ -103,6 +111,16 @@ def markdown(res: dict) -> str:
         v = r[key]
         lines.append(f"| {label}, {hi} / {lo} layers | {v:.3f} | <= {TARGET} | "
                      f"{'yes' if v <= TARGET else 'no'} |")
+    if "by_arenas" in res:
+        lines += ["", "| MALLOC_ARENA_MAX | Trainer peak "
+                  f"{lo} / {hi} layers MiB | ratio | s/epoch {lo} / {hi} | target |",
+                  "|---|---:|---:|---:|---|"]
+        for k, v in res["by_arenas"].items():
+            m, ratio = v["median"], v["ratios"]["trainer_peak_mib"]
+            lines.append(f"| {k} | {m[lo]['trainer_peak_mib']:.1f} / "
+                         f"{m[hi]['trainer_peak_mib']:.1f} | {ratio:.3f} | "
+                         f"{m[lo]['epoch_s']:.1f} / {m[hi]['epoch_s']:.1f} | "
+                         f"<= {TARGET} {'met' if ratio <= TARGET else 'missed'} |")
     lines += ["", "Reproduce: `python benchmarks/gsr_cli.py`."]
     return "\n".join(lines)
 
@@ -116,21 +134,32 @@ def main(argv=None) -> dict:
                     help="a small circuit: the test pass runs after the "
                          "Trainer's meter, and a large one would only add time")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--arenas", default=None,
+                    help="comma-separated MALLOC_ARENA_MAX values run side by "
+                         "side (e.g. 0,1: glibc's default and one arena); the "
+                         "summary is the first's")
     ap.add_argument("--timeout", type=float, default=3600.0)
     ap.add_argument("--out", default=None, help="default: results/gsr_cli.json")
     ap.add_argument("extra", nargs="*", help="more `leangnn train` options "
                     "(after --)")
     args = ap.parse_args(argv)
     depths = [int(d) for d in args.depths.split(",")]
+    settings = args.arenas.split(",") if args.arenas else [None]
     runs = []
     for rnd in range(args.rounds):
         for d in (depths if rnd % 2 == 0 else depths[::-1]):
-            runs.append(run_one(d, args))
-            print(f"round {rnd} layers {d}: trainer "
-                  f"{runs[-1]['trainer_peak_mib']:.1f} MiB, process "
-                  f"{runs[-1]['process_peak_mib']:.1f} MiB", file=sys.stderr)
+            for a in (settings if rnd % 2 == 0 else settings[::-1]):
+                runs.append(run_one(d, args, a))
+                print(f"round {rnd} layers {d} arenas {a}: trainer "
+                      f"{runs[-1]['trainer_peak_mib']:.1f} MiB, process "
+                      f"{runs[-1]['process_peak_mib']:.1f} MiB, "
+                      f"{runs[-1]['epoch_s']:.1f} s/epoch", file=sys.stderr)
     res = {"args": {**vars(args), "depths": depths}, "runs": runs,
-           "summary": summarise(runs, depths)}
+           "summary": summarise([r for r in runs if r["arenas"] == settings[0]],
+                                depths)}
+    if len(settings) > 1:
+        res["by_arenas"] = {a: summarise([r for r in runs if r["arenas"] == a],
+                                         depths) for a in settings}
     res["target"] = TARGET
     out = Path(args.out) if args.out else results_path("gsr_cli.json")
     write_json(out, res)
