@@ -535,14 +535,11 @@ CLI_ROWS = [
          "--layers 32 --groups 4"),
     dict(name="default-prune-res", args="--strategy prune --model res "
          "--budget-ratio 0.3"),
-    dict(name="b19-full-sage2", args="--dataset itc99/b19 --val-dataset "
-         "iscas85/c17 --test-dataset iscas85/c432 --strategy full --model sage "
+    dict(name="b19-full-sage2", args=f"{_B19} --strategy full --model sage "
          "--layers 2 --hidden 64"),
-    dict(name="b19-gsr16", args="--dataset itc99/b19 --val-dataset iscas85/c17 "
-         "--test-dataset iscas85/c432 --strategy reversible --model gsr "
+    dict(name="b19-gsr16", args=f"{_B19} --strategy reversible --model gsr "
          "--layers 16 --hidden 32 --groups 2"),
-    dict(name="b19-offload-sage3", args="--dataset itc99/b19 --val-dataset "
-         "iscas85/c17 --test-dataset iscas85/c432 --strategy offload --model sage "
+    dict(name="b19-offload-sage3", args=f"{_B19} --strategy offload --model sage "
          "--layers 3 --hidden 32 --device-budget 32MiB --parts 8"),
     dict(name="csbm100k-full-gcn3", args="--dataset csbm:100000 --strategy full "
          "--model gcn --layers 3 --hidden 64"),

@@ -33,17 +33,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "results" / "plan_speed.json"
-_B19 = ("--dataset itc99/b19 --val-dataset iscas85/c17 "
-        "--test-dataset iscas85/c432")
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from plan import CLI_ROWS  # noqa: E402  (the cli section's command lines)
 
-ROWS = [
-    dict(name="b19-offload-sage3", args=f"{_B19} --strategy offload --model sage "
-         "--layers 3 --hidden 32 --device-budget 32MiB --parts 8"),
-    dict(name="csbm100k-offload-gcn2", args="--dataset csbm:100000 --strategy "
-         "offload --model gcn --layers 2 --hidden 32 --device-budget 64MiB "
-         "--parts 8"),
-    dict(name="csbm100k-auto-sage3", args="--dataset csbm:100000 --strategy auto "
-         "--model sage --layers 3 --hidden 64 --memory-budget 160MiB"),
+# three rows of the cli section plus the auto case's 4-part offload row
+ROWS = [r for r in CLI_ROWS if r["name"] in (
+    "b19-offload-sage3", "csbm100k-offload-gcn2", "csbm100k-auto-sage3")] + [
     dict(name="s38417-offload-gcn3", args="--dataset iscas89/s38417 --val-dataset "
          "iscas85/c17 --test-dataset iscas85/c432 --strategy offload --model gcn "
          "--layers 3 --hidden 64 --device-budget 26667582 --parts 4"),
