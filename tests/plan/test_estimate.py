@@ -172,3 +172,33 @@ def test_unsupported_model_falls_back_to_the_analytic_bound(splits, monkeypatch)
     est = estimate_config(cfg, splits)
     assert est.method == "analytic" and "dry run failed" in est.note
     assert est.step_bytes > 0
+
+
+def test_a_step_over_the_op_limit_is_extrapolated_from_short_traces(splits,
+                                                                   monkeypatch):
+    # GSR with GAT group functions at a shallow depth passes the op limit; the
+    # estimate then traces depths 2 and 4 and extrapolates, equal to a direct
+    # dry run without the limit
+    from leangnn.plan import estimate as E
+    from leangnn.plan.fake import TooManyOpsError
+
+    depth = 6
+    cfg = TrainConfig(strategy="reversible", model="gsr", conv="gat",
+                      num_layers=depth, hidden_channels=8, num_groups=2)
+    torch.manual_seed(0)
+    direct = build_model("gsr", splits.in_channels, 8, splits.out_channels, depth,
+                         **cfg.model_options())
+    g = splits.train[0]
+    full = trace_step(direct, g, default_loss(g), lr=cfg.lr, clip_norm=cfg.clip_norm)
+    limit = full.ops - 1  # the full depth does not fit, depth 4 does
+    monkeypatch.setattr(E, "trace_step",
+                        lambda *a, **k: trace_step(*a, **k, max_ops=limit))
+    with pytest.raises(TooManyOpsError):
+        E.trace_step(direct, g, default_loss(g))
+    est = estimate_config(cfg, splits)
+    assert est.method == "fake+extrapolated"
+    assert est.step_bytes == pytest.approx(full.peak_bytes, rel=0.05)
+    # over the limit at every depth: the analytic fallback, as before
+    monkeypatch.setattr(E, "trace_step",
+                        lambda *a, **k: trace_step(*a, **k, max_ops=100))
+    assert estimate_config(cfg, splits).method == "analytic"

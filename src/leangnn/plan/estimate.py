@@ -36,7 +36,13 @@ import torch
 from torch import Tensor
 from torch_geometric.data import Data
 
-from leangnn.plan.fake import StepTrace, UnsupportedOpError, tensor_bytes, trace_step
+from leangnn.plan.fake import (
+    StepTrace,
+    TooManyOpsError,
+    UnsupportedOpError,
+    tensor_bytes,
+    trace_step,
+)
 
 __all__ = ["Estimate", "depth_points", "estimate_model", "estimate_config",
            "default_loss", "largest_graph", "core_of", "offload_step",
@@ -286,10 +292,27 @@ def _scale_work(work: dict[str, float], big: Data, graphs: list[Data]) -> dict:
 
 def _trace_config(cfg, data: Data, in_channels: int, out_channels: int, loss_fn,
                   device: torch.device):
+    depths = depth_points(cfg.num_layers)
+    try:
+        return _trace_depths(cfg, data, in_channels, out_channels, loss_fn, device,
+                             depths)
+    except TooManyOpsError:
+        # A shallow stack of many-op layers (GSR's GAT group functions, many
+        # groups) passes the op limit at its own depth; its hidden layers
+        # repeat, so two short traces extrapolate it as for deep stacks. The
+        # DAG model's ops grow with the circuit's levels, not with its depth.
+        if cfg.model == "dag" or depths == (2, 4) or cfg.num_layers <= 4:
+            raise
+        return _trace_depths(cfg, data, in_channels, out_channels, loss_fn, device,
+                             (2, 4))
+
+
+def _trace_depths(cfg, data: Data, in_channels: int, out_channels: int, loss_fn,
+                  device: torch.device, depths: tuple[int, ...]):
     traces, model_bytes = {}, {}
     step = _adj_step if data.get("adj_t", None) is not None and \
         data.get("edge_index", None) is None else None
-    for depth in depth_points(cfg.num_layers):
+    for depth in depths:
         model = _build(cfg, in_channels, out_channels, depth)
         model_bytes[depth] = _model_bytes(model)
         traces[depth] = trace_step(model, data, loss_fn, step, lr=cfg.lr,

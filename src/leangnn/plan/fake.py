@@ -53,7 +53,8 @@ from torch.utils.weak import WeakIdKeyDictionary
 from torch_geometric.data import Data
 
 __all__ = ["FakeTracker", "StepTrace", "UnsupportedOpError", "fake_model",
-           "trace_step", "default_heap_threshold", "tensor_bytes", "MAX_OPS"]
+           "trace_step", "default_heap_threshold", "tensor_bytes", "MAX_OPS",
+           "TooManyOpsError"]
 
 aten = torch.ops.aten
 #: a step of more ops than this is traced no faster than it runs (~1 ms per
@@ -64,6 +65,10 @@ _DATA_DEPENDENT = (DynamicOutputShapeException, DataDependentOutputException)
 
 class UnsupportedOpError(RuntimeError):
     """An op whose output depends on values that the dry run does not have."""
+
+
+class TooManyOpsError(UnsupportedOpError):
+    """A step longer than the dry run's op limit (:data:`MAX_OPS`)."""
 
 
 def _key(t: Tensor) -> int:
@@ -306,7 +311,7 @@ class FakeTracker(TorchDispatchMode):
     def _note(self, func, args, kwargs, tensors, out) -> None:
         self.ops += 1
         if self.ops > self.max_ops:
-            raise UnsupportedOpError(
+            raise TooManyOpsError(
                 f"more than {self.max_ops} ops in one step (e.g. level-by-level "
                 "propagation); a dry run that long is no cheaper than a real step")
         inputs = {self._canon(_key(t)) for t in tensors}
