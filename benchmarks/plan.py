@@ -140,7 +140,8 @@ def make_config(c: dict, device: str):
 
 
 def calibration(device: str, mmap: bool, recalibrate: bool, quick: bool):
-    from leangnn.plan.calibrate import calibrate, load_calibration
+    from leangnn.plan.calibrate import calibrate
+    from leangnn.plan.calibration import load_calibration
     from leangnn.plan.measure import MMAP_ENV
 
     for k, v in MMAP_ENV.items():
@@ -1039,7 +1040,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     if args.section == "cli":
-        from leangnn.plan.calibrate import load_calibration
+        from leangnn.plan.calibration import load_calibration
 
         if args.cli_allocator == "mmap":  # this process estimates for it too
             os.environ["MALLOC_MMAP_THRESHOLD_"] = "65536"

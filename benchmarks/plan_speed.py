@@ -51,7 +51,7 @@ torch.set_num_threads(1)
 from leangnn.cli import _TRAIN_FLAGS, build_parser
 from leangnn.config import TrainConfig
 from leangnn.data import load_graphs
-from leangnn.plan.calibrate import load_calibration
+from leangnn.plan.calibration import load_calibration
 args = build_parser().parse_args(["train", *json.loads(sys.argv[1])])
 cfg = TrainConfig(**{f: getattr(args, a) for a, f in _TRAIN_FLAGS.items()
                      if getattr(args, a) is not None})

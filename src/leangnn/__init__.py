@@ -34,7 +34,7 @@ _PLAN_EXPORTS = {
     "resolve_budget": "planner", "plan_summary": "planner",
     "Estimate": "estimate", "estimate_config": "estimate",
     "estimate_model": "estimate",
-    "Calibration": "calibrate", "load_calibration": "calibrate",
+    "Calibration": "calibration", "load_calibration": "calibration",
     "check_fits": "fits", "available_bytes": "fits",
     "full_batch_vertex_bytes": "vertex", "layer_widths": "vertex",
 }

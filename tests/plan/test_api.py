@@ -15,7 +15,7 @@ import leangnn
 from leangnn.data import with_mask
 from leangnn.graphs.synthetic import contextual_sbm
 from leangnn.nn.models import build_model
-from leangnn.plan.calibrate import Calibration
+from leangnn.plan.calibration import Calibration
 from leangnn.plan.estimate import default_loss
 from leangnn.plan.planner import PlanTable
 

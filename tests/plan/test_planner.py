@@ -11,7 +11,7 @@ from torch_geometric.nn import GCN
 from leangnn.config import TrainConfig
 from leangnn.data import GraphSplits, with_mask
 from leangnn.graphs.synthetic import contextual_sbm
-from leangnn.plan.calibrate import Calibration
+from leangnn.plan.calibration import Calibration
 from leangnn.plan.estimate import default_loss, estimate_config
 from leangnn.plan.planner import choose, format_table, plan_config
 from leangnn.plan.user import fit, plan

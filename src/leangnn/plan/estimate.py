@@ -19,7 +19,7 @@ With several training graphs, Adam's moments (allocated in the first step)
 are live under every later step's activations, and on CPU the heap keeps what
 the small graphs' steps left there (:func:`_epoch_heap`).
 
-Bytes are tensor bytes; :mod:`leangnn.plan.calibrate` adds the allocator's
+Bytes are tensor bytes; :mod:`leangnn.plan.calibration` adds the allocator's
 overhead measured on this machine (CPU resident memory, CUDA's caching
 allocator) and turns the traced work into seconds.
 """

@@ -107,7 +107,7 @@ class FakeTracker(TorchDispatchMode):
             come from the C heap (glibc's mmap threshold), whose resident
             memory does not shrink when they are freed; the tracker records
             the frontier of (bytes on their own pages, heap high-water) that
-            :mod:`leangnn.plan.calibrate` turns into resident memory.
+            :mod:`leangnn.plan.calibration` turns into resident memory.
             (default: ``0``, no heap)
         max_ops (int, optional): raise :class:`UnsupportedOpError` after this
             many ops. (default: no limit)

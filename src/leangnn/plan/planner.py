@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from leangnn.plan.calibrate import Calibration, load_calibration
+from leangnn.plan.calibration import Calibration, load_calibration
 from leangnn.plan.estimate import Estimate, estimate_config, forget
 from leangnn.utils import format_bytes, json_safe, parse_bytes
 

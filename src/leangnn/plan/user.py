@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch_geometric.data import Data
 
-from leangnn.plan.calibrate import Calibration, load_calibration
+from leangnn.plan.calibration import Calibration, load_calibration
 from leangnn.plan.estimate import (
     Estimate,
     core_of,

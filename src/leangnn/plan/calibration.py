@@ -1,0 +1,421 @@
+"""Calibration: the allocator's overhead and the time of work, per machine kind.
+
+A dry run counts tensor bytes; what a run's meter reports is more on CPU
+(resident memory: glibc keeps freed heap, code pages, thread stacks; with its
+default dynamic mmap threshold about twice the tensor bytes, measured) and
+what a CUDA device holds is more too (the caching allocator reserves more
+than it hands out). :class:`Calibration` holds what a short calibration
+(:mod:`leangnn.plan.calibrate`) fits from small real runs beside their
+estimates:
+
+* memory: on CPU ``measured = big + heap_scale x heap + const``, where the
+  dry run splits the step's bytes at glibc's mmap threshold into blocks on
+  their own pages (resident exactly while alive) and the heap's high-water
+  (freed small blocks stay resident); under glibc's default allocator the
+  heap factor is fitted per op mix (:func:`heap_families`: GAT's heap
+  fragments less than a residual SAGE stack's); on CUDA ``measured = tensor
+  bytes + const`` and ``reserved / allocated`` for budget checks; offload's
+  accounting gets a scale per model;
+* time: ``epoch_seconds = a ops + b bytes_written + c flops`` (non-negative
+  least squares over the traced work), and for offload
+  ``k x that + per_job x jobs``.
+
+One JSON file per machine kind (CPU model and allocator setting, or GPU name)
+under ``cache_root("calibration")``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+import sys
+import time
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from leangnn.utils import atomic_write_text, cache_root
+
+__all__ = ["Calibration", "heap_families", "machine_kind", "allocator_mode",
+           "calibration_path", "load_calibration", "fit_calibration"]
+
+#: what an uncalibrated machine assumes (measured on a 2-core x86-64 CPU
+#: with glibc 2.36; tensor bytes are exact on CUDA and in mmap mode)
+_DEFAULT_SCALE = {"glibc-default": 1.9, "glibc-mmap": 1.0, "cuda-caching": 1.0,
+                  "system": 1.0}
+
+
+def allocator_mode(device: torch.device | str = "cpu") -> str:
+    """``cuda-caching``; on CPU ``glibc-mmap`` when ``MALLOC_MMAP_THRESHOLD_``
+    is set (resident memory follows live tensors), else ``glibc-default``
+    on Linux and ``system`` elsewhere."""
+    if torch.device(device).type == "cuda":
+        return "cuda-caching"
+    if not sys.platform.startswith("linux"):
+        return "system"
+    return "glibc-mmap" if os.environ.get("MALLOC_MMAP_THRESHOLD_") else \
+        "glibc-default"
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_kind(device: torch.device | str = "cpu") -> str:
+    """What a calibration is valid for: the GPU's name, or the CPU's model
+    and the allocator setting."""
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        name = torch.cuda.get_device_name(dev) if torch.cuda.is_available() \
+            else "unknown-gpu"
+    else:
+        name = f"{platform.machine()} {_cpu_name()}"
+    slug = re.sub(r"[^A-Za-z0-9.]+", "-", name).strip("-").lower()
+    return f"{dev.type}-{slug}-{allocator_mode(dev)}"
+
+
+def calibration_path(device: torch.device | str = "cpu") -> Path:
+    return cache_root("calibration") / f"{machine_kind(device)}.json"
+
+
+def heap_families(strategy: str | None, knobs: dict[str, Any] | None
+                  ) -> list[str]:
+    """The op mixes whose heap factor applies to a run, most specific first.
+
+    Under glibc's default allocator the C heap's resident size over its
+    high-water depends on the order and sizes of a step's blocks, i.e. on
+    the model: measured through the Trainer x1.1-1.3 for GCN stacks, GAT and
+    GSR, x1.8 for plain SAGE, x2.1 for residual SAGE stacks. Keys: the model
+    (``sage``, ``gcn``, ``gat``, ...), for the deep models with their conv
+    (``res-sage``, ``gsr-gcn``, then ``res``), and ``prune-`` before each for
+    DPR's core (trained through a sparse adjacency: another op mix), then
+    ``prune``. Empty without a model (a user's own module).
+    """
+    knobs = knobs or {}
+    model = knobs.get("model")
+    if not model:
+        return []
+    fams = [model]
+    if model in ("res", "gsr"):
+        fams.insert(0, f"{model}-{knobs.get('conv') or 'sage'}")
+    if strategy == "prune":
+        fams = [f"prune-{f}" for f in fams] + ["prune"]
+    return fams
+
+
+@dataclass
+class Calibration:
+    """Allocator overhead and time coefficients of one machine kind.
+
+    Attributes:
+        kind (str): :func:`machine_kind`.
+        allocator (str): :func:`allocator_mode`.
+        scale, const: measured run bytes ``= scale x tensor bytes + const``.
+        budget_scale (float): device memory held per byte measured (CUDA's
+            reserved over allocated; 1 on CPU).
+        per_op, per_byte, per_flop (float): seconds per traced op, byte
+            written and FLOP.
+        offload_scale, per_job (float): offload epoch ``= offload_scale x``
+            the full-batch time of its work ``+ per_job x jobs``.
+        offload_bytes_scale (float): measured over estimated bytes of offload
+            runs, whose estimate is the engine's budget accounting (an upper
+            bound by design: safety margins on every job's workspace), or of
+            their device side when ``offload_host_scale`` is set.
+        offload_host_scale (float, optional): the same for the host store
+            (zero-filled gradient arrays are resident only once written).
+        offload_scales (dict, optional): ``offload_bytes_scale`` per model
+            (``"offload-sage"``, ...: :func:`heap_families` of the run), the
+            median of its calibration runs; measured through the Trainer
+            x1.1 for SAGE and x2.8 for GCN (whose normalisation keeps
+            edge-sized state the accounting does not follow).
+        heap_scale (float, optional): CPU: resident bytes per byte of the C
+            heap's high-water (freed small blocks stay resident and
+            fragment); measured = big bytes + ``heap_scale`` x heap bytes +
+            const replaces ``scale`` when set.
+        heap_scales (dict, optional): the same per op mix
+            (:func:`heap_families`: ``"gat"``, ``"res-sage"``,
+            ``"prune-sage"``, ...), measured under glibc's default allocator,
+            whose fragmentation depends on the model (x1.1 for GCN stacks to
+            x2.1 for residual SAGE ones); ``heap_scale`` for the rest.
+        calibrated (bool): measured here (``False``: defaults).
+        error (dict): median and worst relative error of the fit.
+        samples (list): the measurements fitted.
+    """
+
+    kind: str
+    allocator: str
+    scale: float = 1.0
+    const: float = 0.0
+    budget_scale: float = 1.0
+    per_op: float = 3e-5
+    per_byte: float = 1e-9
+    per_flop: float = 2e-10
+    offload_scale: float = 2.0
+    per_job: float = 2e-3
+    offload_bytes_scale: float = 1.0
+    offload_host_scale: float | None = None
+    heap_scale: float | None = None
+    heap_scales: dict[str, float] = field(default_factory=dict)
+    offload_scales: dict[str, float] = field(default_factory=dict)
+    calibrated: bool = False
+    measured_at: str = ""
+    error: dict[str, float] = field(default_factory=dict)
+    samples: list[dict[str, Any]] = field(default_factory=list)
+
+    @classmethod
+    def default(cls, device: torch.device | str = "cpu") -> Calibration:
+        mode = allocator_mode(device)
+        return cls(machine_kind(device), mode, scale=_DEFAULT_SCALE.get(mode, 1.0))
+
+    # ------------------------------------------------------------ applying
+    def heap_factor(self, families: list[str] | tuple[str, ...] = ()) -> float | None:
+        """The heap factor of the most specific of ``families`` calibrated
+        (:func:`heap_families`), else :attr:`heap_scale`."""
+        for fam in families:
+            if fam in self.heap_scales:
+                return self.heap_scales[fam]
+        return self.heap_scale
+
+    def overhead(self, tensor_bytes: int, big: int = 0, heap: int = 0,
+                 families: list[str] | tuple[str, ...] = ()) -> int:
+        """Allocator bytes on top of ``tensor_bytes`` (never below -it);
+        ``families`` (:func:`heap_families`) select the heap factor."""
+        # one first-run constant for all: fitted per strategy it overfits
+        const = self.const
+        factor = self.heap_factor(families)
+        if factor is not None and (big or heap):
+            resident = big + factor * heap
+        else:
+            resident = self.scale * tensor_bytes
+        return max(-tensor_bytes, round(resident - tensor_bytes + const))
+
+    def offload_bytes(self, step_bytes: float, work: dict,
+                      families: list[str] | tuple[str, ...] = ()) -> float:
+        """Measured bytes of an offload step from its accounting (plus the
+        first-run constant every run pays); ``families`` select a per-model
+        scale (:attr:`offload_scales`)."""
+        if self.offload_host_scale is not None and "host_bytes" in work:
+            return (self.offload_bytes_scale * work["device_bytes"]
+                    + self.offload_host_scale * work["host_bytes"] + self.const)
+        scale = next((self.offload_scales[f"offload-{f}"] for f in families
+                      if f"offload-{f}" in self.offload_scales),
+                     self.offload_bytes_scale)
+        return scale * step_bytes + self.const
+
+    def seconds(self, work: dict[str, float]) -> float | None:
+        """Epoch seconds of traced ``work`` (``None`` without any)."""
+        if not work or "ops" not in work:
+            return None
+        t = (self.per_op * work["ops"] + self.per_byte * work["written"]
+             + self.per_flop * work["flops"])
+        if "jobs" in work:
+            t = self.offload_scale * t + self.per_job * work["jobs"]
+        return float(t)
+
+    def apply(self, est) -> None:
+        """Fill ``est``'s allocator overhead and epoch time in place."""
+        if est.method == "offload-accounting":
+            est.overhead_bytes = round(self.offload_bytes(
+                est.step_bytes, est.work, heap_families(est.strategy, est.knobs))
+                - est.step_bytes)
+        else:
+            fams = heap_families(est.strategy, est.knobs)
+            est.overhead_bytes = self.overhead(est.step_bytes, est.big_bytes,
+                                               est.heap_bytes, fams)
+            if est.later is not None:
+                step, big, heap = est.later
+                est.later_run_bytes = step + self.overhead(step, big, heap, fams)
+        est.epoch_seconds = self.seconds(est.work)
+        if not self.calibrated:
+            hint = (f"uncalibrated ({self.kind}): run python -m "
+                    "leangnn.plan.calibrate")
+            est.note = f"{est.note}; {hint}" if est.note else hint
+
+    # ------------------------------------------------------------- storage
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Calibration:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+    def save(self, path: str | Path | None = None) -> Path:
+        path = Path(path) if path else cache_root("calibration") / f"{self.kind}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path, json.dumps(self.to_dict(), indent=1) + "\n")
+        return path
+
+
+def load_calibration(device: torch.device | str = "cpu") -> Calibration:
+    """This machine kind's stored calibration, else :meth:`Calibration.default`
+    (a damaged file is ignored)."""
+    path = calibration_path(device)
+    try:
+        return Calibration.from_dict(json.loads(path.read_text()))
+    except (OSError, ValueError, TypeError):
+        return Calibration.default(device)
+
+
+# ------------------------------------------------------------------- fitting
+#: a heap factor below 1 means the run reused heap the estimate counts as
+#: new (freed before the meter started); not less than half of it
+_MIN_HEAP_FACTOR = 0.5
+
+
+def _sample_families(s: dict[str, Any]) -> list[str]:
+    if "families" in s:
+        return list(s["families"])
+    c = s.get("config") or {}
+    return heap_families(c.get("strategy"), c)
+
+
+def _relative_lstsq(a: np.ndarray, y: np.ndarray, nonneg: bool) -> np.ndarray:
+    w = 1.0 / np.maximum(y, 1e-12)
+    aw, yw = a * w[:, None], y * w
+    if nonneg:
+        from scipy.optimize import nnls
+
+        return nnls(aw, yw)[0]
+    return np.linalg.lstsq(aw, yw, rcond=None)[0]
+
+
+def _errors(pred: np.ndarray, y: np.ndarray) -> dict[str, float]:
+    rel = np.abs(pred - y) / np.maximum(y, 1)
+    return {"median": float(np.median(rel)), "worst": float(rel.max())}
+
+
+def fit_calibration(samples: list[dict[str, Any]], device="cpu") -> Calibration:
+    """Fit a :class:`Calibration` to measured ``samples`` (each with
+    ``tensor_bytes``, ``run_bytes``, ``work``, ``epoch_seconds`` and, on
+    CUDA, ``reserved_bytes`` / ``allocated_bytes``)."""
+    cal = Calibration.default(device)
+    cal.calibrated, cal.samples = True, samples
+    cal.measured_at = time.strftime("%Y-%m-%d %H:%M:%S")
+    plain = [s for s in samples if "jobs" not in s.get("work", {})]
+    off = [s for s in samples if "jobs" in s.get("work", {})]
+    x = np.array([s["tensor_bytes"] for s in plain], dtype=float)
+    y = np.array([s["run_bytes"] for s in plain], dtype=float)
+    heap = [s for s in plain if s.get("heap_bytes") is not None]
+    heavy = [s for s in heap if s["heap_bytes"] >= 8 << 20]
+    if cal.allocator == "glibc-default" and heavy:
+        # What a run's meter sees with no tensors to speak of (a tiny
+        # circuit: first calls of kernels, validation, checkpoint writing;
+        # measured ~8 MiB through the Trainer) is a constant of its own ...
+        tiny = [s for s in heap if s["big_bytes"] + s["heap_bytes"] < 1 << 20]
+        cal.const = float(np.median([s["run_bytes"] - s["big_bytes"]
+                                     - s["heap_bytes"] for s in tiny])) if tiny \
+            else 0.0
+        # ... and every block up to 32 MiB comes from the heap, which
+        # fragments by a model-dependent factor (measured x1.1 for GAT, x2.1
+        # for residual SAGE stacks): take the largest, so a plan errs towards
+        # not fitting.
+        factors = [(s["run_bytes"] - s["big_bytes"] - cal.const) / s["heap_bytes"]
+                   for s in heavy]
+        cal.heap_scale = max(1.0, max(factors))
+        # Per op mix (the model and its conv): the median of its runs, for
+        # every level of heap_families (``res`` gets all residual runs)
+        by_fam: dict[str, list[float]] = {}
+        for s, f in zip(heavy, factors):
+            for fam in _sample_families(s):
+                by_fam.setdefault(fam, []).append(f)
+        cal.heap_scales = {fam: max(_MIN_HEAP_FACTOR, float(np.median(fs)))
+                           for fam, fs in sorted(by_fam.items())}
+    elif cal.allocator.startswith("glibc") and len(heap) >= 2 and \
+            len(heap) == len(plain):
+        # resident = big blocks + heap_scale x heap high-water + const; the
+        # scale is fitted only where the heap is large enough to show it
+        # (else 1: the high-water itself)
+        b = np.array([s["big_bytes"] for s in plain], dtype=float)
+        h = np.array([s["heap_bytes"] for s in plain], dtype=float)
+        cal.heap_scale = 1.0
+        if len(heavy) >= 2:
+            hb = np.array([s["big_bytes"] for s in heavy], dtype=float)
+            hh = np.array([s["heap_bytes"] for s in heavy], dtype=float)
+            hy = np.array([s["run_bytes"] for s in heavy], dtype=float)
+            coef = _relative_lstsq(np.stack([hh, np.ones_like(hh)], 1), hy - hb,
+                                   nonneg=False)
+            cal.heap_scale = max(1.0, float(coef[0]))
+        cal.const = float(np.median(y - b - cal.heap_scale * h))
+    elif cal.allocator in ("glibc-mmap", "cuda-caching") and plain:
+        # Memory follows the tensors one to one by construction; what is left
+        # is a first-run constant (lazily loaded code, thread pools).
+        cal.scale, cal.const = 1.0, float(np.median(y - x))
+    elif len(plain) >= 2:
+        cal.scale, cal.const = (float(v) for v in _relative_lstsq(
+            np.stack([x, np.ones_like(x)], 1), y, nonneg=False))
+    elif plain:
+        cal.scale, cal.const = float(y[0] / max(x[0], 1)), 0.0
+    # Offload runs pay the same first-run constant on top of their store.
+    # One scale for the device side and the host store together (fitted
+    # apart on a few runs, one of them came out 0), taken from the run with
+    # the most accounted bytes: a small budget's run also keeps state the
+    # accounting does not follow (measured through the Trainer: ~29 MiB
+    # resident after the first epoch at a 12 MiB budget, 2.3x its
+    # accounting), which does not grow with it.
+    if off:
+        top = max(off, key=lambda s: s["tensor_bytes"])
+        cal.offload_bytes_scale = max(0.0, top["run_bytes"] - cal.const) / max(
+            top["tensor_bytes"], 1)
+        cal.offload_host_scale = None
+        # per model: what the Trainer keeps beside the engine's accounting
+        # depends on the conv (GCN's normalisation: edge-sized state)
+        by_fam: dict[str, list[float]] = {}
+        for s in off:
+            for fam in _sample_families(s):
+                by_fam.setdefault(f"offload-{fam}", []).append(
+                    max(0.0, s["run_bytes"] - cal.const) / max(s["tensor_bytes"], 1))
+        cal.offload_scales = {k: float(np.median(v)) for k, v in sorted(by_fam.items())}
+    pred = [s["tensor_bytes"] + cal.overhead(
+        int(s["tensor_bytes"]), int(s.get("big_bytes") or 0),
+        int(s.get("heap_bytes") or 0), _sample_families(s))
+        if "jobs" not in s["work"] else cal.offload_bytes(
+            s["tensor_bytes"], s["work"], _sample_families(s))
+        for s in samples]
+    cal.error = _errors(np.array(pred), np.array([s["run_bytes"] for s in samples],
+                                                 dtype=float))
+    reserved = [s["reserved_bytes"] / s["allocated_bytes"] for s in samples
+                if s.get("reserved_bytes") and s.get("allocated_bytes")]
+    if reserved:
+        cal.budget_scale = float(max(reserved))
+    _fit_time(cal, samples)
+    return cal
+
+
+def _fit_time(cal: Calibration, samples: list[dict[str, Any]]) -> None:
+    plain = [s for s in samples if s.get("work") and "jobs" not in s["work"]]
+    if len(plain) >= 3:
+        a = np.array([[s["work"]["ops"], s["work"]["written"], s["work"]["flops"]]
+                      for s in plain], dtype=float)
+        t = np.array([s["epoch_seconds"] for s in plain], dtype=float)
+        coef = _relative_lstsq(a, t, nonneg=True)
+        if coef.any():
+            cal.per_op, cal.per_byte, cal.per_flop = (float(c) for c in coef)
+        cal.error["time_median"] = _errors(a @ coef, t)["median"]
+    off = [s for s in samples if s.get("work") and "jobs" in s["work"]]
+    if off:
+        base = np.array([cal.per_op * s["work"]["ops"] + cal.per_byte
+                         * s["work"]["written"] + cal.per_flop * s["work"]["flops"]
+                         for s in off])
+        jobs = np.array([s["work"]["jobs"] for s in off], dtype=float)
+        t = np.array([s["epoch_seconds"] for s in off], dtype=float)
+        if len(off) >= 2:
+            k, j = _relative_lstsq(np.stack([base, jobs], 1), t, nonneg=True)
+        else:  # one run: keep the per-job default, scale the rest
+            j = cal.per_job
+            k = max(0.0, (t[0] - j * jobs[0]) / max(base[0], 1e-9))
+        cal.offload_scale, cal.per_job = float(k), float(j)
+
+
+# --------------------------------------------------------------- measuring

@@ -1,0 +1,238 @@
+"""Calibration: the fit recovers known coefficients; storage per machine kind."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from leangnn.plan.calibration import (
+    Calibration,
+    allocator_mode,
+    calibration_path,
+    fit_calibration,
+    load_calibration,
+    machine_kind,
+)
+from leangnn.plan.estimate import Estimate
+
+
+def _samples(scale, const, per_op, per_byte, per_flop):
+    rng = np.random.default_rng(0)
+    out = []
+    for _ in range(6):
+        t = float(rng.uniform(1e6, 1e9))
+        work = {"ops": float(rng.integers(100, 5000)), "written": float(t * 3),
+                "flops": float(rng.uniform(1e8, 1e11)), "graphs": 1}
+        sec = per_op * work["ops"] + per_byte * work["written"] + \
+            per_flop * work["flops"]
+        out.append({"tensor_bytes": t, "run_bytes": scale * t + const,
+                    "work": work, "epoch_seconds": sec})
+    return out
+
+
+def test_fit_recovers_memory_and_time_coefficients():
+    cal = fit_calibration(_samples(1.3, 5e6, 2e-5, 1e-9, 3e-10))
+    assert cal.calibrated
+    assert cal.scale == pytest.approx(1.3, rel=1e-6)
+    assert cal.const == pytest.approx(5e6, rel=1e-4)
+    assert cal.error["worst"] < 1e-6
+    assert (cal.per_op, cal.per_byte, cal.per_flop) == pytest.approx(
+        (2e-5, 1e-9, 3e-10), rel=1e-4)
+
+
+def test_offload_samples_get_their_own_byte_scale():
+    samples = _samples(1.0, 0.0, 2e-5, 1e-9, 3e-10)
+    off = dict(samples[0], work={**samples[0]["work"], "jobs": 40},
+               run_bytes=0.8 * samples[0]["tensor_bytes"])
+    cal = fit_calibration([*samples, off])
+    assert cal.scale == pytest.approx(1.0) and cal.offload_bytes_scale == \
+        pytest.approx(0.8)
+    est = Estimate("offload", {}, "cpu", step_bytes=1000, method="offload-accounting",
+                   work={"ops": 10, "written": 0, "flops": 0, "jobs": 5})
+    cal.apply(est)
+    assert est.run_bytes == 800
+    assert est.epoch_seconds == pytest.approx(
+        cal.offload_scale * 10 * cal.per_op + 5 * cal.per_job)
+
+
+def test_apply_adds_overhead_and_time():
+    cal = Calibration("k", "glibc-mmap", scale=2.0, const=10.0, per_op=1.0,
+                      per_byte=0.0, per_flop=0.0, calibrated=True)
+    est = Estimate("full", {}, "cpu", step_bytes=100, model_bytes=7, graph_bytes=3,
+                   work={"ops": 4, "written": 0, "flops": 0})
+    cal.apply(est)
+    assert est.overhead_bytes == 110 and est.run_bytes == 210
+    assert est.peak_bytes == 220 and est.epoch_seconds == 4.0
+    assert est.note == ""
+    Calibration.default().apply(est)
+    assert "uncalibrated" in est.note
+
+
+def test_machine_kind_names_the_allocator(monkeypatch):
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
+    default = machine_kind("cpu")
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "65536")
+    assert allocator_mode("cpu") in ("glibc-mmap", "system")
+    assert machine_kind("cpu") != default or allocator_mode("cpu") == "system"
+    assert machine_kind("cpu").startswith("cpu-")
+
+
+def test_store_and_load_per_machine_kind(tmp_path, monkeypatch):
+    monkeypatch.setenv("LEANGNN_CACHE", str(tmp_path))
+    assert not load_calibration("cpu").calibrated  # nothing stored: defaults
+    cal = fit_calibration(_samples(1.1, 0.0, 1e-5, 1e-9, 1e-10))
+    path = cal.save()
+    assert path == calibration_path("cpu") and path.parent == tmp_path / "calibration"
+    back = load_calibration("cpu")
+    assert back.calibrated and back.scale == pytest.approx(cal.scale)
+    assert json.loads(path.read_text())["kind"] == machine_kind("cpu")
+    path.write_text("{not json")
+    assert not load_calibration("cpu").calibrated  # damaged: defaults, no crash
+
+
+def test_cpu_fit_splits_big_blocks_and_heap(monkeypatch):
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "65536")
+    samples = _samples(1.0, 0.0, 2e-5, 1e-9, 3e-10)
+    for i, s in enumerate(samples):
+        s["big_bytes"] = 0.8 * s["tensor_bytes"]
+        s["heap_bytes"] = (0.1 + 0.05 * i) * s["tensor_bytes"]
+        s["run_bytes"] = s["big_bytes"] + 1.7 * s["heap_bytes"] + 3e6
+    cal = fit_calibration(samples, "cpu")
+    if cal.allocator != "glibc-mmap":
+        pytest.skip("not a glibc system")
+    assert cal.heap_scale == pytest.approx(1.7, rel=1e-4)
+    assert cal.const == pytest.approx(3e6, rel=1e-3)
+    est = Estimate("full", {}, "cpu", step_bytes=1000, big_bytes=800, heap_bytes=100)
+    cal.apply(est)
+    assert est.run_bytes == pytest.approx(800 + 170 + 3e6, abs=1)
+
+
+def test_default_glibc_fit_is_conservative(monkeypatch):
+    # Under glibc's dynamic threshold the heap's fragmentation depends on the
+    # model: the fit takes the largest factor measured, so plans err on the
+    # side of "does not fit".
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
+    samples = _samples(1.0, 0.0, 2e-5, 1e-9, 3e-10)
+    for s, factor in zip(samples, (1.1, 2.1, 1.5, 1.9, 1.2, 1.6)):
+        s["big_bytes"], s["heap_bytes"] = 0.0, float(32 << 20)
+        s["run_bytes"] = factor * s["heap_bytes"]
+    cal = fit_calibration(samples, "cpu")
+    if cal.allocator != "glibc-default":
+        pytest.skip("not a glibc system")
+    assert cal.heap_scale == pytest.approx(2.1) and cal.const == 0.0
+
+
+def test_default_glibc_fit_takes_the_first_run_constant_from_a_tiny_run(
+        monkeypatch):
+    # a run with next to no tensors measures what every run pays besides
+    # them (kernels' first calls, validation, checkpoints): the constant;
+    # the heap factor is then fitted on what is left, and offload runs pay
+    # the constant on top of their scaled store
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
+    const = 8e6
+    samples = _samples(1.0, 0.0, 2e-5, 1e-9, 3e-10)
+    samples[0].update(big_bytes=1000.0, heap_bytes=4000.0,
+                      run_bytes=1000.0 + 4000.0 + const)
+    for s, factor in zip(samples[1:], (1.2, 1.6, 1.4)):
+        s["big_bytes"], s["heap_bytes"] = 5e6, float(32 << 20)
+        s["run_bytes"] = s["big_bytes"] + factor * s["heap_bytes"] + const
+    off = [dict(s, work={**s["work"], "jobs": 10, "device_bytes": 1.0,
+                         "host_bytes": 1.0},
+                run_bytes=0.9 * s["tensor_bytes"] + const) for s in samples[4:6]]
+    cal = fit_calibration(samples[:4] + off, "cpu")
+    if cal.allocator != "glibc-default":
+        pytest.skip("not a glibc system")
+    assert cal.const == pytest.approx(const)
+    assert cal.heap_scale == pytest.approx(1.6)
+    assert cal.offload_bytes_scale == pytest.approx(0.9)
+    est = Estimate("offload", {}, "cpu", step_bytes=1000, method="offload-accounting",
+                   work={"ops": 1, "written": 0, "flops": 0, "jobs": 1,
+                         "device_bytes": 600, "host_bytes": 400})
+    cal.apply(est)
+    assert est.run_bytes == pytest.approx(900 + const, abs=1)
+
+
+def test_heap_families_most_specific_first():
+    from leangnn.plan.calibration import heap_families
+
+    assert heap_families("full", {"model": "gat"}) == ["gat"]
+    assert heap_families("reversible", {"model": "gsr", "conv": "gcn"}) == \
+        ["gsr-gcn", "gsr"]
+    assert heap_families("prune", {"model": "res", "conv": "sage"}) == \
+        ["prune-res-sage", "prune-res", "prune"]
+    assert heap_families("full", {}) == []  # a user's own module: the fallback
+
+
+def test_default_glibc_heap_factor_per_op_mix(monkeypatch):
+    # each op mix gets the median factor of its own runs (every level of
+    # heap_families), a run of another mix the largest factor measured
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
+    const = 8e6
+    samples = _samples(1.0, 0.0, 2e-5, 1e-9, 3e-10)[:5]
+    samples[0].update(big_bytes=1000.0, heap_bytes=4000.0,
+                      run_bytes=5000.0 + const, config={"model": "sage"})
+    plan = [({"strategy": "full", "model": "gat"}, 1.3),
+            ({"strategy": "full", "model": "res", "conv": "sage"}, 2.0),
+            ({"strategy": "full", "model": "res", "conv": "sage"}, 2.2),
+            ({"strategy": "full", "model": "res", "conv": "gcn"}, 1.2)]
+    for s, (config, factor) in zip(samples[1:], plan):
+        s["big_bytes"], s["heap_bytes"] = 4e6, float(64 << 20)
+        s["run_bytes"] = s["big_bytes"] + factor * s["heap_bytes"] + const
+        s["config"] = config
+    cal = fit_calibration(samples, "cpu")
+    if cal.allocator != "glibc-default":
+        pytest.skip("not a glibc system")
+    assert cal.heap_scales["gat"] == pytest.approx(1.3)
+    assert cal.heap_scales["res-sage"] == pytest.approx(2.1)
+    assert cal.heap_scales["res"] == pytest.approx(2.0)  # median of 1.2, 2.0, 2.2
+    assert cal.heap_scale == pytest.approx(2.2)
+    # every run is predicted by its own mix's factor: only the two res-sage
+    # runs are off, by 0.1 x their heap
+    worst = 0.1 * (64 << 20) / samples[2]["run_bytes"]
+    assert cal.error["worst"] == pytest.approx(worst, rel=1e-6)
+
+    def run_bytes(knobs, strategy="full"):
+        est = Estimate(strategy, knobs, "cpu", step_bytes=3000, big_bytes=1000,
+                       heap_bytes=2000)
+        cal.apply(est)
+        return est.run_bytes
+
+    assert run_bytes({"model": "gat"}) == pytest.approx(1000 + 1.3 * 2000 + const,
+                                                        abs=1)
+    assert run_bytes({"model": "res", "conv": "gat"}) == pytest.approx(
+        1000 + 2.0 * 2000 + const, abs=1)  # no res-gat run: all residual runs
+    assert run_bytes({"model": "sage"}, "prune") == pytest.approx(
+        1000 + 2.2 * 2000 + const, abs=1)  # nothing like it: the largest
+    back = Calibration.from_dict(json.loads(json.dumps(cal.to_dict())))
+    assert back.heap_scales == cal.heap_scales
+
+
+def test_offload_scale_per_model():
+    # offload runs of two models keep different shares beside the engine's
+    # accounting: each model gets its own scale, others the largest run's
+    samples = _samples(1.0, 0.0, 2e-5, 1e-9, 3e-10)
+    off = []
+    for s, (model, scale) in zip(samples[:3], (("sage", 1.1), ("gcn", 2.8),
+                                                ("gcn", 2.6))):
+        off.append(dict(s, work={**s["work"], "jobs": 8},
+                        run_bytes=scale * s["tensor_bytes"],
+                        config={"strategy": "offload", "model": model}))
+    cal = fit_calibration(samples[3:] + off)
+    assert cal.offload_scales["offload-sage"] == pytest.approx(1.1)
+    assert cal.offload_scales["offload-gcn"] == pytest.approx(2.7)
+
+    def run_bytes(model):
+        est = Estimate("offload", {"model": model}, "cpu", step_bytes=1000,
+                       method="offload-accounting",
+                       work={"ops": 1, "written": 0, "flops": 0, "jobs": 1})
+        cal.apply(est)
+        return est.run_bytes
+
+    assert run_bytes("sage") == pytest.approx(1100 + cal.const, abs=1)
+    assert run_bytes("gcn") == pytest.approx(2700 + cal.const, abs=1)
+    top = max(off, key=lambda s: s["tensor_bytes"])
+    assert run_bytes("gat") == pytest.approx(
+        1000 * (top["run_bytes"] - cal.const) / top["tensor_bytes"] + cal.const,
+        abs=1)
