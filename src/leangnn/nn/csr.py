@@ -41,7 +41,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch_geometric.nn import GATConv, GCNConv, SAGEConv
 
-__all__ = ["CSRGraph", "csr_kernels", "spmm"]
+__all__ = ["CSRGraph", "csr_kernels", "spmm", "mean_sage_conv"]
 
 
 class CSRGraph:
@@ -214,8 +214,11 @@ def _gcn_usable(conv) -> bool:
             and conv._cached_edge_index is not None)
 
 
-def _sage_usable(conv) -> bool:
-    # mean aggregation of the raw neighbours, then the two linear maps
+def mean_sage_conv(conv) -> bool:
+    """Whether ``conv`` is a PyG ``SAGEConv`` that aggregates its raw
+    neighbours by their mean and then applies its two linear maps (no
+    projection, no normalisation, ``in_channels`` given): the form the CSR
+    kernels here and DPR's serving (:mod:`leangnn.prune.serve`) compute."""
     return (isinstance(conv, SAGEConv) and conv.aggr == "mean" and not conv.project
             and not conv.normalize and isinstance(conv.in_channels, int))
 
@@ -274,7 +277,7 @@ def csr_kernels(convs: Sequence[torch.nn.Module], edge_index, num_nodes: int,
                                                 lambda g, w=w: w[g.perm].to(dtype))
             if cache["gcn", id(w)] is not None:
                 kernels[i] = _gcn_kernel(conv, *cache["gcn", id(w)])
-        elif _sage_usable(conv) and graph() is not None:
+        elif mean_sage_conv(conv) and graph() is not None:
             if "mean" not in cache:
                 cache["mean"] = _matrices(graph(), lambda g: _mean_weights(g, dtype))
             kernels[i] = _sage_kernel(conv, *cache["mean"])

@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..graphs.sparse import csr_tensor
+from ..nn.csr import mean_sage_conv
 
 __all__ = ["KERNELS", "rows_mm", "mean_adjacency", "ServeGraph", "servable",
            "serve_forward"]
@@ -130,11 +131,8 @@ class ServeGraph:
 
 
 def _sage_conv_ok(conv) -> bool:
-    from torch_geometric.nn import SAGEConv
-
-    return (isinstance(conv, SAGEConv) and conv.aggr == "mean" and not conv.project
-            and not conv.normalize and isinstance(conv.in_channels, int)
-            and conv.in_channels > 0)
+    # a lazy conv (in_channels=-1) has no weights to project with yet
+    return mean_sage_conv(conv) and conv.in_channels > 0
 
 
 def _gcn_conv_ok(conv) -> bool:
