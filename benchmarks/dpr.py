@@ -860,7 +860,7 @@ def _alternate(strat: DPRStrategy, narrow: DPRStrategy, enc, floor, data: Data,
            "mlp_floor": lambda: floor(data.x),
            # a lower bound of DPR serving with any decoder (its features
            # gathered from data.x as predict does)
-           "encoder_only": lambda: strat._serve_embed(
+           "encoder_only": lambda: strat._embed(
                enc, st, strat.core_features(st, data), cfg.serve_kernel,
                cfg.serve_reassociate),
            "no_decoder": no_decoder,

@@ -307,11 +307,27 @@ class DPRStrategy(Strategy):
         return float(loss.detach())
 
     @torch.no_grad()
-    def _embed(self, model: torch.nn.Module, st: _GraphState) -> Tensor:
+    def _embed(self, model: torch.nn.Module, st: _GraphState,
+               x: Tensor | None = None, kernel: str = "bag",
+               reassociate: bool = False) -> Tensor:
+        """The encoder's core outputs in eval mode, on ``x`` (the core's
+        features; default: the prepared core's), through
+        :func:`~leangnn.prune.serve.serve_forward` when ``reassociate`` and
+        the model is :func:`~leangnn.prune.serve.servable`."""
         training = model.training
         model.eval()
         try:
-            return self.forward(model, st.train_data)
+            adj_t = st.train_data.get("adj_t", None)
+            if reassociate and adj_t is not None and servable(model):
+                if st.serve_graph is None or st.serve_graph.adj_t is not adj_t:
+                    st.serve_graph = ServeGraph(adj_t)
+                return serve_forward(model, st.train_data.x if x is None else x,
+                                     st.serve_graph, kernel)
+            core = st.train_data
+            if x is not None:
+                core = copy.copy(core)
+                core.x = x
+            return self.forward(model, core)
         finally:
             model.train(training)
 
@@ -436,7 +452,7 @@ class DPRStrategy(Strategy):
         t0 = time.perf_counter()
         x = data.x
         xc = self.core_features(st, data)
-        h = self._serve_embed(model, st, xc, kernel, reassociate)
+        h = self._embed(model, st, xc, kernel, reassociate)
         out = h.new_zeros(data.num_nodes, h.size(1))
         # index_select / index_copy_ rather than x[i] / out[i] = v: half the
         # time for these row gathers and scatters on CPU (aten::index walks
@@ -499,22 +515,6 @@ class DPRStrategy(Strategy):
         if st.core.num_core == data.num_nodes:
             return x.to(self.device)
         return x.index_select(0, st.core.index.to(x.device)).to(self.device)
-
-    def _serve_embed(self, model: torch.nn.Module, st: _GraphState, x: Tensor,
-                     kernel: str, reassociate: bool) -> Tensor:
-        training = model.training
-        model.eval()
-        try:
-            adj_t = st.train_data.get("adj_t", None)
-            if reassociate and adj_t is not None and servable(model):
-                if st.serve_graph is None or st.serve_graph.adj_t is not adj_t:
-                    st.serve_graph = ServeGraph(adj_t)
-                return serve_forward(model, x, st.serve_graph, kernel)
-            core = copy.copy(st.train_data)
-            core.x = x
-            return self.forward(model, core)
-        finally:
-            model.train(training)
 
     # ----------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
