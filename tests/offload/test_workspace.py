@@ -33,19 +33,6 @@ def test_model_covers_measured_jobs_of_unseen_sizes():
                 assert m.peak <= ws.conv_bytes(li, backward, n_s, n_t, n_e)
 
 
-def test_nnls3_matches_scipy_nnls():
-    from scipy.optimize import nnls
-
-    from leangnn.offload.workspace import nnls3
-
-    rng = np.random.default_rng(0)
-    for _ in range(50):
-        a = rng.uniform(0, 4096, size=(5, 3))
-        y = a @ rng.normal(size=3) + rng.normal(scale=100, size=5)
-        want, _ = nnls(a, y)
-        np.testing.assert_allclose(nnls3(a, y), want, rtol=1e-7, atol=1e-7)
-
-
 def test_cpu_calibration_is_kept_on_disk_and_equal(tmp_path, monkeypatch):
     monkeypatch.setenv("LEANGNN_CACHE", str(tmp_path))
     torch.manual_seed(0)

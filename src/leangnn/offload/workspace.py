@@ -23,7 +23,7 @@ import torch
 
 from leangnn.profile import LiveBytesMeter
 
-__all__ = ["WorkspaceModel", "nnls3"]
+__all__ = ["WorkspaceModel"]
 
 
 def _probe_graph(n_src: int, n_tgt: int, n_edges: int, gen: torch.Generator):
@@ -51,30 +51,6 @@ def _disk_path(full_key: tuple | None, device: torch.device):
     text = repr((full_key, torch.__version__, _VERSION, WorkspaceModel.PROBES))
     return cache_root("workspace") / (hashlib.sha1(text.encode()).hexdigest()
                                       + ".json")
-
-
-def nnls3(a: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Non-negative least squares ``min |a x - y|, x >= 0`` for a few columns.
-
-    The optimum is the unconstrained least-squares solution on its own
-    support, so trying every support (7 for 3 columns) and keeping the best
-    feasible one is exact; written here because importing
-    ``scipy.optimize.nnls`` costs ~0.16 s, a large share of an offload
-    estimate (the planner builds this model for every model it plans).
-    """
-    k = a.shape[1]
-    best, best_r = np.zeros(k), float(np.sum(y * y))
-    for mask in range(1, 1 << k):
-        cols = [j for j in range(k) if mask >> j & 1]
-        sol = np.linalg.lstsq(a[:, cols], y, rcond=None)[0]
-        if (sol < 0).any():
-            continue
-        x = np.zeros(k)
-        x[cols] = sol
-        r = float(np.sum((a @ x - y) ** 2))
-        if r < best_r - 1e-9 * max(1.0, best_r):
-            best, best_r = x, r
-    return best
 
 
 @dataclass
@@ -201,10 +177,14 @@ class WorkspaceModel:
             ys.append(peak)
             kept.append(k)
         a, y = np.asarray(rows, dtype=float), np.asarray(ys, dtype=float)
+        # imported here: a CPU calibration is kept on disk, so most processes
+        # never fit (and never pay scipy.optimize's import)
+        from scipy.optimize import nnls
+
         if not backward:
-            self.kept_fits[layer] = _Fit(nnls3(a, np.asarray(kept, dtype=float)),
+            self.kept_fits[layer] = _Fit(nnls(a, np.asarray(kept, dtype=float))[0],
                                          0.0)
-        coef = nnls3(a, y)
+        coef = nnls(a, y)[0]
         pred = a @ coef
         # The peak is the max of the forward and backward phases, so not quite
         # linear: scale the fit until it covers every probe (a constant would
