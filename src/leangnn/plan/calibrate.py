@@ -26,6 +26,7 @@ from leangnn.plan.calibration import (
     allocator_mode,
     fit_calibration,
     heap_families,
+    kind_path,
     load_calibration,
     machine_kind,
 )
@@ -277,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
            if cal.heap_scale is not None else f"{cal.scale:.3f} x tensor bytes")
     print(f"{cal.kind}: run bytes = {mem} {cal.const / 2**20:+.1f} MiB (median "
           f"error {cal.error['median']:.1%}, worst {cal.error['worst']:.1%}); "
-          f"stored in {cache_root('calibration') / (cal.kind + '.json')}")
+          f"stored in {kind_path(cal.kind)}")
     return 0
 
 

@@ -42,7 +42,7 @@ import torch
 from leangnn.utils import atomic_write_text, cache_root
 
 __all__ = ["Calibration", "heap_families", "machine_kind", "allocator_mode",
-           "calibration_path", "load_calibration", "fit_calibration"]
+           "calibration_path", "kind_path", "load_calibration", "fit_calibration"]
 
 #: what an uncalibrated machine assumes (measured on a 2-core x86-64 CPU
 #: with glibc 2.36; tensor bytes are exact on CUDA and in mmap mode)
@@ -86,7 +86,12 @@ def machine_kind(device: torch.device | str = "cpu") -> str:
 
 
 def calibration_path(device: torch.device | str = "cpu") -> Path:
-    return cache_root("calibration") / f"{machine_kind(device)}.json"
+    return kind_path(machine_kind(device))
+
+
+def kind_path(kind: str) -> Path:
+    """The stored calibration of machine kind ``kind``."""
+    return cache_root("calibration") / f"{kind}.json"
 
 
 def heap_families(strategy: str | None, knobs: dict[str, Any] | None
@@ -252,7 +257,7 @@ class Calibration:
         return cls(**{k: v for k, v in d.items() if k in known})
 
     def save(self, path: str | Path | None = None) -> Path:
-        path = Path(path) if path else cache_root("calibration") / f"{self.kind}.json"
+        path = Path(path) if path else kind_path(self.kind)
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(path, json.dumps(self.to_dict(), indent=1) + "\n")
         return path
