@@ -292,6 +292,26 @@ def test_serving_reads_the_features_of_every_call():
     assert not torch.allclose(first[st.pruned], second[st.pruned], atol=1e-3)
 
 
+def test_serving_rejects_features_of_the_wrong_shape():
+    # one-line errors naming data.x and what was received, not a matmul error
+    # (too wide) or a silent run (too few rows)
+    d = _graph(300)
+    strat = DPRStrategy(budget_ratio=0.4, decoder_epochs=1)
+    model = _model(d).eval()
+    strat.setup(model, [d])
+    strat.predict(model, d)  # the graph's state is cached
+    wide = d.clone()
+    wide.x = torch.randn(d.num_nodes, d.x.size(1) + 3)
+    with pytest.raises(ValueError, match=f"data.x has {d.x.size(1) + 3} features"):
+        strat.predict(model, wide)
+    short = d.clone()
+    short.num_nodes = d.num_nodes
+    short.x = d.x[:-1]
+    with pytest.raises(ValueError, match=r"data.x must be \[num_nodes=300, F\], "
+                       rf"got \({d.num_nodes - 1}, {d.x.size(1)}\)"):
+        strat.predict(model, short)
+
+
 def test_serving_chunks_follow_replaced_anchors():
     # Anchor chunks are sliced once and reused; new anchors must replace them.
     d = _graph(500)

@@ -447,10 +447,17 @@ class DPRStrategy(Strategy):
         if kernel not in KERNELS:
             raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
         reassociate = cfg.serve_reassociate if reassociate is None else reassociate
+        x = data.x
+        if x is None or x.dim() != 2 or x.size(0) != data.num_nodes:
+            raise ValueError(f"predict: data.x must be [num_nodes={data.num_nodes}, "
+                             f"F], got {None if x is None else tuple(x.shape)}")
         st = self.prepare(data)
+        # the graph's state may come from a cache: its features set the width
+        if x.size(1) != st.train_data.x.size(1):
+            raise ValueError(f"predict: data.x has {x.size(1)} features per node, "
+                             f"the model was prepared on {st.train_data.x.size(1)}")
         self._ensure_anchors(st, data, rows=False)
         t0 = time.perf_counter()
-        x = data.x
         xc = self.core_features(st, data)
         h = self._embed(model, st, xc, kernel, reassociate)
         out = h.new_zeros(data.num_nodes, h.size(1))
