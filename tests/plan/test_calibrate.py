@@ -7,7 +7,8 @@ import json
 from leangnn.plan.estimate import Estimate
 
 
-def test_calibrate_repeats_reuses_and_skips_failures(tmp_path, monkeypatch):
+def test_calibrate_repeats_reuses_and_skips_failures(tmp_path, monkeypatch,
+                                                      capsys):
     # the runs are stubbed: what is checked is the bookkeeping (median of
     # repeats, measurements kept and reused, a failing run left out)
     import leangnn.data
@@ -38,7 +39,7 @@ def test_calibrate_repeats_reuses_and_skips_failures(tmp_path, monkeypatch):
         calls.append(cfg.model)
         peak = {"gcn": [30, 10, 20], "sage": [50, 70, 60]}[cfg.model]
         i = sum(c == cfg.model for c in calls) - 1
-        return {"run_bytes": peak[i] << 20, "epoch_seconds": [0.5],
+        return {"run_bytes": peak[i % 3] << 20, "epoch_seconds": [0.5],
                 "epoch_cpu_seconds": [0.4], "baseline_bytes": 0}
 
     monkeypatch.setattr(cmod, "_measure", fake_measure)
@@ -53,3 +54,12 @@ def test_calibrate_repeats_reuses_and_skips_failures(tmp_path, monkeypatch):
                            reuse=True)
     assert len(calls) == 6  # everything reused
     assert [s["run_bytes"] for s in again.samples] == [20 << 20, 60 << 20]
+    # a damaged store (truncated JSON) is said and measured anew, not reused
+    path = cmod.measurements_path("cpu", False)
+    path.write_text(path.read_text()[:40])
+    capsys.readouterr()
+    fresh = cmod.calibrate("cpu", mmap=False, repeat=3, save=False, progress=False,
+                           reuse=True)
+    assert "unreadable" in capsys.readouterr().err
+    assert len(calls) == 12
+    assert [s["run_bytes"] for s in fresh.samples] == [20 << 20, 60 << 20]

@@ -203,7 +203,15 @@ def calibrate(device: str = "cpu", quick: bool = False, mmap: bool | None = None
     store_path = measurements_path(device, mmap)
     try:
         store = json.loads(store_path.read_text())
-    except (OSError, ValueError):
+        if not isinstance(store, dict):
+            raise ValueError(f"a JSON {type(store).__name__}, not an object")
+    except FileNotFoundError:
+        store = {}
+    except (OSError, ValueError) as e:
+        # a damaged store (e.g. a run killed before atomic writes) costs
+        # only re-measuring; say so rather than reuse nothing silently
+        print(f"calibrate: {store_path}: unreadable ({e}); measuring anew",
+              file=sys.stderr, flush=True)
         store = {}
     if not reuse:
         store = {_run_key(r): [] for r in runs} | {
