@@ -38,6 +38,12 @@ Trainer's batch hooks (``epoch_start`` / ``epoch_batches`` / ``train_batch``).
     python benchmarks/dpr.py --quick        # small graphs, ~5 min on 2 cores
     python benchmarks/dpr.py                # full: circuits (664k nodes) + CSBM 200k
     python benchmarks/dpr.py --big          # adds the 2.45M-node CSBM at r = 0.3
+    python benchmarks/dpr.py --serving-only --repeat 11  # serving vs the MLP floor
+
+DPR runs with its default ``decoder="auto"`` (the decoder is kept only where
+it beats anchor averaging on validation); ``--serving-only`` trains once per
+graph and times each decoder choice (auto's pick, learned, average) against
+the graph-free MLP floor, with their test accuracy.
 
 CPU only: times are CPU ratios, not GPU times.
 Writes ``results/dpr.json``, ``results/dpr_sweep.png`` and the ``dpr`` section of
@@ -250,7 +256,9 @@ def _dpr_kwargs(p: dict) -> dict:
                 seed=p["seed"], importance=p.get("importance", "pagerank"),
                 decoder_epochs=p["decoder_epochs"],
                 edge_budget=p.get("edge_budget", "ratio"),
-                decoder_rows=p.get("decoder_rows", "both"))
+                decoder_rows=p.get("decoder_rows", "both"),
+                **({"decoder_min_gain": p["decoder_min_gain"]}
+                   if p.get("decoder_min_gain") is not None else {}))
 
 
 def _run_dpr(data: Data, p: dict) -> dict:
@@ -283,7 +291,9 @@ def _run_dpr(data: Data, p: dict) -> dict:
         dec, strat.decoder = strat.decoder, None
         res["acc_anchor_average"] = _acc(strat.predict(model, data), data)
         strat.decoder = dec
-    dense = DPRStrategy(**{**_dpr_kwargs(p), "num_anchors": None, "dense": True})
+    # the reference reconstruction: always its trained decoder
+    dense = DPRStrategy(**{**_dpr_kwargs(p), "num_anchors": None, "dense": True,
+                           "decoder": "learned"})
     with ph.phase("dense_prep"):
         dense.setup(model, [data])
     with ph.phase("dense_decoder"):
@@ -670,7 +680,9 @@ def markdown(results: dict) -> str:
         d = r["dpr"]
         dfg = r["dspar"].get("acc_full_graph_inference")
         lines += [row("full-batch (no prune)", f),
-                  row(f"**DPR r={p['r']}** (sparse decoder)", d),
+                  # runs before the decoder choice always kept the decoder
+                  row(f"**DPR r={p['r']}** (sparse anchors, decoder: "
+                      f"{d['summary'].get('decoder_choice', 'learned')})", d),
                   f"| DPR, dense reference decoder (same encoder) | "
                   f"{100 * d['acc_dense']:.2f} | {d['dense_peak_mib']:.0f}"
                   " (decoder phases) | | | | |",
@@ -783,17 +795,23 @@ def warm_allocator() -> bool:
 
 
 def serving_only(args, p: dict, log) -> dict:
-    """DPR all-node serving against the graph-free MLP floor, side by side.
+    """DPR all-node serving against the graph-free MLP floor, side by side,
+    for each ``decoder`` choice of :class:`~leangnn.prune.DPRConfig`.
 
-    Serving time does not depend on the weights' values, so the encoder is
-    untrained and the decoder gets one epoch on a row sample: the point is
-    the computation's cost, measured in alternating repeats (medians of wall
-    and of this thread's CPU time; the machine is shared, and CPU time is
-    the less load-sensitive of the two). Rows: the default; the fused and
-    unfused decoder; both serving off switches (``kernel="csr"``,
+    Per graph, the benchmark's GraphSAGE trains through the Trainer with DPR's
+    default ``decoder="auto"`` (the per-graph epochs, or ``--epochs``), which
+    trains the decoder and keeps it only if it pays off on its validation
+    rows; on the same encoder, ``decoder="learned"`` (the same decoder: same
+    seed, same rows, checked) and ``decoder="average"`` (no decoder) are
+    fitted as well. Reported: what auto chose and the validation figures
+    behind it, test accuracy of each choice, and serving times in
+    alternating repeats (medians of wall and of this thread's CPU time; the
+    machine is shared, and CPU time is the less load-sensitive of the two).
+    Timed: the default (auto's pick), learned, average; the learned decoder
+    fused and unfused and with both serving off switches (``kernel="csr"``,
     ``reassociate=False``: the model's own forward and ``torch.sparse``
-    products); the encoder alone; no decoder (anchor averaging); and a
-    decoder of width :data:`NARROW_DECODER` (a model change).
+    products); the encoder alone; a decoder of width :data:`NARROW_DECODER`
+    (one epoch: timing only, a model change); and the floor.
     """
     mode = "quick" if args.quick else "full"
     warm = args.malloc == "warm" and warm_allocator()
@@ -808,63 +826,95 @@ def serving_only(args, p: dict, log) -> dict:
                 else csbm_graph(args.csbm_nodes or GRAPHS[mode][name]["nodes"],
                                 p["seed"]))
         data.node_mask = data.train_mask
-        log(f"[{name}] {data.num_nodes} nodes: DPR setup + 1 decoder epoch")
-        enc = _model(data, p).eval()
-        strats = []
-        for hidden in (64, NARROW_DECODER):
-            s = DPRStrategy(**{**_dpr_kwargs(p), "decoder_epochs": 1,
-                               "max_decoder_rows": 20_000, "decoder_hidden": hidden})
-            s.setup(enc, [data])
-            s.fit_end(enc, [data], _loss)
-            strats.append(s)
+        gp = {**p, "epochs": args.epochs or GRAPHS[mode][name]["epochs"]}
+        log(f"[{name}] {data.num_nodes} nodes: training ({gp['epochs']} epochs, "
+            f"decoder='auto')")
+        strats, acc = _choices(data, gp)
+        enc = strats.pop("model")
+        s = strats["auto"].summary()
+        log(f"[{name}] auto chose {s['decoder_choice']!r}: validation error "
+            f"{s['decoder_val_error']:.4f} (decoder) vs {s['average_val_error']:.4f} "
+            f"(average), gain {s['decoder_gain']:.4f} vs min "
+            f"{s['decoder_min_gain']}; test acc " + ", ".join(
+                f"{k} {100 * v:.2f} %" for k, v in acc.items()))
         torch.manual_seed(p["seed"])
         floor = torch.nn.Sequential(
             torch.nn.Linear(data.num_features, p["hidden"]), torch.nn.ReLU(),
             torch.nn.Linear(p["hidden"], int(data.y.max()) + 1))
-        times = _alternate(*strats, enc, floor, data, p["repeat"])
+        times = _alternate(strats, enc, floor, data, p["repeat"])
         med = {k: statistics.median(w for w, _ in v) for k, v in times.items()}
         cpu = {k: statistics.median(c for _, c in v) for k, v in times.items()}
         g = {"num_nodes": data.num_nodes, "num_edges": data.num_edges,
-             "core_size": strats[0].summary()["core_size"], "median_s": med,
-             "median_cpu_s": cpu, "all_s": times,
+             "epochs": gp["epochs"], "core_size": s["core_size"],
+             "choice": s["decoder_choice"], "decoder_min_gain": s["decoder_min_gain"],
+             "validation": {k: s[k] for k in (
+                 "decoder_val_loss", "average_val_loss", "decoder_val_error",
+                 "average_val_error", "decoder_gain", "decoder_val_rows")},
+             "test_acc": acc, "median_s": med, "median_cpu_s": cpu, "all_s": times,
              "ratio": {k: v / med["mlp_floor"] for k, v in med.items()},
              "ratio_cpu": {k: v / cpu["mlp_floor"] for k, v in cpu.items()}}
         r, rc = g["ratio"], g["ratio_cpu"]
-        log(f"[{name}] dpr {med['dpr']:.4f} s (cpu {cpu['dpr']:.4f}), off switches "
-            f"{med['dpr_off']:.4f} s, floor {med['mlp_floor']:.4f} s "
-            f"(cpu {cpu['mlp_floor']:.4f}): {r['dpr']:.2f}x wall, {rc['dpr']:.2f}x "
-            f"cpu (off {r['dpr_off']:.2f}x / {rc['dpr_off']:.2f}x; encoder alone "
-            f"{rc['encoder_only']:.2f}x cpu; target <= {SERVE_TARGET}x)")
+        log(f"[{name}] default ({g['choice']}) {r['dpr']:.2f}x wall / "
+            f"{rc['dpr']:.2f}x cpu of the floor ({med['mlp_floor']:.4f} s); learned "
+            f"{r['dpr_learned']:.2f}x / {rc['dpr_learned']:.2f}x, average "
+            f"{r['dpr_average']:.2f}x / {rc['dpr_average']:.2f}x; off switches "
+            f"{rc['dpr_off']:.2f}x cpu; encoder alone {rc['encoder_only']:.2f}x cpu "
+            f"(target <= {SERVE_TARGET}x)")
         out["graphs"][name] = g
+        del strats, enc, data
     return out
 
 
+def _choices(data: Data, p: dict) -> tuple[dict, dict]:
+    """Train with ``decoder="auto"``, fit ``"learned"`` and ``"average"`` on
+    the same encoder (and a one-epoch narrow decoder for timing); test
+    accuracy of each choice (all test nodes, and the pruned ones)."""
+    kw = _dpr_kwargs(p)
+    auto = DPRStrategy(**kw, decoder="auto")
+    model = _fit(auto, data, p, PhaseMeter())
+    strats = {"auto": auto, "model": model}
+    for name, extra in (("learned", {}), ("average", {}),
+                        ("narrow", {"decoder_epochs": 1, "max_decoder_rows": 20_000,
+                                    "decoder_hidden": NARROW_DECODER})):
+        s = DPRStrategy(**{**kw, **extra}, decoder="average" if name == "average"
+                        else "learned")
+        s.setup(model, [data])
+        s.fit_end(model, [data], _loss)
+        strats[name] = s
+    a, b = auto.summary(), strats["learned"].summary()
+    # auto trained the very decoder that "learned" keeps (same seed and rows)
+    if a["decoder_val_loss"] != b["decoder_val_loss"]:
+        raise RuntimeError(f"auto and learned trained different decoders: "
+                           f"{a['decoder_val_loss']} vs {b['decoder_val_loss']}")
+    pruned = ~auto.prepare(data).core.mask
+    acc = {}
+    with torch.no_grad():
+        for name in ("auto", "learned", "average"):
+            out = strats[name].predict(model, data)
+            acc[name] = _acc(out, data)
+            acc[f"{name}_pruned"] = _acc(out, data, pruned)
+    return strats, acc
+
+
 @torch.no_grad()
-def _alternate(strat: DPRStrategy, narrow: DPRStrategy, enc, floor, data: Data,
-               repeat: int) -> dict:
-    st = strat.prepare(data)
-
-    def no_decoder():
-        dec, strat.decoder = strat.decoder, None
-        try:
-            return strat.predict(enc, data)
-        finally:
-            strat.decoder = dec
-
-    cfg = strat.config
-    fns = {"dpr": lambda: strat.predict(enc, data),  # the defaults
-           "dpr_fused": lambda: strat.predict(enc, data, fused=True),
-           "dpr_unfused": lambda: strat.predict(enc, data, fused=False),
-           "dpr_off": lambda: strat.predict(enc, data, kernel="csr",
-                                            reassociate=False),
+def _alternate(strats: dict, enc, floor, data: Data, repeat: int) -> dict:
+    auto, learned = strats["auto"], strats["learned"]
+    st = auto.prepare(data)
+    cfg = auto.config
+    fns = {"dpr": lambda: auto.predict(enc, data),  # the defaults (auto's pick)
+           "dpr_learned": lambda: learned.predict(enc, data),
+           "dpr_average": lambda: strats["average"].predict(enc, data),
+           "dpr_fused": lambda: learned.predict(enc, data, fused=True),
+           "dpr_unfused": lambda: learned.predict(enc, data, fused=False),
+           "dpr_off": lambda: learned.predict(enc, data, kernel="csr",
+                                              reassociate=False),
            "mlp_floor": lambda: floor(data.x),
            # a lower bound of DPR serving with any decoder (its features
            # gathered from data.x as predict does)
-           "encoder_only": lambda: strat._embed(
-               enc, st, strat.core_features(st, data), cfg.serve_kernel,
+           "encoder_only": lambda: auto._embed(
+               enc, st, auto.core_features(st, data), cfg.serve_kernel,
                cfg.serve_reassociate),
-           "no_decoder": no_decoder,
-           "narrow_decoder": lambda: narrow.predict(enc, data)}
+           "narrow_decoder": lambda: strats["narrow"].predict(enc, data)}
     times = {k: [] for k in fns}
     for fn in fns.values():
         fn()  # warm-up (and the anchors, computed once)
@@ -877,26 +927,43 @@ def _alternate(strat: DPRStrategy, narrow: DPRStrategy, enc, floor, data: Data,
 
 
 def serving_markdown(res: dict, command: str) -> str:
-    lines = ["| graph | nodes | DPR serving | MLP floor | **DPR / floor** (wall; CPU) "
-             "| off switches / floor | fused / unfused | encoder alone / floor | "
-             f"no decoder / floor | decoder width {res['narrow_decoder']} / floor | "
-             "target |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    tgt = res["target"]
+    lines = ["| graph | nodes | auto chose | validation error: decoder / average "
+             "(gain, min) | test acc: auto / learned / average | **default (auto) / "
+             "floor** (wall; CPU) | learned / floor | average / floor | MLP floor "
+             "| target |",
+             "|---|---:|---|---|---|---:|---:|---:|---:|---|"]
     for name, g in res["graphs"].items():
-        m, r, rc = g["median_s"], g["ratio"], g["ratio_cpu"]
-        ok = max(r["dpr"], rc["dpr"]) <= res["target"]
+        m, r, rc, v, a = (g["median_s"], g["ratio"], g["ratio_cpu"], g["validation"],
+                          g["test_acc"])
+        ok = max(r["dpr"], rc["dpr"]) <= tgt
         lines.append(
-            f"| {name} | {g['num_nodes']:,} | {m['dpr']:.4f} s | "
-            f"{m['mlp_floor']:.4f} s | **{r['dpr']:.2f}x; {rc['dpr']:.2f}x** | "
-            f"{r['dpr_off']:.2f}x; {rc['dpr_off']:.2f}x | "
-            f"{rc['dpr_fused']:.2f}x / {rc['dpr_unfused']:.2f}x | "
-            f"{rc['encoder_only']:.2f}x | {rc['no_decoder']:.2f}x | "
-            f"{rc['narrow_decoder']:.2f}x | <= {res['target']}x "
-            f"{'met' if ok else '**missed**'} |")
+            f"| {name} | {g['num_nodes']:,} | {g['choice']} | "
+            f"{100 * v['decoder_val_error']:.2f} % / {100 * v['average_val_error']:.2f}"
+            f" % ({100 * v['decoder_gain']:+.2f} pp, min "
+            f"{100 * g['decoder_min_gain']:.2f} pp) | {100 * a['auto']:.2f} / "
+            f"{100 * a['learned']:.2f} / {100 * a['average']:.2f} % | "
+            f"**{r['dpr']:.2f}x; {rc['dpr']:.2f}x** | "
+            f"{r['dpr_learned']:.2f}x; {rc['dpr_learned']:.2f}x | "
+            f"{r['dpr_average']:.2f}x; {rc['dpr_average']:.2f}x | "
+            f"{m['mlp_floor']:.4f} s | <= {tgt}x {'met' if ok else '**missed**'} |")
+    lines += ["", "| graph | validation loss: decoder / average | test acc on pruned "
+              "nodes: learned / average | off switches / floor | fused / unfused | "
+              "encoder alone / floor | "
+              f"decoder width {res['narrow_decoder']} / floor |",
+              "|---|---|---|---:|---:|---:|---:|"]
+    for name, g in res["graphs"].items():
+        rc, v, a = g["ratio_cpu"], g["validation"], g["test_acc"]
+        lines.append(
+            f"| {name} | {v['decoder_val_loss']:.4f} / {v['average_val_loss']:.4f} | "
+            f"{100 * a['learned_pruned']:.2f} / {100 * a['average_pruned']:.2f} % | "
+            f"{rc['dpr_off']:.2f}x | {rc['dpr_fused']:.2f}x / {rc['dpr_unfused']:.2f}x"
+            f" | {rc['encoder_only']:.2f}x | {rc['narrow_decoder']:.2f}x |")
     lines += ["", f"Medians of {res['repeat']} alternating repeats, "
               f"{res['threads']} torch thread(s), {res['allocator']} allocator; "
               f"ratios to the floor in wall time and in this thread's CPU time "
-              f"(columns after the fifth: CPU time). `{command}`"]
+              f"(second table: CPU time). Validation: the decoder's held-out rows "
+              f"(the last tenth of its training rows). `{command}`"]
     return "\n".join(lines)
 
 
@@ -932,13 +999,17 @@ def main(argv=None) -> dict:
     ap.add_argument("--md", default=None, help="default: the dpr section of "
                     "benchmarks/README.md (results/quick/dpr.md with --quick)")
     ap.add_argument("--serving-only", action="store_true",
-                    help="only time DPR all-node serving against the MLP floor "
-                    "(default, off switches, encoder alone, ...); writes "
-                    "results[/quick]/dpr_serving.json")
+                    help="train DPR once per graph (decoder='auto'), then time "
+                    "all-node serving of each decoder choice against the MLP "
+                    "floor (with accuracy; off switches, encoder alone, ...); "
+                    "writes results[/quick]/dpr_serving.json")
     ap.add_argument("--malloc", choices=["warm", "default"], default="warm",
                     help="--serving-only: 'warm' keeps freed memory on glibc's "
                     "heap so no side page-faults per call (see warm_allocator); "
                     "'default': glibc's own settings")
+    ap.add_argument("--decoder-min-gain", type=float, default=None,
+                    help="DPRConfig.decoder_min_gain for decoder='auto' "
+                    "(default: DPRConfig's)")
     ap.add_argument("--render", action="store_true",
                     help="only re-render --md and the plot from an existing --out")
     args = ap.parse_args(argv)
@@ -963,7 +1034,8 @@ def main(argv=None) -> dict:
          "fanouts": [25, 10], "batch_size": 1024, "serve_batch": 4096,
          "sage_epochs": 2 if args.quick else 5,
          "repeat": args.repeat or (3 if args.quick else 5),
-         "big_epochs": args.big_epochs, "threads": args.threads}
+         "big_epochs": args.big_epochs, "threads": args.threads,
+         "decoder_min_gain": args.decoder_min_gain}
     torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
 

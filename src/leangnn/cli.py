@@ -55,7 +55,9 @@ _TRAIN_FLAGS = {  # flag -> config field
     "device": "device", "out": "out", "level_feature": "level_feature",
     "groups": "num_groups", "sparsity": "sparsity",
     "flat_parameters": "flat_parameters", "budget_ratio": "budget_ratio",
-    "anchors": "num_anchors", "device_budget": "device_budget", "parts": "num_parts",
+    "anchors": "num_anchors", "decoder": "decoder",
+    "decoder_min_gain": "decoder_min_gain",
+    "device_budget": "device_budget", "parts": "num_parts",
     "cache": "cache", "offload_mode": "offload_mode", "retain": "retain",
     "dist_mode": "dist_mode",
     "dist_timeout": "dist_timeout", "aggr": "aggr", "rounds": "rounds",
@@ -116,10 +118,18 @@ def _check_out(out: str | None, force: bool) -> None:
         raise ValueError(f"--out: {out!r} already holds a run ({', '.join(found)}); "
                          "resume it (--resume), overwrite it (--force) or choose "
                          "another --out")
+    _check_writable(path, out)
+
+
+def _check_writable(path: Path, out: str) -> None:
+    """``--out`` ``out`` can be created under ``path`` (its nearest existing
+    folder is a writable directory); root passes ``os.access`` everywhere, so
+    /proc and /sys are refused by name."""
     parent = path
     while not parent.exists():
         parent = parent.parent
-    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+    special = parent.resolve().parts[1:2] in (("proc",), ("sys",))
+    if not parent.is_dir() or special or not os.access(parent, os.W_OK | os.X_OK):
         raise ValueError(f"--out: cannot create {out!r}: {str(parent)!r} is not a "
                          "writable directory")
 
@@ -289,6 +299,7 @@ def _predict(args) -> int:
             raise ValueError(f"--out: expected a .csv or .json file, got {args.out!r}")
         if out.is_dir():
             raise ValueError(f"--out: {args.out!r} is a directory")
+        _check_writable(out.parent, args.out)  # before the work, not after it
     infos = _resolve(args.netlists, "NETLIST")
     run = open_run(args.run, args.device)
     if not run.finished:
@@ -300,7 +311,11 @@ def _predict(args) -> int:
         cols, part = prediction_table(run, info.name, names, run.predict(data))
         rows += part
     if out is not None:
-        write_predictions(out, run, cols, rows)
+        try:
+            write_predictions(out, run, cols, rows)
+        except OSError as e:  # e.g. a file system that refuses it after all
+            raise ValueError(f"--out: cannot write {args.out!r} "
+                             f"({e.strerror or e})") from None
         print(f"leangnn predict: {len(rows)} nets of {len(infos)} circuit(s) -> "
               f"{out}", file=sys.stderr)
         return 0
@@ -427,6 +442,14 @@ def _config_options(a, plan: bool = False) -> None:
       f"{_default('budget_ratio')}")
     a("--anchors", type=int,
       help=f"prune: anchors per pruned node {_default('num_anchors')}")
+    a("--decoder", choices=option_choices("decoder"),
+      help="prune: pruned nodes' reconstruction: auto (the trained decoder only "
+      "where it lowers the validation error by more than --decoder-min-gain, "
+      "else anchor averaging: trades accuracy for serving time), learned, "
+      f"average {_default('decoder')}")
+    a("--decoder-min-gain", type=float, help="prune, --decoder auto: least "
+      "absolute drop of the validation error that keeps the decoder (0.01 = "
+      f"one point of accuracy) {_default('decoder_min_gain')}")
     a("--device-budget", help="offload: device memory budget, e.g. 2GiB "
       "(default: the offload strategy's)")
     a("--parts", type=int, help=f"offload: number of partitions "

@@ -90,7 +90,12 @@ class TrainConfig:
             (``flat_parameters=False`` is the off switch of the flat
             parameter layout, see :class:`leangnn.nn.GSRStack`); ``res``
             takes ``num_groups`` and ``sparsity`` too.
-        budget_ratio, num_anchors: prune (DPR) options.
+        budget_ratio, num_anchors, decoder, decoder_min_gain: prune (DPR)
+            options (``decoder``: ``auto`` keeps the trained anchor decoder
+            only where it lowers the validation error by more than
+            ``decoder_min_gain``, else anchor averaging, trading accuracy for
+            serving time; ``learned`` always; ``average`` never; see
+            :class:`leangnn.prune.DPRConfig`).
         device_budget, num_parts, cache, offload_mode: offload options
             (``cache="auto"``: ``st`` on CUDA, where it saves transfers,
             ``none`` on a CPU device, where a hit saves only a memcpy;
@@ -131,6 +136,8 @@ class TrainConfig:
     flat_parameters: bool = True
     budget_ratio: float = 0.3
     num_anchors: int = 8
+    decoder: str = "auto"
+    decoder_min_gain: float = 0.01
     device_budget: str | None = None
     num_parts: int = 8
     cache: str = "auto"
@@ -224,6 +231,8 @@ class TrainConfig:
             _bad("dist_backend", self.dist_backend, "gloo or nccl (or omitted)")
         if not 0.0 < self.budget_ratio <= 1.0:
             _bad("budget_ratio", self.budget_ratio, "a ratio in (0, 1]")
+        if not 0.0 <= self.decoder_min_gain <= 1.0:
+            _bad("decoder_min_gain", self.decoder_min_gain, "a number in [0, 1]")
         if self.device_budget is not None and \
                 _checked(parse_bytes, self.device_budget, "device_budget") >= \
                 _MAX_BUDGET:

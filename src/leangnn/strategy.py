@@ -235,6 +235,7 @@ register_strategy("reversible", FullBatch, default_model="gsr",
                   requires=("reversible",),
                   description="full-batch training of a reversible model (GSR)")
 register_strategy("prune", "leangnn.prune.dpr:DPRStrategy", default_model="sage",
+                  choices={"decoder": "leangnn.prune.decoder:DECODER_CHOICES"},
                   description="train on a pruned core, reconstruct the rest (DPR)")
 # The offload engine runs PyG BasicGNNs layer by layer (see
 # leangnn.offload.layerwise.LayerwiseModel).

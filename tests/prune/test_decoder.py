@@ -8,7 +8,13 @@ import torch
 from leangnn.graphs.sparse import undirected_csr
 from leangnn.graphs.synthetic import contextual_sbm
 from leangnn.prune.core import build_core
-from leangnn.prune.decoder import AnchorDecoder, ppr_anchors
+from leangnn.prune.decoder import (
+    AnchorDecoder,
+    compare_to_average,
+    decoder_batches,
+    ppr_anchors,
+    val_error,
+)
 
 
 def _setup(n=400, deg=4.0, r=0.3, seed=0):
@@ -175,3 +181,65 @@ def test_anchored_serving_equals_concatenated_inputs(layers, anchor_features,
     if anchor_features:
         with pytest.raises(ValueError, match="core_x"):
             dec.project_core(h)
+
+
+def test_val_error_is_the_error_rate_or_one_minus_r2():
+    out = torch.tensor([[2.0, 1.0, 0.0], [0.0, 1.0, 3.0], [0.0, 5.0, 1.0],
+                        [1.0, 0.0, 0.0]])
+    y = torch.tensor([0, 1, 1, 2])
+    assert val_error(out, y) == 0.5  # rows 1 and 3 wrong
+    # regression: MSE / population variance, from numpy
+    rng = np.random.default_rng(0)
+    yr = rng.normal(size=40)
+    pred = yr + rng.normal(scale=0.5, size=40)
+    ref = np.mean((pred - yr) ** 2) / np.var(yr)
+    got = val_error(torch.tensor(pred).view(-1, 1), torch.tensor(yr))
+    assert got == pytest.approx(ref, rel=1e-12)
+    # a constant target has no variance: the MSE itself
+    assert val_error(torch.ones(3, 1), torch.zeros(3)) == 1.0
+
+
+def test_decoder_batches_hold_out_the_last_tenth_of_every_graph():
+    train, val = decoder_batches([95, 10, 40], batch_size=16)
+    rows = {g: [] for g in range(3)}
+    for g, a, b in train:
+        rows[g] += [("t", r) for r in range(a, b)]
+    for g, a, b in val:
+        assert b - a <= 16
+        rows[g] += [("v", r) for r in range(a, b)]
+    for g, n, n_val in ((0, 95, 9), (1, 10, 0), (2, 40, 4)):
+        assert sorted(r for _, r in rows[g]) == list(range(n))  # each row once
+        assert [r for k, r in rows[g] if k == "v"] == list(range(n - n_val, n))
+
+
+def test_compare_to_average_against_a_direct_computation():
+    torch.manual_seed(0)
+    dec = AnchorDecoder(4, 3, 3, hidden_channels=8)
+    for p in dec.parameters():  # a head that is not zero: a real decoder
+        torch.nn.init.normal_(p)
+    x, emb, ax, mass = torch.randn(30, 4), torch.randn(30, 3), torch.randn(30, 4), \
+        torch.rand(30)
+    y = torch.randint(0, 3, (30,))
+    val = [(0, 10, 20), (0, 20, 30)]  # rows 0..9 must not count
+
+    def inputs(g, a, b):
+        return x[a:b], emb[a:b], ax[a:b], mass[a:b]
+
+    def target(g, a, b):
+        return y[a:b]
+
+    def loss_fn(out, data):
+        return torch.nn.functional.cross_entropy(out, data.y)
+
+    fig = compare_to_average(dec, inputs, target, val, loss_fn)
+    with torch.no_grad():
+        out = dec(x[10:], emb[10:], ax[10:], mass[10:])
+    ce = torch.nn.functional.cross_entropy
+    assert fig["decoder_val_loss"] == pytest.approx(float(ce(out, y[10:])))
+    assert fig["average_val_loss"] == pytest.approx(float(ce(emb[10:], y[10:])))
+    err_d = float((out.argmax(1) != y[10:]).float().mean())
+    err_a = float((emb[10:].argmax(1) != y[10:]).float().mean())
+    assert fig["decoder_val_error"] == pytest.approx(err_d)
+    assert fig["average_val_error"] == pytest.approx(err_a)
+    assert fig["decoder_gain"] == pytest.approx(err_a - err_d)
+    assert fig["decoder_val_rows"] == 20

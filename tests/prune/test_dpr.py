@@ -5,6 +5,7 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
+from torch_geometric.data import Data
 
 from leangnn.config import TrainConfig
 from leangnn.graphs.synthetic import contextual_sbm
@@ -125,7 +126,8 @@ def test_saving_at_r03_on_saved_activations():
 
 def test_decoder_reconstructs_better_than_no_reconstruction():
     d = _graph(2000, seed=2)
-    strat = DPRStrategy(budget_ratio=0.3, num_anchors=8, decoder_epochs=60)
+    strat = DPRStrategy(budget_ratio=0.3, num_anchors=8, decoder_epochs=60,
+                        decoder="learned")
     out, model = _with_strategy(strat, d, 40)
     st = strat.prepare(d)
     pruned_test = d.test_mask & ~st.core.mask
@@ -135,7 +137,8 @@ def test_decoder_reconstructs_better_than_no_reconstruction():
     assert dpr > float(maj) + 0.3
     # rows of the decoder: every labelled node (core ones masked as pruned)
     assert strat.summary()["decoder_rows"] == int(d.train_mask.sum())
-    core_only = DPRStrategy(budget_ratio=0.3, decoder_rows="core", decoder_epochs=2)
+    core_only = DPRStrategy(budget_ratio=0.3, decoder_rows="core", decoder_epochs=2,
+                            decoder="learned")
     _with_strategy(core_only, d, 1)
     assert core_only.summary()["decoder_rows"] == int(d.train_mask[st.core.index].sum())
 
@@ -207,7 +210,7 @@ def test_pruned_core_trains_on_a_sparse_adjacency_by_default():
 
 def test_fused_serving_equals_unfused_in_float64():
     d = _graph(600)
-    strat = DPRStrategy(budget_ratio=0.3, decoder_epochs=3)
+    strat = DPRStrategy(budget_ratio=0.3, decoder_epochs=3, decoder="learned")
     model = _model(d)
     strat.setup(model, [d])
     strat.fit_end(model, [d], LOSS)
@@ -325,3 +328,226 @@ def test_serving_chunks_follow_replaced_anchors():
     second = strat.predict(model, d)
     torch.testing.assert_close(second[st.pruned], first[st.pruned] * 0.5)
     torch.testing.assert_close(second[st.core.index], first[st.core.index])
+
+
+# ------------------------------------------------------------- decoder choice
+class _Identity(torch.nn.Module):
+    """An encoder whose core outputs are the core's features (no weights)."""
+
+    def forward(self, x, *args):
+        return x
+
+
+def _groups(num_groups=50, size=5, leaves=3, helps=True, seed=0):
+    """Cliques of ``size`` nodes, the first one a hub with ``leaves`` pendant
+    nodes (so the hub is every group's most important node, always in the
+    core, one hop from all its group). Features are one-hot labels. With
+    ``helps``, labels are random per node: anchor averaging of the identity
+    encoder mixes a group's labels, the decoder can read the node's own
+    features. Otherwise the whole group shares a label: averaging is already
+    exact, and no decoder can lower the error below zero."""
+    gen = torch.Generator().manual_seed(seed)
+    per = size + leaves
+    edges = []
+    for g in range(num_groups):
+        base = g * per
+        edges += [(base + i, base + j) for i in range(size) for j in range(size)
+                  if i != j]
+        edges += [e for i in range(size, per) for e in ((base, base + i),
+                                                        (base + i, base))]
+    n = num_groups * per
+    if helps:
+        y = torch.randint(0, 4, (n,), generator=gen)
+    else:
+        y = (torch.arange(n) // per) % 4
+    d = Data(x=F.one_hot(y, 4).float(), edge_index=torch.tensor(edges).t(), y=y,
+             num_nodes=n)
+    d.node_mask = torch.ones(n, dtype=torch.bool)
+    return d
+
+
+def _choice_strategy(**kw):
+    # the decoder learns from pruned nodes: all of them anchor on their hub
+    return DPRStrategy(**{"budget_ratio": 0.25, "bridge": "none", "decoder_epochs": 10,
+                          "decoder_batch_size": 128, "decoder_lr": 0.05,
+                          "decoder_rows": "pruned", "decoder_patience": 0, **kw})
+
+
+@pytest.mark.parametrize("helps", [True, False])
+def test_auto_keeps_the_decoder_only_where_it_pays_off(helps):
+    d = _groups(helps=helps)
+    auto = _choice_strategy()
+    model = _Identity()
+    auto.setup(model, [d])
+    st = auto.prepare(d)
+    assert int(st.core.mask.view(-1, 8)[:, 0].sum()) == 50  # every hub is core
+    auto.fit_end(model, [d], LOSS)
+    s = auto.summary()
+    if helps:
+        # the decoder reads the label off the node's features
+        assert s["decoder_choice"] == "learned" and auto.decoder is not None
+        assert s["decoder_val_error"] < 0.05 < 0.4 < s["average_val_error"]
+    else:
+        # averaging is exact: the decoder can only sharpen the logits (lower
+        # loss), never lower the error, so it is dropped
+        assert s["decoder_choice"] == "average" and auto.decoder is None
+        assert s["average_val_error"] == 0.0 and s["decoder_gain"] <= 0.0
+        # `leangnn predict` reads "decoder_rows" as "a decoder serves"
+        assert "decoder_rows" not in s and s["dropped_decoder_rows"] > 0
+        assert s["decoder_val_loss"] < s["average_val_loss"]
+    assert s["decoder_gain"] == pytest.approx(s["average_val_error"]
+                                              - s["decoder_val_error"])
+    # "learned" trains the same decoder and always keeps it; both serve it alike
+    learned = _choice_strategy(decoder="learned")
+    learned.setup(model, [d])
+    learned.fit_end(model, [d], LOSS)
+    assert learned.decoder is not None
+    assert learned.summary()["decoder_val_loss"] == s["decoder_val_loss"]
+    if helps:
+        torch.testing.assert_close(auto.predict(model, d), learned.predict(model, d),
+                                   rtol=0, atol=0)
+    # a gain threshold above the measured gain drops even a helpful decoder
+    strict = _choice_strategy(decoder_min_gain=1.0)
+    strict.setup(model, [d])
+    strict.fit_end(model, [d], LOSS)
+    assert strict.decoder is None and strict.summary()["decoder_choice"] == "average"
+
+
+def test_auto_decides_on_the_held_out_rows_only(monkeypatch):
+    # The decision sees exactly the last tenth of the decoder's (shuffled)
+    # rows, none of which the decoder took a gradient step on, and its
+    # figures equal an independent computation on those nodes.
+    from leangnn.graphs.sparse import undirected_csr
+    from leangnn.prune import dpr as dpr_mod
+    from leangnn.prune.decoder import ppr_anchors
+
+    seen = {}
+    real_train, real_cmp = dpr_mod.train_decoder, dpr_mod.compare_to_average
+
+    def spy_train(dec, inputs, target, train, val, *a):
+        seen["train"], seen["val"] = list(train), list(val)
+        return real_train(dec, inputs, target, train, val, *a)
+
+    def spy_cmp(dec, inputs, target, val, loss_fn):
+        seen["cmp"] = list(val)
+        return real_cmp(dec, inputs, target, val, loss_fn)
+
+    monkeypatch.setattr(dpr_mod, "train_decoder", spy_train)
+    monkeypatch.setattr(dpr_mod, "compare_to_average", spy_cmp)
+    d = _groups(helps=True, seed=1)
+    strat = _choice_strategy(decoder="learned")
+    model = _Identity()
+    strat.setup(model, [d])
+    rows = strat.prepare(d).rows
+    n = rows.numel()
+    strat.fit_end(model, [d], LOSS)
+    val_rows = [r for _, a, b in seen["cmp"] for r in range(a, b)]
+    train_rows = {r for _, a, b in seen["train"] for r in range(a, b)}
+    assert seen["cmp"] == seen["val"]
+    assert val_rows == list(range(n - n // 10, n))
+    assert not train_rows & set(val_rows) and len(train_rows) == n - n // 10
+    nodes = rows[n - n // 10:]
+    st = strat.prepare(d)
+    anc = ppr_anchors(undirected_csr(d.edge_index, d.num_nodes), st.core.index, nodes)
+    avg = anc.weight.to_dense().double() @ d.x[st.core.index].double()
+    err = float((avg.argmax(1) != d.y[nodes]).double().mean())
+    s = strat.summary()
+    assert s["average_val_error"] == pytest.approx(err, abs=1e-12)
+    assert s["decoder_val_rows"] == n // 10
+
+
+def test_average_is_anchor_averaging_in_float64_and_trains_nothing():
+    d = _graph(700)
+    strat = DPRStrategy(budget_ratio=0.3, decoder="average", sparse_adj=False)
+    model = _model(d, dropout=0.0)
+    strat.setup(model, [d])
+    strat.fit_end(model, [d], LOSS)
+    st = strat.prepare(d)
+    assert strat.decoder is None and st.row_anchors is None
+    s = strat.summary()
+    assert s["decoder_choice"] == "average" and "decoder_rows" not in s
+    model.double().eval()
+    d.x = d.x.double()
+    st.train_data.x = st.train_data.x.double()
+    strat._ensure_anchors(st, d, rows=False)
+    st.anchors.weight = st.anchors.weight.double()
+    st.anchors.mass = st.anchors.mass.double()
+    for p in model.parameters():
+        torch.nn.init.normal_(p, std=0.3)
+    out = strat.predict(model, d)
+    # reference: plain PyG on the core's edges, dense anchor weights
+    with torch.no_grad():
+        h = model(d.x[st.core.index], st.train_data.edge_index)
+    w = st.anchors.weight.to_dense()
+    assert w.shape == (st.pruned.numel(), st.core.num_core)
+    torch.testing.assert_close(out[st.core.index], h, rtol=0, atol=1e-10)
+    torch.testing.assert_close(out[st.pruned], w @ h, rtol=0, atol=1e-10)
+
+
+def test_learned_serves_its_decoder_on_the_anchor_inputs_in_float64():
+    d = _groups(helps=False)
+    strat = _choice_strategy(decoder="learned", decoder_epochs=5)
+    model = _Identity()
+    strat.setup(model, [d])
+    strat.fit_end(model, [d], LOSS)
+    s = strat.summary()
+    assert s["decoder_choice"] == "learned" and s["decoder_gain"] <= 0.0
+    dec = strat.decoder.double()
+    for p in dec.parameters():
+        torch.nn.init.normal_(p, std=0.3)
+    d.x = d.x.double()
+    st = strat.prepare(d)
+    st.train_data.x = st.train_data.x.double()
+    strat._ensure_anchors(st, d, rows=False)
+    w = st.anchors.weight.to_dense().double()
+    st.anchors.weight = st.anchors.weight.double()
+    st.anchors.mass = st.anchors.mass.double()
+    xc = d.x[st.core.index]
+    with torch.no_grad():
+        ref = dec(d.x[st.pruned], w @ xc, w @ xc, st.anchors.mass)
+    out = strat.predict(model, d)
+    torch.testing.assert_close(out[st.pruned], ref, rtol=0, atol=1e-10)
+    torch.testing.assert_close(out[st.core.index], xc, rtol=0, atol=0)
+
+
+def test_decoder_choice_survives_the_state_roundtrip_and_old_states_load():
+    d = _groups(helps=False)
+    model = _Identity()
+    strat = _choice_strategy()
+    strat.setup(model, [d])
+    strat.fit_end(model, [d], LOSS)
+    assert strat.decoder is None
+    state = strat.state_dict()
+    other = DPRStrategy()
+    other.load_state_dict(state)
+    assert other.decoder is None and other.config == strat.config
+    assert other.summary()["decoder_choice"] == "average"
+    torch.testing.assert_close(other.predict(model, d), strat.predict(model, d))
+    # a state saved before the decoder choice existed (no such fields)
+    learned = _choice_strategy(decoder="learned", decoder_epochs=3)
+    learned.setup(model, [d])
+    learned.fit_end(model, [d], LOSS)
+    old = learned.state_dict()
+    old.pop("decoder_choice")
+    for k in ("decoder", "decoder_min_gain"):
+        old["config"].pop(k)
+    restored = DPRStrategy()
+    restored.load_state_dict(old)
+    assert restored.decoder is not None and restored.config.decoder == "auto"
+    torch.testing.assert_close(restored.predict(model, d), learned.predict(model, d))
+
+
+@pytest.mark.parametrize("kw,match", [
+    ({"decoder": "mlp"}, r"decoder must be one of .*got 'mlp'"),
+    ({"decoder": None}, r"decoder must be one of .*got None"),
+    ({"decoder_min_gain": -0.1}, r"decoder_min_gain must be a number in \[0, 1\], "
+                                 r"got -0.1"),
+    ({"decoder_min_gain": 1.5}, r"decoder_min_gain .*got 1.5"),
+    ({"decoder_min_gain": "0.1"}, r"decoder_min_gain .*got '0.1'"),
+    ({"decoder_min_gain": True}, r"decoder_min_gain .*got True"),
+])
+def test_bad_decoder_choice_values(kw, match):
+    with pytest.raises(ValueError, match=match):
+        DPRConfig(**kw)
+    with pytest.raises(ValueError, match=match):
+        DPRStrategy(**kw)

@@ -8,9 +8,9 @@ from torch_geometric.nn import GAT, GCN, GraphSAGE
 from torch_geometric.utils import to_torch_csr_tensor
 
 from leangnn.graphs.sparse import adj_t_of, csr_tensor
-from leangnn.prune.dpr import _csr_rows
 from leangnn.prune.serve import (
     ServeGraph,
+    csr_rows,
     mean_adjacency,
     rows_mm,
     servable,
@@ -38,7 +38,7 @@ def test_rows_mm_bag_and_csr_equal_the_dense_product(index_dtype):
     for kernel in ("bag", "csr"):
         torch.testing.assert_close(rows_mm(w, x, kernel), ref, rtol=0, atol=1e-12)
     # row slices (the decoder's chunks) and a non-contiguous right-hand side
-    part = _csr_rows(w, 5, 23)
+    part = csr_rows(w, 5, 23)
     xt = torch.randn(7, 30, dtype=torch.float64).t()
     assert not xt.is_contiguous()
     torch.testing.assert_close(rows_mm(part, xt), dense[5:23] @ xt, rtol=0, atol=1e-12)

@@ -32,8 +32,8 @@ from torch import Tensor
 from ..graphs.sparse import csr_tensor
 from ..nn.csr import mean_sage_conv
 
-__all__ = ["KERNELS", "rows_mm", "mean_adjacency", "ServeGraph", "servable",
-           "serve_forward"]
+__all__ = ["KERNELS", "rows_mm", "csr_rows", "anchor_chunks", "serve_pruned",
+           "mean_adjacency", "ServeGraph", "servable", "serve_forward"]
 
 #: ``bag``: :func:`~torch.nn.functional.embedding_bag`; ``csr``: ``torch.sparse``
 KERNELS = ("bag", "csr")
@@ -60,6 +60,99 @@ def rows_mm(w: Tensor, x: Tensor, kernel: str = "bag") -> Tensor:
     return F.embedding_bag(w.col_indices(), x.contiguous(), w.crow_indices(),
                            mode="sum", per_sample_weights=w.values(),
                            include_last_offset=True)
+
+
+def csr_rows(w: Tensor, a: int, b: int) -> Tensor:
+    """Rows ``a:b`` of a ``torch.sparse_csr`` ``w`` as a CSR matrix whose
+    ``crow_indices()`` start at 0 (views of ``w``'s index and value arrays)."""
+    crow = w.crow_indices()
+    lo, hi = int(crow[a]), int(crow[b])
+    return csr_tensor(crow[a:b + 1] - lo, w.col_indices()[lo:hi], w.values()[lo:hi],
+                      (b - a, w.size(1)))
+
+
+def anchor_chunks(anchors, pruned: Tensor, chunk_size: int, device: torch.device,
+                  cached: tuple | None = None) -> tuple[tuple, list]:
+    """Graph-only operands of serving the pruned nodes, sliced and moved once.
+
+    Args:
+        anchors (Anchors): the pruned nodes' anchors (rows in ``pruned``'s
+            order).
+        pruned (Tensor): pruned node ids ``[P]``.
+        chunk_size (int): rows per chunk.
+        device (torch.device): where serving runs.
+        cached (tuple, optional): an earlier return value, returned as it is
+            when made from the same anchor tensors (by identity) and settings.
+
+    Returns:
+        ``(key, chunks)``; per chunk: anchor weights (CSR, on ``device``), the
+        rows' node ids (where ``anchors.nodes`` lives), walk mass and output
+        rows (on ``device``).
+    """
+    tensors = (anchors.weight, anchors.nodes, anchors.mass)
+    if (cached is not None and cached[0][1:] == (chunk_size, device)
+            and all(t is c for t, c in zip(tensors, cached[0][0]))):
+        return cached
+    n, chunks = pruned.numel(), []
+    for a in range(0, n, chunk_size):
+        b = min(n, a + chunk_size)
+        chunks.append((csr_rows(anchors.weight, a, b).to(device), anchors.nodes[a:b],
+                       anchors.mass[a:b].to(device), pruned[a:b].to(device)))
+    return (tensors, chunk_size, device), chunks
+
+
+def serve_pruned(out: Tensor, chunks: list, h: Tensor, xc: Tensor, x: Tensor,
+                 decoder=None, fused: bool | None = None,
+                 kernel: str = "bag") -> Tensor:
+    """Write the pruned nodes' rows of ``out``: anchor averaging of the core's
+    outputs ``h`` without ``decoder``, else the decoder on their anchors.
+
+    Args:
+        out (Tensor): all-node outputs ``[N, C]``, filled in place.
+        chunks (list): :func:`anchor_chunks` of the pruned nodes.
+        h (Tensor): encoder outputs on the core ``[N_core, C]``.
+        xc (Tensor): the core's features ``[N_core, F]`` (on ``h``'s device).
+        x (Tensor): all nodes' features ``[N, F]``.
+        decoder (AnchorDecoder, optional): ``None``: ``W @ h`` per pruned row.
+        fused (bool, optional): gather :meth:`~leangnn.prune.decoder.
+            AnchorDecoder.project_core` rows; ``None`` fuses when that does
+            not widen the gathered rows. (default: ``None``)
+        kernel (str, optional): see :func:`rows_mm`. (default: ``"bag"``)
+
+    Returns:
+        ``out``.
+    """
+    if not chunks:
+        return out
+    dec = decoder
+    if fused is None:
+        # The sparse gather, not the dense products, bounds serving: fusing
+        # saves (F + C + 1) x hidden per pruned node but gathers hidden + C
+        # columns per anchor instead of F + C.
+        fused = (dec is not None and dec.anchor_features
+                 and dec.in_channels >= dec.hidden_channels)
+    fused = fused and dec is not None
+    # The rows every anchor product gathers from, once per call.
+    if fused:
+        table = dec.project_core(h, xc if dec.anchor_features else None)
+    elif dec is not None and dec.anchor_features:
+        table = torch.cat([h, xc.to(h.dtype)], 1)
+    else:
+        table = h
+    c = h.size(1)
+    for w, nodes, mass, dst in chunks:
+        rows = rows_mm(w, table, kernel)
+        if dec is None:
+            rec = rows
+        else:
+            xi = x.index_select(0, nodes.to(x.device)).to(h.device)
+            if fused:
+                rec = dec.forward_anchored(xi, rows, mass)
+            else:
+                rec = dec(xi, rows[:, :c], rows[:, c:] if dec.anchor_features
+                          else None, mass)
+        out.index_copy_(0, dst, rec.to(out.dtype))
+    return out
 
 
 def mean_adjacency(adj_t: Tensor, dtype: torch.dtype | None = None) -> Tensor:
