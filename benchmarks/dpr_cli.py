@@ -61,7 +61,11 @@ def run(nodes: int, epochs: int, extra: list[str], timeout: float) -> dict:
             "trainer_baseline_mib": summary["memory"]["baseline_bytes"] / MIB,
             "test_accuracy": test.get("accuracy"), "wall_s": r.seconds,
             "core_size": summary.get("core_size"),
-            "all_node_inference_s": summary.get("all_node_inference_s")}
+            "all_node_inference_s": summary.get("all_node_inference_s"),
+            # which reconstruction served (DPRConfig.decoder="auto" decides on
+            # validation) and the validation error gain behind the choice
+            "decoder_choice": summary.get("decoder_choice"),
+            "decoder_gain": summary.get("decoder_gain")}
 
 
 def harness_peak(nodes: int) -> float | None:
@@ -93,7 +97,11 @@ def markdown(res: dict) -> str:
         f"validation every epoch and the test evaluation included; the "
         f"Trainer's own meter: {res['trainer_peak_mib']:,.0f} MiB above "
         f"{res['trainer_baseline_mib']:,.0f} MiB. Test accuracy "
-        f"{acc}. Harness: `benchmarks/dpr.py --big` "
+        f"{acc}"
+        + (f" (pruned nodes served by the {res['decoder_choice']} decoder choice, "
+           f"validation error gain {res['decoder_gain'] or 0:+.4f})"
+           if res.get("decoder_choice") else "")
+        + ". Harness: `benchmarks/dpr.py --big` "
         "(`abs_peak_mib` in `results/dpr.json`, a graph loaded from disk, no "
         "validation or test pass). `python benchmarks/dpr_cli.py`.",
     ]
