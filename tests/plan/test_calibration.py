@@ -81,7 +81,8 @@ def test_machine_kind_names_the_allocator(monkeypatch):
 
 def test_store_and_load_per_machine_kind(tmp_path, monkeypatch):
     monkeypatch.setenv("LEANGNN_CACHE", str(tmp_path))
-    assert not load_calibration("cpu").calibrated  # nothing stored: defaults
+    # nothing stored: defaults (the shipped reference switched off)
+    assert not load_calibration("cpu", reference=False).calibrated
     cal = fit_calibration(_samples(1.1, 0.0, 1e-5, 1e-9, 1e-10))
     path = cal.save()
     assert path == calibration_path("cpu") and path.parent == tmp_path / "calibration"
@@ -89,7 +90,8 @@ def test_store_and_load_per_machine_kind(tmp_path, monkeypatch):
     assert back.calibrated and back.scale == pytest.approx(cal.scale)
     assert json.loads(path.read_text())["kind"] == machine_kind("cpu")
     path.write_text("{not json")
-    assert not load_calibration("cpu").calibrated  # damaged: defaults, no crash
+    # damaged: defaults, no crash
+    assert not load_calibration("cpu", reference=False).calibrated
 
 
 def test_cpu_fit_splits_big_blocks_and_heap(monkeypatch):
@@ -236,3 +238,50 @@ def test_offload_scale_per_model():
     assert run_bytes("gat") == pytest.approx(
         1000 * (top["run_bytes"] - cal.const) / top["tensor_bytes"] + cal.const,
         abs=1)
+
+
+def test_reference_calibration_when_nothing_is_stored(tmp_path, monkeypatch):
+    from leangnn.plan import calibration as C
+
+    monkeypatch.setenv("LEANGNN_CACHE", str(tmp_path))
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
+    ref = tmp_path / "reference"
+    monkeypatch.setattr(C, "REFERENCE_DIR", ref)
+    # nothing shipped for this allocator mode: the defaults
+    assert not load_calibration("cpu").calibrated
+    shipped = fit_calibration(_samples(1.3, 0.0, 1e-5, 1e-9, 1e-10))
+    shipped.kind = "cpu-reference-box"
+    ref.mkdir()
+    (ref / f"{allocator_mode('cpu')}.json").write_text(
+        json.dumps(shipped.to_dict()))
+    got = load_calibration("cpu")
+    assert got.calibrated and got.scale == pytest.approx(shipped.scale)
+    assert got.reference.startswith("cpu-reference-box")
+    assert C.calibration_label(got) == "reference cpu-reference-box"
+    est = Estimate("full", {}, "cpu", step_bytes=100, model_bytes=7, graph_bytes=3,
+                   work={"ops": 4, "written": 0, "flops": 0})
+    got.apply(est)
+    assert "reference calibration" in est.note and "leangnn.plan.calibrate" in est.note
+    # the off switch, and a calibration measured here wins over the reference
+    assert not load_calibration("cpu", reference=False).calibrated
+    mine = fit_calibration(_samples(1.1, 0.0, 1e-5, 1e-9, 1e-10))
+    mine.save()
+    back = load_calibration("cpu")
+    assert back.reference == "" and back.scale == pytest.approx(mine.scale)
+    assert C.calibration_label(back) == back.kind
+    # a damaged reference is ignored (defaults), never a crash
+    (tmp_path / "calibration" / f"{machine_kind('cpu')}.json").unlink()
+    (ref / f"{allocator_mode('cpu')}.json").write_text("{not json")
+    assert not load_calibration("cpu").calibrated
+
+
+def test_shipped_reference_calibrations_load():
+    from leangnn.plan.calibration import REFERENCE_DIR, Calibration
+
+    files = sorted(REFERENCE_DIR.glob("*.json"))
+    assert files, f"no reference calibration in {REFERENCE_DIR}"
+    for f in files:
+        cal = Calibration.from_dict(json.loads(f.read_text()))
+        assert cal.calibrated and cal.allocator == f.stem and cal.reference
+        assert cal.samples == []  # shipped without the measurements
+        assert cal.scale > 0 and cal.const >= 0

@@ -22,8 +22,10 @@ import numpy as np
 import torch
 
 from leangnn.plan.calibration import (
+    REFERENCE_DIR,
     Calibration,
     allocator_mode,
+    calibration_path,
     fit_calibration,
     heap_families,
     kind_path,
@@ -254,6 +256,25 @@ def calibrate(device: str = "cpu", quick: bool = False, mmap: bool | None = None
     return cal
 
 
+def save_reference(device: str = "cpu") -> Path:
+    """Write this machine's stored calibration, without its samples, as the
+    package's reference for its allocator mode (:data:`REFERENCE_DIR`)."""
+    path = calibration_path(device)
+    try:
+        cal = Calibration.from_dict(json.loads(path.read_text()))
+    except (OSError, ValueError, TypeError) as e:
+        raise ValueError(f"--save-reference: no stored calibration at {path} "
+                         f"({type(e).__name__}); run python -m "
+                         "leangnn.plan.calibrate first") from None
+    if not cal.calibrated:
+        raise ValueError(f"--save-reference: {path} is not a measured calibration")
+    cal.samples, cal.reference = [], f"{cal.kind}, {cal.measured_at}"
+    out = REFERENCE_DIR / f"{cal.allocator}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out, json.dumps(cal.to_dict(), indent=1) + "\n")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m leangnn.plan.calibrate",
@@ -264,6 +285,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--allocator", choices=["default", "mmap"], default=None,
                    help="CPU: measure with glibc's default or a fixed mmap "
                         "threshold (default: as this shell is set up)")
+    p.add_argument("--save-reference", action="store_true",
+                   help="copy this machine's stored calibration (without its "
+                        "samples) into the package as the reference shipped "
+                        "for its allocator mode, and exit (maintainers)")
     p.add_argument("--show", action="store_true",
                    help="print the stored calibration and exit")
     p.add_argument("--repeat", type=int, default=1,
@@ -274,6 +299,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="reuse the runs measured before; measure only the "
                         "missing ones (estimates are always made anew)")
     args = p.parse_args(argv)
+    if args.save_reference:
+        path = save_reference(args.device)
+        print(f"reference calibration written to {path}")
+        return 0
     if args.show:
         print(json.dumps(load_calibration(args.device).to_dict(), indent=1))
         return 0

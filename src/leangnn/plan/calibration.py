@@ -21,7 +21,13 @@ estimates:
   ``k x that + per_job x jobs``.
 
 One JSON file per machine kind (CPU model and allocator setting, or GPU name)
-under ``cache_root("calibration")``.
+under ``cache_root("calibration")``. A machine without one uses the
+*reference* calibration shipped in ``leangnn/plan/reference/`` for its CPU
+allocator mode (:func:`reference_calibration`): the heap factors are glibc's
+and the models', so they carry over to other glibc machines far better than
+the uncalibrated default (over the 31 rows of ``benchmarks/plan.py --section
+cli``: -56% .. +75% uncalibrated); its epoch times are the reference
+machine's (used to rank candidates only). Estimates made with it say so.
 """
 
 from __future__ import annotations
@@ -42,7 +48,13 @@ import torch
 from leangnn.utils import atomic_write_text, cache_root
 
 __all__ = ["Calibration", "heap_families", "machine_kind", "allocator_mode",
-           "calibration_path", "kind_path", "load_calibration", "fit_calibration"]
+           "calibration_path", "kind_path", "load_calibration", "fit_calibration",
+           "reference_calibration", "calibration_label", "REFERENCE_DIR"]
+
+#: the calibrations shipped with the package, one per CPU allocator mode
+#: (``glibc-default.json``, ...; written by ``python -m leangnn.plan.calibrate
+#: --save-reference`` on the reference machine)
+REFERENCE_DIR = Path(__file__).with_name("reference")
 
 #: what an uncalibrated machine assumes (measured on a 2-core x86-64 CPU
 #: with glibc 2.36; tensor bytes are exact on CUDA and in mmap mode)
@@ -153,7 +165,9 @@ class Calibration:
             ``"prune-sage"``, ...), measured under glibc's default allocator,
             whose fragmentation depends on the model (x1.1 for GCN stacks to
             x2.1 for residual SAGE ones); ``heap_scale`` for the rest.
-        calibrated (bool): measured here (``False``: defaults).
+        calibrated (bool): measured (``False``: defaults).
+        reference (str): for a shipped reference calibration, the machine it
+            was measured on; empty when measured on this machine.
         error (dict): median and worst relative error of the fit.
         samples (list): the measurements fitted.
     """
@@ -174,6 +188,7 @@ class Calibration:
     heap_scales: dict[str, float] = field(default_factory=dict)
     offload_scales: dict[str, float] = field(default_factory=dict)
     calibrated: bool = False
+    reference: str = ""
     measured_at: str = ""
     error: dict[str, float] = field(default_factory=dict)
     samples: list[dict[str, Any]] = field(default_factory=list)
@@ -242,9 +257,14 @@ class Calibration:
                 step, big, heap = est.later
                 est.later_run_bytes = step + self.overhead(step, big, heap, fams)
         est.epoch_seconds = self.seconds(est.work)
+        hint = ""
         if not self.calibrated:
             hint = (f"uncalibrated ({self.kind}): run python -m "
                     "leangnn.plan.calibrate")
+        elif self.reference:
+            hint = (f"reference calibration ({self.reference}): run python -m "
+                    "leangnn.plan.calibrate to measure this machine")
+        if hint:
             est.note = f"{est.note}; {hint}" if est.note else hint
 
     # ------------------------------------------------------------- storage
@@ -263,14 +283,40 @@ class Calibration:
         return path
 
 
-def load_calibration(device: torch.device | str = "cpu") -> Calibration:
-    """This machine kind's stored calibration, else :meth:`Calibration.default`
-    (a damaged file is ignored)."""
+def load_calibration(device: torch.device | str = "cpu",
+                     reference: bool = True) -> Calibration:
+    """This machine kind's stored calibration, else (``reference``) the
+    shipped one of its allocator mode (:func:`reference_calibration`), else
+    :meth:`Calibration.default` (a damaged file is ignored)."""
     path = calibration_path(device)
     try:
         return Calibration.from_dict(json.loads(path.read_text()))
     except (OSError, ValueError, TypeError):
-        return Calibration.default(device)
+        pass
+    ref = reference_calibration(device) if reference else None
+    return ref or Calibration.default(device)
+
+
+def calibration_label(cal: Calibration) -> str:
+    """What a plan says it was calibrated with."""
+    if not cal.calibrated:
+        return "uncalibrated"
+    return f"reference {cal.kind}" if cal.reference else cal.kind
+
+
+def reference_calibration(device: torch.device | str = "cpu") -> Calibration | None:
+    """The calibration shipped for this device's allocator mode, measured on
+    the reference machine (``reference`` names it), or ``None`` (CUDA, other
+    allocators: nothing shipped)."""
+    path = REFERENCE_DIR / f"{allocator_mode(device)}.json"
+    try:
+        cal = Calibration.from_dict(json.loads(path.read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
+    if not cal.calibrated:
+        return None
+    cal.reference = cal.reference or f"{cal.kind}, {cal.measured_at}"
+    return cal
 
 
 # ------------------------------------------------------------------- fitting

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from leangnn.plan.calibration import Calibration, load_calibration
+from leangnn.plan.calibration import Calibration, calibration_label, load_calibration
 from leangnn.plan.estimate import Estimate, estimate_config, forget
 from leangnn.utils import format_bytes, json_safe, parse_bytes
 
@@ -116,7 +116,8 @@ class PlanTable:
         budget_bytes (int): the memory budget.
         device (str): the training device.
         calibration (str): the machine kind whose calibration was used
-            (``uncalibrated`` when none is stored).
+            (``uncalibrated`` when none is stored or shipped, ``reference
+            KIND`` for the shipped reference calibration).
         seconds (float): what planning took.
     """
 
@@ -413,7 +414,7 @@ def plan_config(cfg, splits, memory_budget=None, device=None,
             done = True
     forget()  # the rows' shared counting engine: not needed past the plan
     table = PlanTable([r for r in rows if r is not None], budget, str(dev),
-                      cal.kind if cal.calibrated else "uncalibrated")
+                      calibration_label(cal))
     mark_table(table)
     table.seconds = time.perf_counter() - t0
     return table

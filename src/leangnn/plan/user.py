@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch_geometric.data import Data
 
-from leangnn.plan.calibration import Calibration, load_calibration
+from leangnn.plan.calibration import Calibration, calibration_label, load_calibration
 from leangnn.plan.estimate import (
     Estimate,
     core_of,
@@ -129,7 +129,7 @@ def plan(model: torch.nn.Module, data: Data, memory_budget=None, loss_fn=None,
         rows.append(estimate_row("prune", est, cal, "approximate",
                                  {"strategy": "prune", "budget_ratio": ratio}))
     table = PlanTable(rows, budget, str(dev),
-                      cal.kind if cal.calibrated else "uncalibrated")
+                      calibration_label(cal))
     mark_table(table)
     table.seconds = time.perf_counter() - t0
     return table
