@@ -16,7 +16,15 @@ row (a ``leangnn train`` command line) this script
 Disk caches (METIS partitions, parsed circuits) are warm in every round, as
 they are for a user's second run; in-process caches are cold.
 
+``--traces ROW...`` instead times the dry runs themselves: every
+``trace_step`` call the estimate of each named row of ``benchmarks/plan.py``'s
+cli section makes is run on both backends (``fake``: ``FakeTensorMode``;
+``meta``: :mod:`leangnn.plan.meta`), alternating, in one process after one
+warm-up call (model-level caches, e.g. the DAG model's level schedule, filled),
+and the traces are compared field by field.
+
     python benchmarks/plan_speed.py --before /tmp/before/src   # results/plan_speed.json
+    python benchmarks/plan_speed.py --traces b19-full-sage2 mult-gsr16-gat
 """
 
 from __future__ import annotations
@@ -33,12 +41,16 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "results" / "plan_speed.json"
+TRACES_OUT = ROOT / "benchmarks" / "results" / "plan_trace_speed.json"
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from plan import CLI_ROWS  # noqa: E402  (the cli section's command lines)
 
-# three rows of the cli section plus the auto case's 4-part offload row
+# rows of the cli section (offload and auto: the estimate is more than the
+# dry run; full and reversible: mostly the dry run) plus the auto case's
+# 4-part offload row
 ROWS = [r for r in CLI_ROWS if r["name"] in (
-    "b19-offload-sage3", "csbm100k-offload-gcn2", "csbm100k-auto-sage3")] + [
+    "b19-offload-sage3", "csbm100k-offload-gcn2", "csbm100k-auto-sage3",
+    "b19-full-sage2", "b19-gsr16", "mult-full-res8", "csbm20k-full-gat2")] + [
     dict(name="s38417-offload-gcn3", args="--dataset iscas89/s38417 --val-dataset "
          "iscas85/c17 --test-dataset iscas85/c432 --strategy offload --model gcn "
          "--layers 3 --hidden 64 --device-budget 26667582 --parts 4"),
@@ -101,13 +113,106 @@ def epoch_cpu(row: dict, epochs: int = 2) -> float:
     return statistics.median(r["epoch_cpu_seconds"] for r in rec)
 
 
+_TRACES_CHILD = r"""
+import dataclasses, json, statistics, sys, time
+import torch
+torch.set_num_threads(1)
+from leangnn.cli import _TRAIN_FLAGS, build_parser
+from leangnn.config import TrainConfig
+from leangnn.data import load_graphs
+from leangnn.plan import estimate as E
+from leangnn.plan.fake import trace_step
+rounds = int(sys.argv[2])
+args = build_parser().parse_args(["train", *json.loads(sys.argv[1])])
+cfg = TrainConfig(**{f: getattr(args, a) for a, f in _TRAIN_FLAGS.items()
+                     if getattr(args, a) is not None})
+splits = load_graphs(cfg, progress=False)
+calls = []
+
+def timed(*a, **k):
+    trace_step(*a, **k)  # warm-up: the model's own caches filled
+    times, traces = {"fake": [], "meta": []}, {}
+    for _ in range(rounds):
+        for be in ("fake", "meta"):
+            t = time.thread_time()
+            tr = trace_step(*a, **k, backend=be)
+            times[be].append(time.thread_time() - t)
+            traces[be] = dataclasses.asdict(tr)
+    calls.append({"fake": statistics.median(times["fake"]),
+                  "meta": statistics.median(times["meta"]),
+                  "equal": traces["fake"] == traces["meta"],
+                  "ops": traces["meta"]["ops"],
+                  "peak_bytes": traces["meta"]["peak_bytes"]})
+    return tr
+
+E.trace_step = timed
+try:
+    if cfg.strategy == "auto":
+        from leangnn.plan.planner import plan_config
+        plan_config(cfg, splits, cfg.memory_budget, lazy=True)
+    else:
+        E.estimate_config(cfg, splits)
+except Exception as e:  # e.g. a dry run the model cannot have
+    print(json.dumps({"error": f"{type(e).__name__}: {e}", "calls": calls}))
+    raise SystemExit(0)
+print(json.dumps({"calls": calls}))
+"""
+
+
+def traces(names: list[str], rounds: int) -> None:
+    from plan import CLI_ROWS as ALL
+
+    rows = []
+    for name in names:
+        row = next((r for r in ALL if r["name"] == name), None)
+        if row is None:
+            raise SystemExit(f"--traces: no cli row {name!r}")
+        p = subprocess.run([sys.executable, "-c", _TRACES_CHILD,
+                            json.dumps(shlex.split(row["args"])), str(rounds)],
+                           env=_env(None), capture_output=True, text=True,
+                           timeout=1800, cwd=ROOT)
+        if p.returncode:
+            raise RuntimeError(p.stderr.strip().splitlines()[-1])
+        res = json.loads(p.stdout.strip().splitlines()[-1])
+        calls = res["calls"]
+        fake = sum(c["fake"] for c in calls)
+        meta = sum(c["meta"] for c in calls)
+        r = {"name": name, "args": row["args"], "traces": len(calls),
+             "fake_cpu_seconds": fake, "meta_cpu_seconds": meta,
+             "speedup": fake / meta if meta else None,
+             "equal": all(c["equal"] for c in calls), "calls": calls,
+             "error": res.get("error")}
+        print(json.dumps(r), flush=True)
+        rows.append(r)
+    old = json.loads(TRACES_OUT.read_text()) if TRACES_OUT.is_file() else {}
+    done = {r["name"] for r in rows}
+    keep = [x for x in old.get("rows", []) if x["name"] not in done]
+    from leangnn.utils import atomic_write_text
+
+    TRACES_OUT.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(TRACES_OUT, json.dumps({"rows": keep + rows}, indent=1))
+    lines = ["| row | traces | dry runs CPU s, fake | meta | speed-up (target >= 5x) "
+             "| traces equal |", "|---|---:|---:|---:|---:|---|"]
+    for r in keep + rows:
+        sp = f"{r['speedup']:.1f}x" if r["speedup"] else ""
+        lines.append(f"| {r['name']} | {r['traces']} | {r['fake_cpu_seconds']:.3f} | "
+                     f"{r['meta_cpu_seconds']:.3f} | {sp} | "
+                     f"{'yes' if r['equal'] else '**no**'} |")
+    print("\n".join(lines))
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--before", help="source tree (its src/) of the reference")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--only", nargs="*")
     ap.add_argument("--remeasure", action="store_true")
+    ap.add_argument("--traces", nargs="+", metavar="ROW",
+                    help="time the dry runs of these cli rows on both backends")
     args = ap.parse_args(argv)
+    if args.traces:
+        traces(args.traces, args.rounds)
+        return
     old = json.loads(OUT.read_text()) if OUT.is_file() else {}
     prev = {r["name"]: r for r in old.get("rows", [])}
     rows = []

@@ -216,9 +216,11 @@ class _FeatureMask(torch.nn.Module):
         return h[h[:, 0] > 0].sum(0, keepdim=True).expand_as(h)
 
 
-def test_feature_dependent_shape_raises_clear_error(graph):
+@pytest.mark.parametrize("backend", ["fake", "meta"])
+def test_feature_dependent_shape_raises_clear_error(graph, backend):
     with pytest.raises(UnsupportedOpError, match="value-dependent"):
-        trace_step(_FeatureMask(graph.num_features), graph, default_loss(graph))
+        trace_step(_FeatureMask(graph.num_features), graph, default_loss(graph),
+                   backend=backend)
 
 
 def test_kernel_workspace_of_sorted_scatters():
@@ -292,7 +294,8 @@ def test_heap_frontier_splits_at_the_mmap_threshold():
     assert trace.heap_point(20.0) == (0, 800)     # 16000 > 4000 + 20 x 400
 
 
-def test_op_budget_stops_a_long_dry_run(graph):
+@pytest.mark.parametrize("backend", ["fake", "meta"])
+def test_op_budget_stops_a_long_dry_run(graph, backend):
     model = build_model("res", graph.num_features, 8, 8, 3)
     with pytest.raises(UnsupportedOpError, match="more than 50 ops"):
-        trace_step(model, graph, default_loss(graph), max_ops=50)
+        trace_step(model, graph, default_loss(graph), max_ops=50, backend=backend)

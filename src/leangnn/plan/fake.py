@@ -26,6 +26,10 @@ analytic bound and says so). A sparse matrix whose values are fake (the
 attention weights of :mod:`leangnn.nn.csr`'s GAT kernel) is a real matrix on
 placeholder values that keeps the fake ones alive: fake mode cannot build it,
 but multiplies it with fake operands.
+
+On CPU, :func:`trace_step` runs the same tracker on the meta device instead
+(:mod:`leangnn.plan.meta`: the same trace, ~5x cheaper); ``backend="fake"``
+keeps this module's ``FakeTensorMode`` path.
 """
 
 from __future__ import annotations
@@ -47,7 +51,6 @@ from torch._subclasses.fake_tensor import (
     FakeTensorMode,
 )
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
-from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
 from torch.utils.weak import WeakIdKeyDictionary
 from torch_geometric.data import Data
@@ -57,10 +60,14 @@ __all__ = ["FakeTracker", "StepTrace", "UnsupportedOpError", "fake_model",
            "TooManyOpsError"]
 
 aten = torch.ops.aten
-#: a step of more ops than this is traced no faster than it runs (~1 ms per
-#: op): a model that propagates level by level over a deep circuit DAG
+#: a step of more ops than this is traced no faster than it runs (~0.1-0.3 ms
+#: per op on the meta device, ~1 ms in fake mode): a model that propagates
+#: level by level over a deep circuit DAG. (Ops are the kernels: a fake
+#: tensor's ``.device`` queries, once counted too, ~20-60% of the count,
+#: are not.)
 MAX_OPS = 10_000
 _DATA_DEPENDENT = (DynamicOutputShapeException, DataDependentOutputException)
+_DEVICE = torch.ops.prim.device.default
 
 
 class UnsupportedOpError(RuntimeError):
@@ -140,6 +147,7 @@ class FakeTracker(TorchDispatchMode):
         # an output counted as the in-place result of another storage
         self._alias: dict[int, int] = {}
         self._raw: dict[int, int] = {}  # tensor objects alive per aliased storage
+        self._held: dict[int, object] = {}  # storages of aliased entries
         self._zeros: set[int] = set()  # storages born zero-filled
         # entries of the sparse matrices seen, by shape: the backward of a
         # sparse product may get a fake copy, which reports none
@@ -166,8 +174,12 @@ class FakeTracker(TorchDispatchMode):
 
     # ------------------------------------------------------------ dispatch
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is _DEVICE:
+            # a fake tensor's ``.device`` is an op of its own; no kernel, no
+            # op counted (a real or meta tensor answers it without one)
+            return func(*args, **(kwargs or {}))
         kwargs = kwargs or {}
-        flat = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, Tensor)]
+        flat = _leaves((args, kwargs))
         known = not any(isinstance(t, FakeTensor) for t in flat)
         # Sparse tensors (e.g. a CSR adjacency) have no storage of their own;
         # their index and value tensors are counted where they were made.
@@ -193,34 +205,62 @@ class FakeTracker(TorchDispatchMode):
             out = self._real(func, args, kwargs)
             self._note(func, args, kwargs, tensors, out)
             return out
+        out = self._run(func, args, kwargs, known)
+        self._note(func, args, kwargs, tensors, out)
+        return out
+
+    def _run(self, func, args, kwargs, known: bool):
+        """``func`` in the fake mode below; for real (``known``) inputs, for
+        real where the output is small or fake mode cannot run it."""
         try:
             out = func(*args, **kwargs)
-        except _DATA_DEPENDENT:
+        except _DATA_DEPENDENT as e:
+            _forget(e)
             out = self._data_dependent(func, args, kwargs, known)
-        except AssertionError:
+        except AssertionError as e:
+            _forget(e)
             # fake mode's copy of a real view of a sparse tensor's values
             # fails its own metadata check: give it a real copy instead
             out = self._real(func, args, kwargs) if known else \
                 func(*_unviewed(args), **_unviewed(kwargs))
-        except (RuntimeError, NotImplementedError):
+        except (RuntimeError, NotImplementedError) as e:
             if not known:
                 raise
+            _forget(e)
             out = self._real(func, args, kwargs)  # cheap: graph-sized
         else:
             if known and _wants_value(out, self.limit):
                 out = self._real(func, args, kwargs)
-        self._note(func, args, kwargs, tensors, out)
         return out
+
+    # ---------------------------------------------- what "fake" means here
+    @staticmethod
+    def _is_fake(t) -> bool:
+        """Whether ``t`` has no values (a fake tensor here; a meta tensor in
+        :class:`~leangnn.plan.meta.MetaTracker`)."""
+        return isinstance(t, FakeTensor)
+
+    def _real_device(self, t: Tensor) -> torch.device:
+        """The device a real tensor standing in for ``t`` lives on."""
+        return t.device
+
+    def _twin_keys(self, tensors) -> set[int]:
+        """Storages of the fake twins the op computed on in place of its
+        real inputs (a view of one allocates nothing)."""
+        with _disable_current_modes():
+            return {_key(self.fake_mode.from_tensor(t)) for t in tensors
+                    if not isinstance(t, FakeTensor)}
 
     # ------------------------------------------------- sparse, fake values
     def _placeholder(self, like: Tensor) -> Tensor:
         """Real zeros shaped like ``like`` (fake), shared by every matrix
         of that shape: values nothing reads (products with it are fake)."""
-        k = (tuple(like.shape), like.dtype, like.device)
+        dev = self._real_device(like)
+        k = (tuple(like.shape), like.dtype, dev)
         if k not in self._blank:
             with _disable_current_modes():
                 self._blank[k] = torch.zeros(like.shape, dtype=like.dtype,
-                                             device=like.device)
+                                             device=dev)
         return self._blank[k]
 
     def _sparse_of_fake(self, func, args, kwargs) -> Tensor:
@@ -233,8 +273,8 @@ class FakeTracker(TorchDispatchMode):
         which keeps the fake values alive (and counted) as long as it lives.
         """
         comp, plain, values = args[0], args[1], args[2]
-        if isinstance(comp, FakeTensor) or isinstance(plain, FakeTensor) or \
-                not isinstance(values, FakeTensor):
+        if self._is_fake(comp) or self._is_fake(plain) or \
+                not self._is_fake(values):
             raise UnsupportedOpError(
                 f"{func} builds a sparse matrix from indices computed from "
                 "features; a dry run cannot")
@@ -270,7 +310,7 @@ class FakeTracker(TorchDispatchMode):
         return out
 
     def _scalar(self, t: Tensor):
-        if not isinstance(t, FakeTensor):
+        if not self._is_fake(t):
             with _disable_current_modes():
                 return t.item()
         if t.dtype.is_floating_point or t.dtype.is_complex:
@@ -295,7 +335,7 @@ class FakeTracker(TorchDispatchMode):
             idx = list(args[1])
             masks = [i for i, m in enumerate(idx) if isinstance(m, Tensor)
                      and m.dtype == torch.bool]
-            if masks and all(not isinstance(idx[i], FakeTensor) and idx[i].dim() == 1
+            if masks and all(not self._is_fake(idx[i]) and idx[i].dim() == 1
                              for i in masks):
                 with _disable_current_modes():
                     for i in masks:
@@ -315,14 +355,11 @@ class FakeTracker(TorchDispatchMode):
                 f"more than {self.max_ops} ops in one step (e.g. level-by-level "
                 "propagation); a dry run that long is no cheaper than a real step")
         inputs = {self._canon(_key(t)) for t in tensors}
-        outs = [t for t in tree_flatten(out)[0] if isinstance(t, Tensor)
-                and t.layout == torch.strided]
-        if any(isinstance(t, FakeTensor) for t in outs):
+        outs = [t for t in _leaves(out) if t.layout == torch.strided]
+        if any(self._is_fake(t) for t in outs):
             # The fake mode computes on a memoised fake twin of each real
             # input; a view of that twin allocates nothing either.
-            with _disable_current_modes():
-                inputs |= {_key(self.fake_mode.from_tensor(t)) for t in tensors
-                           if not isinstance(t, FakeTensor)}
+            inputs |= self._twin_keys(tensors)
         if func in _ZEROS and outs:
             self._zeros.add(_key(outs[0]))
         for t in outs:
@@ -333,8 +370,8 @@ class FakeTracker(TorchDispatchMode):
             if key not in self._refs and self._in_place_in_plain_run(func, args, t):
                 continue
             self._track(t, key, raw)
-        ws = _workspace(func, args, kwargs, self._nnz) if self.kernel_workspace \
-            else 0
+        ws = _workspace(func, args, kwargs, self._nnz, self._is_fake,
+                        self._real_device) if self.kernel_workspace else 0
         if ws:
             self._spike(ws)
         sparse = [a for a in args if isinstance(a, Tensor)
@@ -349,7 +386,7 @@ class FakeTracker(TorchDispatchMode):
             # a sparse product: 2 nnz multiply-adds per output column (the
             # dense formula would count the matrix's N x N entries)
             with _disable_current_modes():
-                nnz = sum(a._nnz() for a in sparse if not isinstance(a, FakeTensor))
+                nnz = sum(a._nnz() for a in sparse if not self._is_fake(a))
             cols = outs[0].size(-1) if outs and outs[0].dim() else 1
             if func is aten.sparse_sampled_addmm.default:
                 cols = args[1].size(-1)  # a dot product of that length per entry
@@ -379,6 +416,11 @@ class FakeTracker(TorchDispatchMode):
                 arg.shape != out.shape or arg.dtype != out.dtype:
             return False  # not a fresh zeros tensor of its own
         self._alias[_key(out)] = base
+        # The zeros tensor may die before its in-place result: its storage is
+        # kept until the entry goes, else a new storage at its address would
+        # be taken for the result (counted as no bytes: an undercount that
+        # depended on the allocator's address reuse)
+        self._held[base] = arg.untyped_storage()
         self._track(out, base, _key(out))
         return True
 
@@ -415,7 +457,7 @@ class FakeTracker(TorchDispatchMode):
         ``.grad`` (its finalizer ran; the storage lives on)."""
         for t in tensors:
             if t is not None and self._canon(_key(t)) not in self._refs and \
-                    isinstance(t, FakeTensor):
+                    self._is_fake(t):
                 self._track(t, self._canon(_key(t)), _key(t))
 
     def _spike(self, nbytes: int) -> None:
@@ -453,6 +495,7 @@ class FakeTracker(TorchDispatchMode):
         if ent[0] == 0:
             del self._refs[key]
             self._zeros.discard(key)
+            self._held.pop(key, None)
             self.live -= ent[1]
             if ent[1] < self.heap_threshold:
                 self.small_live -= ent[1]
@@ -484,7 +527,9 @@ _SPARSE_MM = {aten.mm.default, aten._sparse_mm_reduce_impl.default,
               aten._sparse_mm_reduce_impl_backward.default}
 
 
-def _workspace(func, args, kwargs, nnz: dict | None = None) -> int:
+def _workspace(func, args, kwargs, nnz: dict | None = None,
+               is_fake: Callable = FakeTracker._is_fake,
+               device: Callable = lambda t: t.device) -> int:
     """Bytes a CPU kernel allocates inside itself, out of sight of any
     dispatch mode.
 
@@ -497,13 +542,13 @@ def _workspace(func, args, kwargs, nnz: dict | None = None) -> int:
     """
     if func in _SORTED_SCATTER:
         self_, dim, index = args[0], args[1], args[2]
-        if self_.device.type != "cpu" or dim != 0 or index.dim() < 2:
+        if device(self_).type != "cpu" or dim != 0 or index.dim() < 2:
             return 0
         if any(index.stride(d) != 0 for d in range(1, index.dim())):
             return 0
         return 32 * index.size(0)
     if func in _SPARSE_MM and args and isinstance(args[0], Tensor) and \
-            args[0].layout != torch.strided and args[0].device.type == "cpu":
+            args[0].layout != torch.strided and device(args[0]).type == "cpu":
         # Products with a sparse adjacency (PyG convs given ``adj_t``, DPR's
         # core) lay out a converted copy inside the kernel (measured through
         # peak RSS at nnz = 0.74M and 1.48M: ~40 bytes per entry for a CSC
@@ -511,7 +556,7 @@ def _workspace(func, args, kwargs, nnz: dict | None = None) -> int:
         # dense output's worth for a CSR product)
         a = args[0]
         with _disable_current_modes():  # else fake mode answers for a copy
-            entries = a._nnz() if not isinstance(a, FakeTensor) else 0
+            entries = a._nnz() if not is_fake(a) else 0
         if nnz is not None:
             shape = tuple(a.shape) if a.layout != torch.sparse_csc else \
                 tuple(a.shape)[::-1]
@@ -528,10 +573,39 @@ def _workspace(func, args, kwargs, nnz: dict | None = None) -> int:
         return 0
     if func in _SORTED_INDEX_ADD:
         self_, dim, index, src = args[0], args[1], args[2], args[3]
-        if self_.device.type != "cpu" or dim != 0 or src.dim() < 2:
+        if device(self_).type != "cpu" or dim != 0 or src.dim() < 2:
             return 0
         return 32 * index.numel()
     return 0
+
+
+def _forget(exc: BaseException) -> None:
+    """Drop the locals of the finished frames ``exc``'s traceback holds.
+
+    A caught exception's frames often sit in a reference cycle (a frame
+    holding the exception), which keeps the tensors of their locals alive
+    until the collector runs; a real run's op raised nothing, so neither may
+    the dry run keep them."""
+    import traceback
+
+    traceback.clear_frames(exc.__traceback__)
+
+
+def _leaves(tree) -> list[Tensor]:
+    """The tensors in an op's arguments or outputs (tensors, lists and
+    tuples of them, dicts of keyword arguments): ``tree_flatten`` without its
+    generality, which costs more than the dry run's own bookkeeping."""
+    out: list[Tensor] = []
+    stack = [tree]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, Tensor):
+            out.append(x)
+        elif isinstance(x, (list, tuple)):
+            stack.extend(reversed(x))
+        elif isinstance(x, dict):
+            stack.extend(reversed(list(x.values())))
+    return out
 
 
 def _unviewed(tree):
@@ -554,7 +628,7 @@ def _wants_value(out, limit: int) -> bool:
     # from the graph alone (GCN's edge norms, mean weights) are computed too:
     # cheap, and a sparse adjacency built from them must be real (fake mode
     # cannot build sparse compressed tensors; it multiplies real ones fine).
-    ts = [t for t in tree_flatten(out)[0] if isinstance(t, Tensor)]
+    ts = _leaves(out)
     return bool(ts) and all(t.layout != torch.strided or t.numel() <= limit
                             for t in ts)
 
@@ -631,8 +705,8 @@ def trace_step(model: torch.nn.Module, data: Data, loss_fn: Callable,
                device: torch.device | str = "cpu", round_to: int = 1,
                concrete_limit: int | None = None,
                plain: bool = True, kernel_workspace: bool | None = None,
-               heap_threshold: int | None = None, max_ops: int = MAX_OPS
-               ) -> StepTrace:
+               heap_threshold: int | None = None, max_ops: int = MAX_OPS,
+               backend: str = "auto") -> StepTrace:
     """One training step of ``model`` on ``data`` under fake tensors.
 
     The step is the Trainer's: ``zero_grad``, ``step(model, data, loss_fn)``
@@ -655,6 +729,10 @@ def trace_step(model: torch.nn.Module, data: Data, loss_fn: Callable,
             :func:`default_heap_threshold` of ``device``.
         max_ops (int, optional): give up (:class:`UnsupportedOpError`) after
             this many traced ops. (default: :data:`MAX_OPS`)
+        backend (str, optional): ``"meta"`` (:mod:`leangnn.plan.meta`: the
+            same trace, several times cheaper; CPU steps), ``"fake"`` (this
+            module's ``FakeTensorMode`` tracker) or ``"auto"`` (meta on CPU,
+            fake elsewhere). (default: ``"auto"``)
 
     Raises:
         UnsupportedOpError: an op the dry run cannot follow.
@@ -662,6 +740,13 @@ def trace_step(model: torch.nn.Module, data: Data, loss_fn: Callable,
     from leangnn.strategy import Strategy
 
     dev = torch.device(device)
+    if backend not in ("auto", "meta", "fake"):
+        raise ValueError(f"trace_step: backend must be 'auto', 'meta' or 'fake', "
+                         f"got {backend!r}")
+    if backend == "meta" and dev.type != "cpu":
+        raise ValueError(f"trace_step: backend='meta' traces CPU steps only, got "
+                         f"device={dev}")
+    meta = backend == "meta" or (backend == "auto" and dev.type == "cpu")
     step = step or Strategy(dev).train_step
     n, e = int(data.num_nodes or 0), int(data.num_edges or 0)
     limit = concrete_limit or 4 * (n + e) + 4096
@@ -670,23 +755,40 @@ def trace_step(model: torch.nn.Module, data: Data, loss_fn: Callable,
     # objects alive now are frozen first (their garbage waits for the next
     # collection after the trace): a full collection over a process with
     # torch, PyG and scipy loaded costs ~0.3-0.6 s, a tenth of a trace.
-    if gc.get_freeze_count():  # the application froze objects: keep them so
-        gc.collect()
+    def run(on_meta: bool) -> StepTrace:
         return _trace(model, data, loss_fn, step, lr, weight_decay, clip_norm, dev,
                       round_to, limit, plain, kernel_workspace, heap_threshold,
-                      max_ops)
+                      max_ops, on_meta)
+
+    if gc.get_freeze_count():  # the application froze objects: keep them so
+        gc.collect()
+        return _run_backend(run, meta, backend)
     gc.collect(0)  # young garbage of the caller's own (e.g. a previous trace)
     gc.freeze()
     try:
-        return _trace(model, data, loss_fn, step, lr, weight_decay, clip_norm, dev,
-                      round_to, limit, plain, kernel_workspace, heap_threshold,
-                      max_ops)
+        return _run_backend(run, meta, backend)
     finally:
         gc.unfreeze()
 
 
+def _run_backend(run: Callable, meta: bool, backend: str) -> StepTrace:
+    """``run`` on the chosen backend; under ``"auto"``, an error of the meta
+    path other than the dry run's own (an op of a user's model it handles
+    worse than fake mode) costs a second run in fake mode, not the trace."""
+    if not meta or backend == "meta":
+        return run(meta)
+    try:
+        return run(True)
+    except UnsupportedOpError:
+        raise
+    except Exception as e:
+        _forget(e)
+        return run(False)
+
+
 def _trace(model, data, loss_fn, step, lr, weight_decay, clip_norm, dev, round_to,
-           limit, plain, kernel_workspace, heap_threshold, max_ops) -> StepTrace:
+           limit, plain, kernel_workspace, heap_threshold, max_ops,
+           meta: bool) -> StepTrace:
     gc.collect()
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     # Fake outputs rebuilt from the mode's op cache do not always keep the
@@ -695,21 +797,30 @@ def _trace(model, data, loss_fn, step, lr, weight_decay, clip_norm, dev, round_t
     fake_mode.cache_enabled = False
     if heap_threshold is None:
         heap_threshold = default_heap_threshold(dev)
-    tracker = FakeTracker(fake_mode, limit, round_to, plain, kernel_workspace,
-                          heap_threshold, max_ops)
+    if meta:
+        from leangnn.plan.meta import MetaTracker, disk_memo, meta_model
+
+        tracker = MetaTracker(fake_mode, limit, round_to, plain, kernel_workspace,
+                              heap_threshold, max_ops, device=dev)
+    else:
+        tracker = FakeTracker(fake_mode, limit, round_to, plain, kernel_workspace,
+                              heap_threshold, max_ops)
     params = sum(t.untyped_storage().nbytes() for t in
                  {_key(t): t for t in [*model.parameters(), *model.buffers()]}.values())
     with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
         # Layout bookkeeping (e.g. flat parameters) may read a fake tensor's
         # data pointer, which is 0 and harmless here.
         warnings.filterwarnings("ignore", message="Accessing the data pointer")
-        fmodel = fake_model(model, fake_mode)
+        fmodel = meta_model(model) if meta else fake_model(model, fake_mode)
         fmodel.train()
-        if next(fmodel.parameters()).device != dev:
+        if not meta and next(fmodel.parameters()).device != dev:
             with fake_mode:
                 fmodel.to(dev)
         foreach = True if dev.type == "cuda" else None
-        with fake_mode, tracker:
+        # the meta tracker enters the fake mode itself, for the ops it must;
+        # its kernels' answers are kept on disk per graph size
+        size = f"n{int(data.num_nodes or 0)}-e{int(data.num_edges or 0)}"
+        with disk_memo(size) if meta else fake_mode, tracker:
             tracker.phase("forward")
             opt = torch.optim.Adam(fmodel.parameters(), lr=lr,
                                    weight_decay=weight_decay, foreach=foreach)

@@ -1,0 +1,316 @@
+"""The meta-device dry run against the fake-tensor one (the same trace, op by
+op) and against real steps (the live-bytes meter of leangnn.profile)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from torch_geometric.nn.models import GAT, GCN, GIN, GraphSAGE
+
+from leangnn.data import with_mask
+from leangnn.graphs.synthetic import contextual_sbm
+from leangnn.nn.models import build_model
+from leangnn.plan.estimate import default_loss
+from leangnn.plan.fake import TooManyOpsError, UnsupportedOpError, trace_step
+from leangnn.profile import LiveBytesMeter
+from leangnn.strategy import FullBatch
+
+
+@pytest.fixture(scope="module")
+def graph():
+    g = contextual_sbm(1500, avg_degree=8.0, in_channels=12, seed=1)
+    return with_mask(g, g.train_mask)  # a masked loss: boolean indexing
+
+
+def _same(model, data, step=None, **kw):
+    loss_fn = default_loss(data)
+    fake = trace_step(model, data, loss_fn, step, backend="fake", **kw)
+    meta = trace_step(model, data, loss_fn, step, backend="meta", **kw)
+    assert dataclasses.asdict(meta) == dataclasses.asdict(fake)
+    assert meta.ops > 0 and meta.flops > 0 and meta.peak_bytes > 0
+    return meta
+
+
+SLOW = pytest.mark.slow
+MODELS = [
+    ("res", dict(conv="sage")),
+    ("res", dict(conv="gcn", dropout=0.2)),
+    # GSR's GAT kernel: CSR matrices of fake attention weights, sampled
+    # products in its backward
+    ("gsr", dict(conv="gat", num_groups=2)),
+    pytest.param("gsr", dict(conv="gcn", num_groups=2, sparsity=2, dropout=0.1),
+                 marks=SLOW),
+    pytest.param("res", dict(conv="gat"), marks=SLOW),
+    pytest.param("gsr", dict(conv="sage", num_groups=2), marks=SLOW),
+    pytest.param("gat", dict(dropout=0.3), marks=SLOW),
+]
+
+
+@pytest.mark.parametrize("plain", [True, False])
+@pytest.mark.parametrize("name,opts", MODELS)
+def test_meta_trace_equals_fake_trace(graph, name, opts, plain):
+    torch.manual_seed(0)
+    depth = 2 if name == "gsr" else 3
+    model = build_model(name, graph.num_features, 32, 8, depth, **opts)
+    _same(model, graph, plain=plain)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: GCN(12, 32, 3, 8),  # self loops through a boolean mask of edges
+    lambda: GIN(12, 32, 2, 8),
+    pytest.param(lambda: GraphSAGE(12, 32, 3, 8, dropout=0.2), marks=SLOW),
+    pytest.param(lambda: GAT(12, 16, 2, 8, heads=2), marks=SLOW),
+], ids=["gcn", "gin", "sage", "gat"])
+def test_pyg_models_trace_alike(graph, make):
+    torch.manual_seed(0)
+    _same(make(), graph)
+
+
+def test_dpr_core_through_its_adjacency(graph):
+    # DPR trains its core through a sparse CSR adjacency (products of a real
+    # sparse matrix with meta features, mean-reduced)
+    from leangnn.plan.estimate import _adj_step
+    from leangnn.prune.dpr import DPRStrategy
+
+    core = DPRStrategy(budget_ratio=0.4).prepare(graph).train_data
+    assert core.get("adj_t", None) is not None
+    torch.manual_seed(0)
+    step = _adj_step if core.get("edge_index", None) is None else None
+    _same(build_model("gcn", 12, 16, 8, 2), core, step)
+
+
+def test_meta_matches_a_real_step(graph):
+    # what the live-bytes meter (a dispatch mode) sees of a real Trainer step
+    torch.manual_seed(0)
+    model = build_model("res", graph.num_features, 32, 8, 3, conv="sage")
+    loss_fn = default_loss(graph)
+    rng = torch.get_rng_state()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    trace = trace_step(model, graph, loss_fn, plain=False, backend="meta")
+    assert torch.equal(torch.get_rng_state(), rng)
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, before[k])
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    loaded = [*model.parameters(), *(v for v in graph.to_dict().values()
+                                     if isinstance(v, torch.Tensor))]
+    with LiveBytesMeter(exclude=loaded) as meter:
+        opt.zero_grad(set_to_none=True)
+        FullBatch("cpu").train_step(model, graph, loss_fn)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+    assert trace.peak_bytes == pytest.approx(meter.peak, rel=0.02)
+
+
+_SEEN: list = []
+
+
+class _DeviceFollower(torch.nn.Module):
+    """Moves the graph to the features' device and makes tensors there, as
+    models do (``x.device`` is ``meta`` in the dry run, ``cpu`` for real)."""
+
+    def __init__(self, c):
+        super().__init__()
+        self.lin = torch.nn.Linear(c, 8)
+
+    def forward(self, x, edge_index):
+        h = self.lin(x).to("cpu")  # on the CPU already: no op
+        edge_index = edge_index.to(h.device)
+        col = edge_index[1].to(h.device, torch.int32).long()  # a conversion
+        deg = torch.zeros(h.size(0), device=h.device)
+        deg.scatter_add_(0, col, torch.ones(edge_index.size(1), device=h.device))
+        big = torch.zeros(h.size(0), 64, device=h.device)  # over the real limit
+        _SEEN.append((deg.is_meta, big.is_meta))
+        return h * deg.clamp(min=1).rsqrt().unsqueeze(1) + big[:, :8]
+
+
+def test_device_queries_follow_the_step_device(graph):
+    # made on the step's device as under fake tensors: the degree is real
+    # (graph-sized, from the graph alone), the large zeros are not
+    _SEEN.clear()
+    trace = _same(_DeviceFollower(graph.num_features), graph,
+                  concrete_limit=graph.num_nodes * 8)
+    assert trace.peak_bytes > graph.num_nodes * 64 * 4
+    assert _SEEN[-1] == (False, True)  # (the meta run's) real degree, meta zeros
+
+
+class _Cached(torch.nn.Module):
+    """Tensors outside parameters and buffers: a plain attribute, and the
+    normalised graph a cached GCNConv kept from a real forward."""
+
+    def __init__(self, c):
+        super().__init__()
+        from torch_geometric.nn import GCNConv
+
+        self.conv = GCNConv(c, 8, cached=True)
+        self.scale = torch.full((8,), 0.5)
+
+    def forward(self, x, edge_index):
+        return self.conv(x, edge_index) * self.scale
+
+
+def test_tensors_outside_parameters_are_copied_alike(graph):
+    # fake_model makes every tensor of the copy fake, meta_model meta: the
+    # cached graph (real in the model) is computed on like a feature tensor
+    model = _Cached(graph.num_features)
+    model(graph.x, graph.edge_index)  # fills the cache
+    trace = _same(model, graph)
+    assert model.scale.device.type == "cpu"  # the model itself is untouched
+    assert trace.ops < _same(_Cached(graph.num_features), graph).ops
+
+
+class _FeatureMask(torch.nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.lin = torch.nn.Linear(c, 8)
+
+    def forward(self, x, edge_index):
+        h = self.lin(x)
+        return h[h[:, 0] > 0].sum(0, keepdim=True).expand_as(h)
+
+
+class _FeatureItem(torch.nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.lin = torch.nn.Linear(c, 8)
+
+    def forward(self, x, edge_index):
+        h = self.lin(x)
+        k = int(h.argmax())  # an integer read from features
+        return h * k
+
+
+def test_feature_dependent_ops_raise_clear_errors(graph):
+    loss_fn = default_loss(graph)
+    with pytest.raises(UnsupportedOpError, match="value-dependent"):
+        trace_step(_FeatureMask(graph.num_features), graph, loss_fn, backend="meta")
+    with pytest.raises(UnsupportedOpError, match=r"\.item\(\)"):
+        trace_step(_FeatureItem(graph.num_features), graph, loss_fn, backend="meta")
+
+
+def test_op_budget_and_backend_arguments(graph):
+    model = build_model("res", graph.num_features, 8, 8, 3)
+    with pytest.raises(TooManyOpsError, match="more than 50 ops"):
+        trace_step(model, graph, default_loss(graph), max_ops=50, backend="meta")
+    with pytest.raises(ValueError, match="backend"):
+        trace_step(model, graph, default_loss(graph), backend="gpu")
+    with pytest.raises(ValueError, match="CPU"):
+        trace_step(model, graph, default_loss(graph), device="cuda", backend="meta")
+
+
+def test_memoised_outputs_are_fresh_and_views_stay_views():
+    # the memo rebuilds a functional op's output; an op whose schema has no
+    # alias but returns a view (``_unsafe_view``) is never rebuilt
+    from leangnn.plan.meta import _kernel
+
+    aten = torch.ops.aten
+    x = torch.empty(6, 4, device="meta")
+    a = _kernel(aten.add.Tensor, (x, x), {})
+    b = _kernel(aten.add.Tensor, (x, x), {})
+    assert a.shape == b.shape and a.stride() == b.stride()
+    assert a.untyped_storage()._cdata != b.untyped_storage()._cdata
+    for _ in range(2):
+        v = _kernel(aten._unsafe_view.default, (x, [24]), {})
+        assert v.untyped_storage()._cdata == x.untyped_storage()._cdata
+    # an integer operand promotes unlike a float one of equal value
+    i = torch.empty(3, dtype=torch.long, device="meta")
+    assert _kernel(aten.add.Tensor, (i, 1), {}).dtype == torch.long
+    assert _kernel(aten.add.Tensor, (i, 1.0), {}).dtype == torch.float32
+
+
+@pytest.mark.parametrize("heads", [1, 2])
+def test_attention_spmm_with_meta_weights_matches_real(heads):
+    # leangnn.nn.csr's GAT kernel (a CSR matrix of meta attention weights,
+    # sampled and transposed products in its backward) against the meter
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from leangnn.nn.csr import CSRGraph, _AttnSpMM
+    from leangnn.plan.meta import MetaTracker
+
+    n, c = 400, 16
+    g = contextual_sbm(n, avg_degree=6.0, in_channels=4, seed=3)
+    loops = torch.arange(n).repeat(2, 1)
+    graph = CSRGraph(torch.cat([g.edge_index, loops], 1), n)
+    e = graph.col.numel()
+    a_shape, x_shape = ((e,), (n, c)) if heads == 1 else ((e, heads), (n, heads, c))
+
+    def run(alpha, x):
+        out = _AttnSpMM.apply(alpha, x, graph)
+        (out * out).sum().backward()
+
+    torch.manual_seed(0)
+    alpha = torch.rand(a_shape, requires_grad=True)
+    x = torch.randn(x_shape, requires_grad=True)
+    with LiveBytesMeter(exclude=[alpha, x]) as meter:
+        run(alpha, x)
+    m_alpha = torch.empty(a_shape, device="meta", requires_grad=True)
+    m_x = torch.empty(x_shape, device="meta", requires_grad=True)
+    tracker = MetaTracker(FakeTensorMode(allow_non_fake_inputs=True), plain=False)
+    with tracker:
+        run(m_alpha, m_x)
+    assert m_alpha.grad.shape == alpha.grad.shape
+    assert tracker.peak == pytest.approx(meter.peak, rel=0.02)
+    assert tracker.flops == heads * 3 * 2 * e * c
+
+
+def test_a_model_on_the_meta_device_traces_as_the_real_one(graph):
+    # trace_step's documented input "real or meta parameters" (the fake path
+    # cannot move a meta copy back to the CPU: fake tensors' swap fails)
+    torch.manual_seed(0)
+    model = build_model("gsr", graph.num_features, 32, 8, 2, conv="gat",
+                        num_groups=2)
+    real = trace_step(model, graph, default_loss(graph))
+    meta = trace_step(model.to("meta"), graph, default_loss(graph))
+    assert dataclasses.asdict(meta) == dataclasses.asdict(real)
+
+
+def test_kernel_answers_kept_on_disk_give_the_same_trace(graph, tmp_path,
+                                                        monkeypatch):
+    # a new process (empty in-process memo) planning the same graph reads
+    # the meta kernels' answers from disk: same trace, no kernel re-run
+    from leangnn.plan import meta as M
+
+    monkeypatch.setenv("LEANGNN_CACHE", str(tmp_path))
+    torch.manual_seed(0)
+    model = build_model("res", graph.num_features, 32, 8, 2, conv="gcn")
+    loss_fn = default_loss(graph)
+    M._MEMO.clear()
+    first = trace_step(model, graph, loss_fn, backend="meta")
+    files = list((tmp_path / "meta").rglob("*.json"))
+    assert len(files) == 1 and f"n{graph.num_nodes}-" in files[0].name
+    kept = files[0].read_text()
+    M._MEMO.clear()
+    hits = []
+    monkeypatch.setattr(M, "_from_disk",
+                        lambda e, f=M._from_disk: hits.append(e) or f(e))
+    again = trace_step(model, graph, loss_fn, backend="meta")
+    assert dataclasses.asdict(again) == dataclasses.asdict(first)
+    # (ops whose output is a view are never kept: looked up once, missed)
+    assert sum(1 for h in hits if h) > 20 and sum(1 for h in hits if not h) < 5
+    assert files[0].read_text() == kept  # nothing new to add
+    files[0].write_text("{not json")  # a damaged file only costs the kernels
+    M._MEMO.clear()
+    assert dataclasses.asdict(trace_step(model, graph, loss_fn, backend="meta")) \
+        == dataclasses.asdict(first)
+
+
+def test_auto_falls_back_to_fake_mode_on_a_meta_failure(graph, monkeypatch):
+    # an op the meta path mishandles (simulated) costs a fake-mode run under
+    # backend="auto"; backend="meta" shows the error
+    from leangnn.plan import meta as M
+
+    def broken(self, func, types, args=(), kwargs=None):
+        raise RuntimeError("simulated meta failure")
+
+    torch.manual_seed(0)
+    model = build_model("sage", graph.num_features, 16, 8, 2)
+    loss_fn = default_loss(graph)
+    fake = trace_step(model, graph, loss_fn, backend="fake")
+    monkeypatch.setattr(M.MetaTracker, "__torch_dispatch__", broken)
+    with pytest.raises(RuntimeError, match="simulated"):
+        trace_step(model, graph, loss_fn, backend="meta")
+    auto = trace_step(model, graph, loss_fn)
+    assert dataclasses.asdict(auto) == dataclasses.asdict(fake)
+    with pytest.raises(UnsupportedOpError, match="value-dependent"):
+        trace_step(_FeatureMask(graph.num_features), graph, loss_fn)
