@@ -764,7 +764,7 @@ def cli_rows(args, cal) -> dict:
             and p["measured"].get("threads") == args.threads
         runs = [] if not ok or args.remeasure else p["measured"].get(
             "runs", [{k: v for k, v in p["measured"].items() if k != "runs"}])
-        meas = None
+        meas, other = None, []
         # a row may cap its runs (the 2M-node graph: minutes each)
         repeat = min(args.repeat, row.get("max_runs", args.repeat))
         while len(runs) < repeat:
@@ -779,6 +779,9 @@ def cli_rows(args, cal) -> dict:
                 meas = m
                 break
             runs.append(m)
+            # only runs of what this code picks now count (the latest run's)
+            runs, dropped = _one_pick(runs, m)
+            other = sorted(set(other) | set(dropped))
         if meas is None:
             meas = _median_run(runs)
         try:
@@ -794,6 +797,8 @@ def cli_rows(args, cal) -> dict:
         r = _score({"name": row["name"], "args": row["args"],
                     "epochs": args.cli_epochs, "measured": meas, "estimate": est,
                     "holdout": bool(row.get("holdout"))})
+        if other:
+            r["other_picks"] = other
         if "error" not in meas:
             mb, eb = meas["peak_bytes"], est["estimated_run_bytes"]
             log(f"  measured {mb / MiB:.1f} MiB, estimated {eb / MiB:.1f} "
@@ -836,6 +841,15 @@ def _score(r: dict) -> dict:
     return r
 
 
+def _one_pick(runs: list[dict], like: dict) -> tuple[list[dict], list[str]]:
+    """The runs that trained ``like``'s pick, and the other picks: a
+    ``--strategy auto`` run planned with another calibration or planner may
+    train another configuration, which is another row's measurement."""
+    pick = (like.get("plan") or {}).get("pick")
+    same = [x for x in runs if (x.get("plan") or {}).get("pick") == pick]
+    return same, sorted({x["plan"]["pick"] for x in runs if x not in same})
+
+
 def merge_runs(res: dict, extra: dict[str, list[dict]]) -> int:
     """Add runs measured elsewhere (``{row name: [measurement, ...]}``, as
     :func:`_cli_measure` returns them) to the rows of ``res``; the rows'
@@ -850,13 +864,9 @@ def merge_runs(res: dict, extra: dict[str, list[dict]]) -> int:
         seen = {(x["peak_bytes"], x["wall_seconds"]) for x in old}
         runs = old + [x for x in new
                       if (x["peak_bytes"], x["wall_seconds"]) not in seen]
-        # a --strategy auto run planned with another calibration may train
-        # another configuration: only runs of the first run's pick count
-        pick = (runs[0].get("plan") or {}).get("pick")
-        other = [x for x in runs if (x.get("plan") or {}).get("pick") != pick]
-        runs = [x for x in runs if x not in other]
+        runs, other = _one_pick(runs, runs[0])
         if other:
-            r["other_picks"] = sorted({x["plan"]["pick"] for x in other})
+            r["other_picks"] = other
         added += len(runs) - len(old)
         r["measured"] = _median_run(runs)
         _score(r)
