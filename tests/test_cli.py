@@ -577,3 +577,62 @@ def test_train_auto_records_the_plan_and_resumes(tmp_path, capsys):
     assert main(["train", *_C17, "--out", str(run), "--force", "--epochs", "1"]) == 0
     assert not (run / "plan.json").exists()
     assert "plan" not in json.loads((run / "summary.json").read_text())
+
+
+def test_only_rank_0_checks_a_fresh_out(tmp_path, monkeypatch, capsys):
+    """`--nproc 3`: rank 1 checked --out after rank 0 had written config.json
+    there and refused 'already holds a run', killing the job (a race, seen
+    with three ranks). Rank 0 alone writes the run, so it alone checks."""
+    import leangnn.train
+
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "config.json").write_text("{}")  # what rank 0 wrote a moment ago
+    (out / "metrics.jsonl").write_text("")
+    reached = []
+
+    class Stop(Exception):
+        pass
+
+    def trainer(cfg, **kw):
+        reached.append(cfg.out)
+        raise Stop
+
+    monkeypatch.setattr(leangnn.train, "Trainer", trainer)
+    argv = ["train", "--dataset", "iscas85/c17", "--test-dataset", "iscas85/c432",
+            "--epochs", "1", "--quiet", "--out", str(out)]
+    monkeypatch.setenv("RANK", "1")
+    with pytest.raises(Stop):
+        main(argv)
+    assert reached == [str(out)]
+    monkeypatch.setenv("RANK", "0")  # rank 0 (and a plain run) still refuses
+    assert main(argv) == 2
+    assert "already holds a run" in capsys.readouterr().err
+
+
+def test_a_reader_that_leaves_the_pipe_ends_quietly(tmp_path, monkeypatch, capsys):
+    """`leangnn predict ... | head -2` printed 'leangnn: error: [Errno 32] Broken
+    pipe' with status 2; like other Unix tools it now stops quietly (141). A
+    broken pipe that is not stdout's is still one error line."""
+    run = tmp_path / "run"
+    assert main(["train", "--dataset", "iscas85/c17", "--test-dataset", "misc/mux_2",
+                 "--model", "res", "--layers", "1", "--hidden", "4", "--epochs", "1",
+                 "--quiet", "--out", str(run)]) == 0
+    proc = subprocess.Popen([sys.executable, "-m", "leangnn", "predict", "--run",
+                             str(run), "epfl/sin"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    assert proc.stdout.readline().startswith(b"# ")
+    proc.stdout.close()  # what `head -1` does (7679 rows: more than a pipe holds)
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=300) == 141, err
+    assert err == ""
+
+    import leangnn.cli
+
+    def peer_gone(args):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(leangnn.cli, "_datasets", peer_gone)
+    capsys.readouterr()
+    assert main(["datasets"]) == 2
+    assert capsys.readouterr().err == "leangnn: error: [Errno 32] Broken pipe\n"

@@ -108,6 +108,10 @@ def test_model_options_build_every_model():
     ({"strategy": "offload", "model": "gsr"},
      r"strategy 'offload' needs a layerwise model \(one of \['gat', 'gcn', "
      r"'sage'\]\), got 'gsr'"),
+    # was a bare TypeError (SparseCsr to numpy) in DPR's first training step
+    ({"strategy": "prune", "model": "dag"}, r"^model: strategy 'prune' cannot "
+     r"train 'dag' \(it propagates over a circuit's levels, which DPR's pruned "
+     r"core does not keep\); choose another model \(default 'sage'\)$"),
     ({"strategy": "reversible", "num_groups": 1}, "model 'gsr': num_groups must "
      "be an int >= 2, got 1"),
     ({"model": "res", "hidden_channels": 10},

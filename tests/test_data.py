@@ -94,3 +94,87 @@ def test_synthetic_graph_too_large_is_refused_before_generating(monkeypatch):
     with pytest.raises(ValueError, match=r"dataset: csbm:1000 needs ~2.0 MiB of host "
                        r"memory to generate \(estimate\), only 1.0 MiB available"):
         load_graphs(TrainConfig(dataset="csbm:1000"), progress=False)
+
+
+def _graph(n=6, width=3, name="mine"):
+    from torch_geometric.data import Data
+
+    g = Data(x=torch.rand(n, width), edge_index=torch.tensor([[0, 1], [1, 2]]),
+             y=torch.rand(n), num_nodes=n)
+    g.name = name
+    return g
+
+
+@pytest.mark.parametrize("tensor, value, count", [
+    ("x", float("nan"), 1), ("x", float("inf"), 3), ("x", -float("inf"), 2),
+    ("y", float("nan"), 4), ("y", float("inf"), 1)])
+def test_check_graph_counts_non_finite_entries(tensor, value, count):
+    from leangnn.data import check_graph
+
+    g = _graph()
+    t = getattr(g, tensor).view(-1)
+    idx = torch.randperm(t.numel(), generator=torch.Generator().manual_seed(count))
+    t[idx[:count]] = value
+    want = int((~torch.isfinite(getattr(g, tensor))).sum())  # the reference count
+    assert want == count
+    with pytest.raises(ValueError, match=rf"^val graph 'mine': {tensor} has {count} "
+                       r"non-finite \(NaN or Inf\) entries of "
+                       rf"{getattr(g, tensor).numel()}"):
+        check_graph(g, "val graph")
+    if tensor == "y":
+        check_graph(g, labels=False)  # predicting needs no labels
+
+
+def test_check_graph_scores_labels_under_the_mask_only():
+    from leangnn.data import check_graph
+
+    g = _graph()
+    g.y[4:] = float("nan")  # unlabelled nodes, outside the mask: fine
+    check_graph(with_mask(g, torch.arange(6) < 4))
+    with pytest.raises(ValueError, match="y has 2 non-finite .* of 6 scored by "
+                       "node_mask"):
+        check_graph(with_mask(g, torch.ones(6, dtype=torch.bool)))
+
+
+@pytest.mark.parametrize("edit, expect", [
+    (lambda g: setattr(g, "edge_index", torch.tensor([[0, 6], [1, 2]])),
+     r"edge_index holds node ids outside \[0, 6\): min 0, max 6"),
+    (lambda g: setattr(g, "edge_index", torch.tensor([[0, -1], [1, 2]])),
+     r"edge_index holds node ids outside \[0, 6\): min -1"),
+    (lambda g: setattr(g, "edge_index", torch.zeros(3, 2, dtype=torch.long)),
+     r"edge_index must be an integer \[2, num_edges\] tensor, got int64 \[3, 2\]"),
+    (lambda g: setattr(g, "edge_index", torch.zeros(2, 2)),
+     r"edge_index must be an integer \[2, num_edges\] tensor, got float32 \[2, 2\]"),
+    (lambda g: setattr(g, "x", torch.rand(6)), r"x must be \[num_nodes, num_feat"),
+    (lambda g: setattr(g, "x", None), r"has no node features"),
+    (lambda g: setattr(g, "y", torch.rand(5)), r"y has shape \[5\] for 6 nodes"),
+])
+def test_check_graph_names_malformed_tensors(edit, expect):
+    from leangnn.data import check_graph
+
+    g = _graph()
+    edit(g)
+    with pytest.raises(ValueError, match=rf"^graph 'mine': {expect}"):
+        check_graph(g)
+
+
+def test_check_splits_width_classes_and_empty_training_graph():
+    from leangnn.data import GraphSplits, check_splits
+
+    ok = _graph()
+    check_splits(GraphSplits([ok], [ok], [ok], "regression", 1))
+    with pytest.raises(ValueError, match=r"^test graph 1 'wide': x has 5 features "
+                       "per node, the model takes 3"):
+        check_splits(GraphSplits([ok], [], [ok, _graph(width=5, name="wide")],
+                                 "regression", 1))
+    cls = _graph()
+    cls.y = torch.tensor([0, 1, 2, 3, 4, 0])
+    with pytest.raises(ValueError, match=r"y must hold class ids in \[0, 4\), got "
+                       "int64 values from 0 to 4"):
+        check_splits(GraphSplits([cls], [], [], "classification", 4))
+    empty = _graph(n=0)
+    empty.edge_index = torch.zeros(2, 0, dtype=torch.long)
+    empty.y = torch.zeros(0)
+    check_splits(GraphSplits([ok], [empty], [empty], "regression", 1))
+    with pytest.raises(ValueError, match=r"^train graph 1 'mine': has no nodes"):
+        check_splits(GraphSplits([ok, empty], [], [], "regression", 1))

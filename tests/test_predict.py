@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import shutil
 
 import pytest
@@ -289,3 +290,126 @@ def test_bad_inputs_exit_2_with_one_line(runs, tmp_path, capsys):
         assert main(argv) == 2, argv
         line = _one_error(capsys)
         assert want in line, (argv, line)
+
+
+@pytest.mark.slow  # a launched rank: a fresh interpreter (~15 s)
+def test_distributed_run_is_served_in_one_process(tmp_path, capsys):
+    """predict and evaluate on a ``--strategy distributed`` run raised a bare
+    ``RuntimeError: DistributedStrategy: call setup() first``; one process
+    serves it with the full-batch forward, which the distributed one equals:
+    evaluate reproduces the run's own test metrics."""
+    run = tmp_path / "dist"
+    assert main(["train", "--strategy", "distributed", "--nproc", "1", "--model",
+                 "res", "--dataset", "iscas85/c17,iscas85/c432", "--test-dataset",
+                 TEST, "--layers", "2", "--hidden", "8", "--epochs", "2",
+                 "--quiet", "--out", str(run)]) == 0
+    capsys.readouterr()
+    assert main(["evaluate", "--run", str(run), "--dataset", TEST, "--json",
+                 "--quiet"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["strategy"] == "distributed"
+    _assert_close_metrics(got, summary["metrics"]["test"])
+    out = tmp_path / "pred.csv"
+    assert main(["predict", "--run", str(run), TEST, "--out", str(out)]) == 0
+    rows = list(csv.DictReader(out.open()))
+    want = _reference(run, TEST).view(-1)
+    assert [r["net"] for r in rows] == read_netlist(_netlist_path(TEST)).names
+    assert torch.allclose(torch.tensor([float(r["arrival"]) for r in rows]), want,
+                          atol=1e-5)
+
+
+def test_predict_refuses_a_graph_it_was_not_trained_for(runs):
+    """A graph of another feature width raised a bare matmul error, and NaN
+    features came back as NaN predictions; both are one ValueError naming
+    the tensor (the Python path: the CLI builds features from netlists)."""
+    run = open_run(runs("critical")[0])
+    data, _ = netlist_graph("iscas85/c17")
+    assert run.predict(data).shape == (data.num_nodes, 4)
+    wide = data.clone()
+    wide.x = torch.cat([wide.x, torch.ones(wide.num_nodes, 1)], 1)
+    with pytest.raises(ValueError, match=r"^graph 'iscas85/c17': x has "
+                       rf"{run.in_channels + 1} features per node, the model takes "
+                       rf"{run.in_channels}$"):
+        run.predict(wide)
+    bad = data.clone()
+    bad.x[2, 0] = float("nan")
+    with pytest.raises(ValueError, match=r"x has 1 non-finite \(NaN or Inf\) "
+                       r"entries of \d+, the first at \[node, feature\] \[2, 0\]"):
+        run.predict(bad)
+    labelled = run.load("iscas85/c17")
+    labelled[0].y[0] = 7
+    with pytest.raises(ValueError, match=r"^graph 0 'iscas85/c17': y must hold "
+                       r"class ids in \[0, 4\)"):
+        run.evaluate(labelled)
+
+
+def test_predict_out_is_checked_before_the_work(runs, tmp_path, monkeypatch,
+                                                capsys):
+    """An --out that cannot be written failed after every prediction was
+    computed, with a bare ``[Errno ...]`` naming a temporary file; it is now
+    refused first, naming --out, and a write that fails anyway names it too."""
+    import leangnn.predict
+
+    run_dir, _ = runs("critical")
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+
+    def no_work(*a, **k):
+        raise AssertionError("predicted before checking --out")
+
+    with monkeypatch.context() as m:
+        m.setattr(leangnn.predict, "open_run", no_work)
+        for out in [blocker / "p.csv", blocker / "sub" / "p.json"]:
+            assert main(["predict", "--run", str(run_dir), "iscas85/c17", "--out",
+                         str(out)]) == 2
+            assert _one_error(capsys) == (
+                f"leangnn: error: --out: cannot create '{out}': '{blocker}' is not "
+                "a writable directory")
+
+    def refuse(path, *a, **k):
+        raise PermissionError(13, "Permission denied", str(path) + ".tmp")
+
+    monkeypatch.setattr("leangnn.utils.atomic_write_text", refuse)
+    out = tmp_path / "new" / "p.csv"
+    assert main(["predict", "--run", str(run_dir), "iscas85/c17", "--out",
+                 str(out)]) == 2
+    assert _one_error(capsys) == (f"leangnn: error: --out: cannot write '{out}' "
+                                  "(Permission denied)")
+    assert blocker.read_text() == "x" and not out.exists()
+
+
+@pytest.mark.parametrize("command", ["predict", "evaluate"])
+def test_bad_device_is_named_as_the_option(runs, command, capsys):
+    """--device tpu was reported as '<run>/config.json: device: ...', as if the
+    run's saved configuration were damaged."""
+    run_dir, _ = runs("critical")
+    tail = ["iscas85/c17"] if command == "predict" else ["--dataset", "iscas85/c17"]
+    for device in ("tpu", "", "cuda:x"):
+        assert main([command, "--run", str(run_dir), "--device", device, *tail]) == 2
+        assert _one_error(capsys) == ("leangnn: error: --device: expected cpu, cuda "
+                                      f"or cuda:i, got {device!r}")
+
+
+def test_predict_out_never_overwrites_the_run_itself(runs, tmp_path, monkeypatch,
+                                                     capsys):
+    """`--out RUN/summary.json` replaced the run's summary with predictions
+    (and RUN/config.json its configuration): the run was lost."""
+    run_dir, _ = runs("critical")
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    before = {p.name: p.read_bytes() for p in run.iterdir()}
+    monkeypatch.chdir(tmp_path)
+    for out in [run / "summary.json", run / "config.json", "run/summary.json",
+                run / ".." / "run" / "config.json"]:
+        assert main(["predict", "--run", str(run), "iscas85/c17", "--out",
+                     str(out)]) == 2
+        name = os.path.basename(str(out))
+        assert _one_error(capsys) == (f"leangnn: error: --out: {str(out)!r} is the "
+                                      f"run's own {name}, which predictions would "
+                                      "overwrite; choose another file")
+    assert {p.name: p.read_bytes() for p in run.iterdir()} == before
+    # any other file in the run folder is fine
+    assert main(["predict", "--run", "run", "iscas85/c17", "--out",
+                 "run/pred.json"]) == 0
+    assert json.loads((run / "pred.json").read_text())["task"] == "critical"

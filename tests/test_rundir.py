@@ -75,6 +75,21 @@ def test_second_open_is_refused_naming_dir_and_pid(tmp_path):
         assert (again.path / ".lock").read_text().strip() == str(os.getpid())
 
 
+def test_a_directory_that_cannot_be_created_is_named(tmp_path):
+    """mkdir's bare OSError ('[Errno 2] No such file or directory') did not say
+    it was the run directory; root passes the CLI's early access check on
+    /proc and /sys, so the error surfaced from here."""
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    targets = [blocker / "run"] + ([os.path.join("/proc", "leangnn-run")]
+                                   if os.path.isdir("/proc/self") else [])
+    for target in targets:
+        with pytest.raises(RunDirError, match=rf"^out: cannot create the run "
+                           rf"directory '{target}' \(.+\)$"):
+            RunDir(target).open()
+    assert blocker.read_text() == "x"
+
+
 def test_lock_held_by_another_process(tmp_path):
     holder = subprocess.Popen(
         [sys.executable, "-c", textwrap.dedent(f"""
@@ -266,6 +281,29 @@ def test_sigkill_then_resume_gives_the_uninterrupted_metrics(
 
     assert _resume(out) == 0
     assert not list(out.glob(".*.tmp")) and not (out / ".lock").exists()
+    assert _lines(out) == _lines(reference / "full")
+    assert _metrics(out) == _metrics(reference / "full")
+
+
+def test_sigkill_before_the_first_checkpoint_then_resume(tmp_path, reference,
+                                                         capsys):
+    """Killed in epoch 1, a run has config.json and no checkpoint: --resume
+    said only 'no checkpoint' and a plain rerun 'already holds a run'; the
+    resume error now says that --force starts it over, which gives the
+    uninterrupted run."""
+    out = tmp_path / "killed"
+    args = [*ARGS, "--epochs", "4", "--out", str(out)]
+    proc = subprocess.run([sys.executable, "-c", CRASH, str(torch.get_num_threads()),
+                           "train-step", "2", "-", *args], capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    assert (out / "config.json").is_file() and not list(out.glob("checkpoint*"))
+    capsys.readouterr()
+    assert _resume(out) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"leangnn: error: resume: no checkpoint in {out} (checkpoint.pt "
+                   "is missing); --force starts the run over"]
+    assert _train(out, 4, "--force") == 0
     assert _lines(out) == _lines(reference / "full")
     assert _metrics(out) == _metrics(reference / "full")
 

@@ -265,3 +265,64 @@ def test_heap_trim_between_phases_changes_no_result(tmp_path, monkeypatch):
     assert not Trainer(cfg, progress=False, record=False).trim_heap
     monkeypatch.setenv("LEANGNN_TRIM_HEAP", "1")
     assert Trainer(cfg, progress=False, record=False).trim_heap
+
+
+def test_non_finite_user_graph_is_refused_before_training(tmp_path):
+    """A NaN feature used to train a NaN model silently (every weight NaN
+    after the first step, metrics null); it is one error naming the graph,
+    the tensor and how many entries are bad, and no run directory is made."""
+    base = load_graphs(TrainConfig(**TINY), progress=False)
+    bad = base.train[1].clone()
+    bad.x[[0, 2], 1] = float("nan")
+    bad.x[3, 0] = float("inf")
+    splits = GraphSplits([base.train[0], bad], base.val, base.test,
+                         base.task_type, base.out_channels)
+    cfg = TrainConfig(**TINY, out=str(tmp_path / "run"))
+    with pytest.raises(ValueError, match=rf"^train graph 1 '{bad.name}': x has 3 "
+                       r"non-finite \(NaN or Inf\) entries of "
+                       rf"{bad.x.numel()}, the first at \[node, feature\] \[0, 1\]"):
+        Trainer(cfg, splits=splits, progress=False)
+    assert not (tmp_path / "run").exists()
+    label = base.test[0].clone()
+    label.y[5] = float("nan")
+    splits = GraphSplits(base.train, base.val, [label], base.task_type,
+                         base.out_channels)
+    with pytest.raises(ValueError, match=rf"^test graph 0 '{label.name}': y has 1 "
+                       "non-finite"):
+        Trainer(cfg, splits=splits, progress=False)
+
+
+def test_a_diverged_run_stops_naming_the_epoch(tmp_path):
+    """lr=1e308 turned every weight into NaN and the run finished with null
+    metrics, exit 0; it stops in the epoch it diverged, before validating or
+    checkpointing the NaN model, and the earlier epochs' files are kept."""
+    cfg = TrainConfig(**{**TINY, "lr": 1e308, "out": str(tmp_path / "run")})
+    with pytest.raises(ValueError, match=r"^training diverged in epoch 1: parameter "
+                       r"'[\w.]+' is no longer finite \(train loss (nan|-?inf)\); "
+                       r"lower --lr \(now 1e\+308\) or --clip-norm \(now 1\)$"):
+        Trainer(cfg, progress=False).fit()
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [
+        "config.json", "metrics.jsonl"]
+    # diverging later: the last good epoch's checkpoint is kept, and named
+    trainer = Trainer(TrainConfig(**{**TINY, "out": str(tmp_path / "late")}),
+                      progress=False)
+    step = trainer._train_epoch
+
+    def poisoned(epoch):
+        loss = step(epoch)
+        if epoch == 2:
+            with torch.no_grad():
+                next(trainer.model.parameters()).view(-1)[0] = float("inf")
+        return loss
+
+    trainer._train_epoch = poisoned
+    with pytest.raises(ValueError, match=r"^training diverged in epoch 3: .*; "
+                       rf"{tmp_path / 'late'} keeps epoch 2's checkpoint$"):
+        trainer.fit()
+    ckpt = torch.load(tmp_path / "late" / "checkpoint.pt", weights_only=True)
+    assert ckpt["epoch"] == 2
+    assert all(torch.isfinite(v).all() for v in ckpt["model"].values())
+    # a sane run through the same check is untouched (the check reads only)
+    ok = Trainer(TrainConfig(**TINY), progress=False, record=False).fit()
+    assert ok["epochs_run"] == TINY["epochs"]
+    assert all(torch.isfinite(torch.tensor(v)) for v in ok["metrics"]["test"].values())

@@ -165,7 +165,10 @@ def _train(args) -> int:
         cfg = _resumed_config(args, given)
     else:
         cfg = TrainConfig(**given)
-        _check_out(cfg.out, args.force)
+        if int(os.environ.get("RANK", "0") or 0) == 0:
+            # Rank 0 alone writes the run: another rank checking --out could
+            # see the config.json rank 0 just wrote and refuse an "old run".
+            _check_out(cfg.out, args.force)
     # Everything that can fail without loading data fails here, in seconds.
     check_datasets(cfg)
     splits, extra = None, {}
@@ -300,6 +303,12 @@ def _predict(args) -> int:
         if out.is_dir():
             raise ValueError(f"--out: {args.out!r} is a directory")
         _check_writable(out.parent, args.out)  # before the work, not after it
+        from .rundir import RunDir
+
+        if out.name in RunDir.FILES and \
+                out.resolve().parent == Path(args.run).resolve():
+            raise ValueError(f"--out: {args.out!r} is the run's own {out.name}, "
+                             "which predictions would overwrite; choose another file")
     infos = _resolve(args.netlists, "NETLIST")
     run = open_run(args.run, args.device)
     if not run.finished:
@@ -554,6 +563,26 @@ def _one_line(e: BaseException) -> str:
     return text
 
 
+def _stdout_gone() -> bool:
+    """Whether stdout's reader has left; if so stdout is pointed at devnull,
+    so that the interpreter's last flush does not fail once more."""
+    import select
+
+    try:
+        # the write end of a pipe without readers polls as an error
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        if not any(ev & select.POLLERR for _, ev in poller.poll(0)):
+            return False
+    except (AttributeError, OSError, ValueError):  # no poll, no real stdout
+        return False
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the ``leangnn`` command line; returns the exit status (2: an
     error the user can fix, printed as one ``leangnn: error: ...`` line)."""
@@ -565,6 +594,13 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("leangnn: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError as e:
+        if not _stdout_gone():  # a pipe of its own (e.g. a peer's socket)
+            print(f"leangnn: error: {_one_line(e)}", file=sys.stderr)
+            return 2
+        # `leangnn predict ... | head`: the reader left; stop quietly as Unix
+        # tools do (128 + SIGPIPE), not with "error: [Errno 32] Broken pipe"
+        return 141
     except (UsageError, *errors) as e:
         print(f"leangnn: error: {_one_line(e)}", file=sys.stderr)
         return 2

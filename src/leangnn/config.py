@@ -293,6 +293,13 @@ class TrainConfig:
                     "cannot follow its level-by-level propagation); choose a "
                     f"strategy, or another model (default {AUTO_MODEL!r})")
             return
+        if self.strategy == "prune" and "dag" in MODELS[self.model].capabilities:
+            # DPR hands the model its core's sparse adjacency, not the fanin
+            # edges a DAG model levelizes: it crashed in the first step
+            raise ConfigError(
+                f"model: strategy 'prune' cannot train {self.model!r} (it "
+                "propagates over a circuit's levels, which DPR's pruned core "
+                "does not keep); choose another model (default 'sage')")
         needs = STRATEGIES[self.strategy].requires
         missing = sorted(needs - MODELS[self.model].capabilities)
         if missing:

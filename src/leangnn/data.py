@@ -28,7 +28,8 @@ from .circuits import (
 from .graphs.synthetic import CSBM_MAX_NODES, CSBM_MIN_NODES, csbm_nodes
 
 __all__ = ["GraphSplits", "load_graphs", "with_mask", "csbm_nodes",
-           "check_datasets", "CSBM_MIN_NODES", "CSBM_MAX_NODES"]
+           "check_datasets", "check_graph", "check_splits", "CSBM_MIN_NODES",
+           "CSBM_MAX_NODES"]
 
 @dataclass
 class GraphSplits:
@@ -124,3 +125,108 @@ def load_graphs(cfg, progress: bool = True) -> GraphSplits:
     task_type = TASKS[cfg.task]
     return GraphSplits(train, val, test, task_type,
                        4 if task_type == "classification" else 1)
+
+
+def _bad_entries(t: torch.Tensor) -> tuple[int, tuple[int, ...]] | None:
+    """``(count, index of the first)`` of ``t``'s NaN / Inf entries, or ``None``."""
+    if not t.is_floating_point() or t.numel() == 0:
+        return None
+    # amax / amin propagate NaN and see +-Inf: no [N, F] bool mask (as large
+    # as a quarter of x) for the graphs that are fine, which is all of them
+    # but the one being refused.
+    if torch.isfinite(t.amax()) and torch.isfinite(t.amin()):
+        return None
+    bad = ~torch.isfinite(t)
+    first = tuple(int(i) for i in bad.nonzero()[0])
+    return int(bad.sum()), first
+
+
+def check_graph(data: Data, where: str = "graph", *, in_channels: int | None = None,
+                labels: bool = True, num_classes: int | None = None) -> None:
+    """Refuse a graph a model cannot train on or predict for, before it is used.
+
+    A NaN or Inf in ``x`` (or in ``y`` on the nodes ``node_mask`` scores)
+    would otherwise turn every weight into NaN at the first step, silently;
+    a bad ``edge_index``, a feature width other than the model's or a class
+    id out of range would fail deep inside a model with a bare traceback.
+
+    Args:
+        data (Data): the graph.
+        where (str, optional): how the message names it, e.g. ``"train graph"``;
+            the graph's ``name`` is added when it has one. (default: ``"graph"``)
+        in_channels (int, optional): the feature width ``x`` must have.
+            (default: ``None``, any)
+        labels (bool, optional): check ``y`` too. (default: ``True``)
+        num_classes (int, optional): ``y`` must hold class ids in
+            ``[0, num_classes)``. (default: ``None``, a regression target)
+
+    Raises:
+        ValueError: one line naming the graph, the tensor and what is wrong
+            (for non-finite values: how many entries and the first of them).
+    """
+    name = getattr(data, "name", None)
+    what = f"{where} {name!r}" if isinstance(name, str) else where
+    x = getattr(data, "x", None)
+    if x is None:
+        raise ValueError(f"{what}: has no node features (data.x is None)")
+    if x.dim() != 2:
+        raise ValueError(f"{what}: x must be [num_nodes, num_features], got shape "
+                         f"{list(x.shape)}")
+    n = data.num_nodes
+    if x.size(0) != n:
+        raise ValueError(f"{what}: x has {x.size(0)} rows for {n} nodes")
+    if in_channels is not None and x.size(1) != in_channels:
+        raise ValueError(f"{what}: x has {x.size(1)} features per node, the model "
+                         f"takes {in_channels}")
+    bad = _bad_entries(x)
+    if bad is not None:
+        raise ValueError(f"{what}: x has {bad[0]} non-finite (NaN or Inf) entries "
+                         f"of {x.numel()}, the first at [node, feature] "
+                         f"{list(bad[1])}")
+    ei = getattr(data, "edge_index", None)
+    if ei is not None:
+        if ei.dim() != 2 or ei.size(0) != 2 or ei.is_floating_point():
+            raise ValueError(f"{what}: edge_index must be an integer [2, num_edges] "
+                             f"tensor, got {str(ei.dtype).removeprefix('torch.')} "
+                             f"{list(ei.shape)}")
+        if ei.numel() and (int(ei.min()) < 0 or int(ei.max()) >= n):
+            raise ValueError(f"{what}: edge_index holds node ids outside [0, {n}): "
+                             f"min {int(ei.min())}, max {int(ei.max())}")
+    y = getattr(data, "y", None)
+    if not labels or y is None:
+        return
+    if y.dim() == 0 or y.size(0) != n:
+        raise ValueError(f"{what}: y has shape {list(y.shape)} for {n} nodes")
+    mask = getattr(data, "node_mask", None)
+    scored = y if mask is None else y[mask.to(y.device)]
+    bad = _bad_entries(scored)
+    if bad is not None:
+        at = "" if mask is None else " scored by node_mask"
+        raise ValueError(f"{what}: y has {bad[0]} non-finite (NaN or Inf) entries "
+                         f"of {scored.numel()}{at}, the first at {list(bad[1])}")
+    if num_classes is not None and scored.numel():
+        if scored.is_floating_point() or int(scored.min()) < 0 or \
+                int(scored.max()) >= num_classes:
+            raise ValueError(f"{what}: y must hold class ids in [0, {num_classes}), "
+                             f"got {str(scored.dtype).removeprefix('torch.')} values "
+                             f"from {scored.min().item()} to {scored.max().item()}")
+
+
+def check_splits(splits: GraphSplits) -> None:
+    """:func:`check_graph` on every graph of ``splits``: finite features and
+    scored labels, one feature width, class ids below ``out_channels``, and
+    at least one node in each training graph.
+
+    Raises:
+        ValueError: naming the split, the graph and the tensor.
+    """
+    width = splits.in_channels if splits.train else None
+    classes = splits.out_channels if splits.task_type == "classification" else None
+    for split in ("train", "val", "test"):
+        for i, g in enumerate(getattr(splits, split)):
+            where = f"{split} graph {i}"
+            check_graph(g, where, in_channels=width, num_classes=classes)
+            if split == "train" and g.num_nodes == 0:
+                name = getattr(g, "name", None)
+                raise ValueError(f"{where}" + (f" {name!r}" if isinstance(name, str)
+                                               else "") + ": has no nodes")

@@ -137,7 +137,15 @@ class TrainedRun:
     @torch.no_grad()
     def predict(self, data: Data) -> Tensor:
         """The model's output on every node of ``data``: ``[N, out_channels]``
-        float32 on the CPU (logits for classification)."""
+        float32 on the CPU (logits for classification).
+
+        Raises:
+            ValueError: ``data`` has another feature width than the run was
+                trained on, non-finite features or a bad ``edge_index``.
+        """
+        from .data import check_graph
+
+        check_graph(data, "graph", in_channels=self.in_channels, labels=False)
         self.model.eval()
         return self.strategy.predict(self.model, data).float().cpu()
 
@@ -145,7 +153,13 @@ class TrainedRun:
         """Metrics and mean per-graph loss over the (masked) nodes of
         ``graphs``, pooled, as :meth:`leangnn.train.Trainer.evaluate` computes
         them (the same weights and strategy give the same numbers)."""
+        from .data import check_graph
         from .train import evaluate_graphs, make_loss_fn
+
+        classes = self.out_channels if self.task_type == "classification" else None
+        for i, g in enumerate(graphs):
+            check_graph(g, f"graph {i}", in_channels=self.in_channels,
+                        num_classes=classes)
 
         return evaluate_graphs(self.model, self.strategy, graphs,
                                make_loss_fn(self.task_type), self.task_type)
@@ -170,8 +184,13 @@ def open_run(path: str | Path, device: str = "cpu") -> TrainedRun:
             graph; weights that do not fit this leangnn's feature layout; a
             prune run whose trained decoder is not in its checkpoint.
     """
+    from .config import ConfigError, _check_device
     from .train import RESUMABLE
 
+    try:
+        _check_device(device)
+    except ConfigError as e:  # named as the option, not as the run's config.json
+        raise ValueError(f"--{e}") from None
     path = Path(path)
     if not path.is_dir():
         if path.exists():
@@ -223,6 +242,12 @@ def open_run(path: str | Path, device: str = "cpu") -> TrainedRun:
             "on another feature layout or model version") from None
     run.model = model.to(device).eval()
     _load_strategy(run, ckpt, ckpt_path)
+    if cfg.strategy == "distributed":
+        # Serving needs no process group: the distributed forward is exactly
+        # the full-batch one (graph or data parallel), which runs here alone.
+        from .strategy import FullBatch
+
+        run.strategy = FullBatch(device)
     return run
 
 

@@ -150,8 +150,8 @@ class RunDir:
 
         Raises:
             RunDirError: another process holds the directory (its pid is
-                named), or it holds an old run and neither ``resume`` nor
-                ``force`` is given.
+                named), it holds an old run and neither ``resume`` nor
+                ``force`` is given, or it cannot be created.
             FileNotFoundError: ``resume`` and the directory does not exist.
         """
         if self.path is None:
@@ -160,7 +160,11 @@ class RunDir:
             raise RuntimeError(f"{self!r} is already open")
         if resume and not self.path.is_dir():
             raise FileNotFoundError(f"resume: no run directory at {self.path}")
-        self.path.mkdir(parents=True, exist_ok=True)
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+        except OSError as e:  # a read-only or special file system (/proc)
+            raise RunDirError(f"out: cannot create the run directory "
+                              f"{str(self.path)!r} ({e.strerror or e})") from None
         self._lock()
         try:
             remove_stale_tmp(self.path)
@@ -333,7 +337,8 @@ class RunDir:
         ckpt, prev = self.path / self.CHECKPOINT, self.path / self.PREVIOUS
         if not ckpt.is_file() and not prev.is_file():
             raise FileNotFoundError(f"resume: no checkpoint in {self.path} "
-                                    f"({ckpt.name} is missing)")
+                                    f"({ckpt.name} is missing); --force starts "
+                                    "the run over")
         failures: list[str] = []
         for path in (ckpt, prev):
             if not path.is_file():

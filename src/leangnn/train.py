@@ -22,7 +22,7 @@ from torch import Tensor
 from torch_geometric.data import Data
 
 from .config import TrainConfig
-from .data import GraphSplits, load_graphs
+from .data import GraphSplits, check_splits, load_graphs
 from .metrics import compute_metrics, load_backends
 from .nn.models import build_model
 from .plan.fits import check_fits
@@ -145,6 +145,8 @@ class Trainer:
         self.splits = splits or load_graphs(config, progress=progress)
         if not self.splits.train:
             raise ValueError("dataset: no training graphs")
+        # NaN / Inf features or labels would train a NaN model without a word
+        check_splits(self.splits)
         self.loss_fn = make_loss_fn(self.splits.task_type)
         _check_fits(config, self.splits)
         self.model = build_model(
@@ -265,6 +267,7 @@ class Trainer:
             # this thread's CPU seconds: with one intra-op thread the epoch's
             # compute, steady where a shared machine's wall time is not
             cpu = time.thread_time() - c0
+            self._check_diverged(epoch, train_loss)
             self._release_heap()
             val = self.evaluate(self.splits.val)
             self._release_heap()
@@ -311,6 +314,27 @@ class Trainer:
         summary = json_safe(self._summary(peak, saved, times, stopped))
         run.write_summary(summary)
         return summary
+
+    def _check_diverged(self, epoch: int, train_loss: float) -> None:
+        """Stop before a model whose weights went NaN / Inf is validated,
+        checkpointed or served: every later number would be garbage (a
+        diverged run used to finish with null metrics and exit 0)."""
+        params = [(n, p.detach()) for n, p in self.model.named_parameters()
+                  if p.numel()]
+        if not params:
+            return
+        # amax / amin see NaN and +-Inf; one device sync for all of them
+        ok = torch.stack([torch.isfinite(p.amax()) & torch.isfinite(p.amin())
+                          for _, p in params])
+        if bool(ok.all()):
+            return
+        name = params[int((~ok).nonzero()[0])][0]
+        kept = (f"; {self.run.path} keeps epoch {epoch}'s checkpoint"
+                if self.run.enabled and epoch else "")
+        raise ValueError(
+            f"training diverged in epoch {epoch + 1}: parameter {name!r} is no "
+            f"longer finite (train loss {train_loss:.4g}); lower --lr (now "
+            f"{self.cfg.lr:g}) or --clip-norm (now {self.cfg.clip_norm:g}){kept}")
 
     def _release_heap(self) -> None:
         # Measured through `leangnn train` on epfl/multiplier (GSR, hidden 64,

@@ -317,6 +317,10 @@ BAD = [
     (b"aig 2 1 0 0 1\n\x05\x00", 2, "lhs > rhs0"),
     (b"aig 2 1 0 0 1\n\xff\xff\xff\xff\xff\x01\x00", 2, "longer than 5 bytes"),
     (b"aig 2 1 0 1 1\n4\n\x02\x00i0 a\nq junk\n", 4, "bad symbol table line"),
+    # the last text line without its newline, then the AND section: was a bare
+    # numpy ValueError "offset must be ... no greater than buffer length"
+    (b"aig 2 1 0 1 1\n4", 3, "0 of 1 AND gates present"),
+    (b"aag 3 2 0 1 1\n2\n4\n6", 5, "file ends early: expected AND gate 0"),
 ]
 
 

@@ -280,3 +280,103 @@ def test_edited_netlist_is_processed_again(tmp_path):
     assert torch.allclose(second[0].y.double(), torch.as_tensor(
         signal_probability(net)), atol=1e-7)
     assert len(list((tmp_path / "ds").glob("*/data.pt"))) == 2
+
+
+def test_a_directory_is_named_as_one(tmp_path, monkeypatch):
+    """A folder given as a netlist was only 'no such netlist file' (``x.bench``)
+    or 'unknown circuit or suite' (no suffix): it exists, it is a folder."""
+    d = tmp_path / "top.bench"
+    d.mkdir()
+    with pytest.raises(NetlistError, match=rf"^{d}: no such netlist file: this is a "
+                       "directory; name the netlist files in it$"):
+        resolve(str(d))
+    d = tmp_path / "designs"
+    d.mkdir()
+    with pytest.raises(ValueError, match=rf"^unknown circuit or suite '{d}' \(a "
+                       r"directory: name the netlist files in it\); use suite/name"):
+        resolve(str(d))
+    # a suite name wins over a folder of the same name in the working directory
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "epfl").mkdir()
+    assert resolve("epfl") == [c for c in catalog() if c.suite == "epfl"]
+
+
+@pytest.mark.parametrize("damage", ["nan_label", "inf_arrival", "missing_key",
+                                    "short_level", "not_a_dict"])
+def test_damaged_cache_entry_is_recomputed(damage, tmp_path, monkeypatch):
+    """A cache file that loads but was damaged or edited was used as is: a
+    NaN label trained a NaN model silently, a missing field was a bare
+    KeyError. It is recomputed like an unreadable one."""
+    monkeypatch.setenv("LEANGNN_CACHE", str(tmp_path))
+    want = load_circuit("iscas85/c432", "signal_prob", cache=False)
+    load_circuit("iscas85/c432", "signal_prob")  # writes the entry
+    (entry,) = (tmp_path / "circuits").glob("c432-*.pt")
+    rec = torch.load(entry, weights_only=True)
+    if damage == "nan_label":
+        rec["signal_prob"][3] = float("nan")
+    elif damage == "inf_arrival":
+        rec["arrival"][0] = float("inf")
+    elif damage == "missing_key":
+        del rec["slack"]
+    elif damage == "short_level":
+        rec["level"] = rec["level"][:-1]
+    else:
+        rec = [rec]
+    torch.save(rec, entry)
+    for task in ("signal_prob", "arrival", "critical"):
+        got = load_circuit("iscas85/c432", task)
+        ref = want if task == "signal_prob" else load_circuit("iscas85/c432", task,
+                                                              cache=False)
+        assert torch.equal(got.y, ref.y) and torch.equal(got.x, ref.x), task
+    assert circuit_stats("iscas85/c432")["nodes"] == want.num_nodes
+    assert _valid(torch.load(entry, weights_only=True))  # rewritten whole
+
+
+def _valid(rec) -> bool:
+    return ds_mod._valid_record(rec) and bool(torch.isfinite(rec["signal_prob"]).all())
+
+
+@pytest.mark.parametrize("suffix", [".v", ".bench", ".aag", ".aig", ".blif"])
+def test_unreadable_netlist_is_one_netlist_error(suffix, tmp_path, monkeypatch,
+                                                 netlist_dir):
+    """A file without read permission: AIGER raised a bare PermissionError
+    ('[Errno 13] ...'), unlike the text formats. Root reads any file, so the
+    refusal is simulated; the message must name the file and the reason."""
+    import pathlib
+
+    data = os.path.join(os.path.dirname(__file__), "data")
+    src = {".v": os.path.join(netlist_dir, "c17.v"),
+           ".bench": os.path.join(netlist_dir, "b17_C.bench"),
+           ".aag": os.path.join(data, "s27.aag"), ".aig": os.path.join(data, "s27.aig"),
+           ".blif": os.path.join(data, "s27.blif")}[suffix]
+    p = tmp_path / f"locked{suffix}"
+    p.write_bytes(open(src, "rb").read())
+    real = pathlib.Path.read_bytes
+
+    def read_bytes(self):
+        if self.name.startswith("locked"):
+            raise PermissionError(13, "Permission denied", str(self))
+        return real(self)
+
+    monkeypatch.setattr(pathlib.Path, "read_bytes", read_bytes)
+    with pytest.raises(NetlistError, match=rf"^{p}: cannot read (file|netlist) "
+                       r"\(Permission denied\)$"):
+        read_netlist(p)
+    with pytest.raises(NetlistError, match=rf"^{p}: cannot read .*Permission denied"):
+        load_circuit(str(p), "arrival", cache=False)
+
+
+def test_an_unusable_cache_folder_is_warned_about_not_fatal(tmp_path, monkeypatch):
+    """LEANGNN_CACHE pointing at a file (or /proc, or a read-only folder) ended
+    `leangnn train` with a bare '[Errno 20] Not a directory'; the cache only
+    saves time, so the labels are computed without it, with one warning."""
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    monkeypatch.setenv("LEANGNN_CACHE", str(blocker))
+    with pytest.warns(RuntimeWarning, match=rf"cannot write the label cache "
+                      rf"'{blocker / 'circuits'}' \(Not a directory\); labels are "
+                      "computed without it"):
+        got = load_circuit("iscas85/c17", "arrival")
+    want = load_circuit("iscas85/c17", "arrival", cache=False)
+    assert torch.equal(got.y, want.y) and torch.equal(got.x, want.x)
+    assert blocker.read_text() == "x"

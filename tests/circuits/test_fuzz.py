@@ -329,7 +329,9 @@ def test_mutated_netlists_load_or_raise_netlist_error(base, bases, tmp_path):
             if e.line is None:
                 assert any(s in e.message for s in FILE_LEVEL), f"{what}: {e}"
             else:
-                num_lines = raw.count(b"\n") + 1
+                # lines as editors count them: LF, CRLF or a lone CR ends one
+                num_lines = raw.replace(b"\r\n", b"\n").replace(b"\r", b"\n") \
+                    .count(b"\n") + 1
                 assert 1 <= e.line <= num_lines, f"{what}: {e}"
                 assert str(e).startswith(f"{path}:{e.line}: "), what
         else:

@@ -175,6 +175,18 @@ def test_errors_name_file_line_and_text(body, message, line):
     assert str(e.value).startswith(f"bad.v:{line}: ")
 
 
+@pytest.mark.parametrize("text, line", [
+    ("module m #(parameter W = 2) (a, y);\n input a; output y;\nendmodule\n", 1),
+    ("// top\n\nmodule 3bad(a);\n input a;\nendmodule\n", 3),
+])
+def test_unreadable_module_header_names_its_line(text, line):
+    """was "no 'module' found" at line 1, though the file has one"""
+    with pytest.raises(NetlistError, match=rf"^h\.v:{line}: cannot parse the "
+                       r"module header \(expected 'module NAME \(ports\);' or "
+                       r"'module NAME;'\): 'module "):
+        parse_verilog(text, "h.v")
+
+
 def test_combinational_loop_is_named():
     text = ("module m(a, y);\n input a; output y;\n nand g1 (y, a, z);\n"
             " not g2 (z, y);\nendmodule\n")
@@ -439,3 +451,136 @@ def test_byte_order_mark_is_accepted(tmp_path, base, netlist_dir):
         assert x.names == y.names and np.array_equal(x.types, y.types)
         assert np.array_equal(x.fanin_idx, y.fanin_idx)
         assert np.array_equal(x.lines, y.lines)
+
+
+@pytest.mark.parametrize("base", ["s27.v", "c432.v"])
+def test_line_ends_cr_crlf_and_utf16(tmp_path, base, netlist_dir):
+    """A file with lone-CR line ends (classic Mac OS) read as empty ("no
+    'module' found": its first '//' comment ran to the end), a UTF-16 one as
+    'invalid start byte'; CR and CRLF now read like LF, and UTF-16 is named."""
+    from leangnn.circuits.blif import read_blif
+
+    with open(os.path.join(netlist_dir, base), "rb") as f:
+        raw = f.read()
+    assert b"\r" not in raw and raw.lstrip().startswith(b"//")
+    bench = b"# c\nINPUT(a)\nINPUT(b)\nOUTPUT(y)\ny = NAND(a, b)\n"
+    blif = (b"# c\n.model m\n.inputs a b\n.outputs y\n.names a \\\n b y\n11 1\n"
+            b".end\n")
+    for suffix, body, read in ((".v", raw, read_netlist),
+                               (".bench", bench, read_netlist),
+                               (".blif", blif, read_blif)):
+        want = read(_put(tmp_path / f"lf{suffix}", body))
+        for name, end in (("cr", b"\r"), ("crlf", b"\r\n")):
+            got = read(_put(tmp_path / f"{name}{suffix}", body.replace(b"\n", end)))
+            assert got.names == want.names and np.array_equal(got.types, want.types)
+            assert np.array_equal(got.fanin_idx, want.fanin_idx)
+            assert np.array_equal(got.lines, want.lines)  # same line numbers
+        for bom in ("utf-16", "utf-16-be"):
+            p = _put(tmp_path / f"{bom}{suffix}", body.decode().encode(bom) if
+                     bom == "utf-16" else b"\xfe\xff" + body.decode().encode(bom))
+            with pytest.raises(NetlistError, match=rf"^{p}:1: not a UTF-8 text "
+                               r"file but UTF-16 \(byte-order mark (FF FE|FE FF)\); "
+                               "save it as UTF-8 or ASCII$"):
+                read(p)
+
+
+def _put(path, data: bytes):
+    path.write_bytes(data)
+    return path
+
+
+_SUB = "module sub(a, b, y);\n input a, b; output y;\n and g1(y, a, b);\nendmodule\n"
+_TOP = ("module top(x1, x2, x3, z);\n input x1, x2, x3; output z;\n wire w;\n"
+        " {inst}\n or g2(z, w, x3);\nendmodule\n")
+
+
+def test_the_top_module_is_the_one_nothing_instantiates():
+    """A file with a submodule written first was read as that submodule alone,
+    silently (predictions for the wrong circuit); the top is now the module
+    no other one instantiates, and a hierarchical instance is one error
+    naming its line, not 'unknown gate type'."""
+    text = _SUB + _TOP.format(inst="sub u1(.a(x1), .b(x2), .y(w));")
+    with pytest.raises(NetlistError, match=r"^h\.v:8: instance of module 'sub', "
+                       "defined in this file: hierarchical netlists are not "
+                       r"supported; flatten the design first \(yosys: flatten\): "
+                       r"'sub u1\(\.a\(x1\), \.b\(x2\), \.y\(w\)\)'$"):
+        parse_verilog(text, "h.v")
+    # several modules that nothing instantiates: the first, as documented
+    flat = _TOP.format(inst="and g1(w, x1, x2);") + _SUB
+    net = parse_verilog(flat, "f.v")
+    assert net.name == "top" and net.names == ["x1", "x2", "x3", "w", "z"]
+    assert parse_verilog(flat, "f.v", "sub").name == "sub"  # asked for by name
+    # a flip-flop cell defined in the file is a cell, not a submodule
+    dff = ("module mydff(CK, D, Q);\n input CK, D; output Q; reg Q;\n"
+           " always @(posedge CK) Q <= D;\nendmodule\n")
+    seq = dff + ("module top(clk, a, y);\n input clk, a; output y;\n wire q;\n"
+                 " mydff f0(.CK(clk), .D(a), .Q(q));\n not g(y, q);\nendmodule\n")
+    net = parse_verilog(seq, "s.v")
+    assert net.name == "top" and len(net.flops) == 1
+
+
+@pytest.mark.parametrize("fmt, text, expect", [
+    ("bench", "INPUT(a)\nINPUT(a)\nOUTPUT(a)\n",
+     "t.bench:2: net 'a' has two drivers (first driven at line 1): 'INPUT(a)'"),
+    ("blif", ".model m\n.inputs a\n.outputs y\n.names a y\n1 1\n.names a y\n0 1\n"
+     ".end\n", "t.blif:6: net 'y' has two drivers (first driven at line 4): "
+     "'.names a y'"),
+    ("blif", ".model m\n.inputs a\n.outputs y\n.names a y\n1 1\n.names q z\n1 1\n"
+     ".end\n", "t.blif:6: undriven net 'q': it is read but no gate, assign, input "
+     "or flip-flop drives it: '.names q z'"),
+])
+def test_line_formats_quote_the_offending_line_only(fmt, text, expect):
+    """The snippet of a .bench / BLIF error ran on over the next lines (to the
+    next ';', which these formats do not have): 'INPUT(a) OUTPUT(a)',
+    '.names a y 0 1 .end'."""
+    from leangnn.circuits.blif import parse_blif
+
+    with pytest.raises(NetlistError) as e:
+        (parse_bench if fmt == "bench" else parse_blif)(text, f"t.{fmt}")
+    assert str(e.value) == expect
+
+
+def _to_ansi(text: str) -> str:
+    """The netlist with its input/output statements moved into a Verilog-2001
+    header, as ``module m(input a, b, output y);``."""
+    decls = re.findall(r"^\s*((?:input|output)\s[^;]*);", text, re.M)
+    body = re.sub(r"^\s*(?:input|output)\s[^;]*;", "", text, flags=re.M)
+    return re.sub(r"module\s+(\w+)\s*\([^)]*\)\s*;",
+                  lambda m: f"module {m.group(1)}(\n  " + ",\n  ".join(decls) + ");",
+                  body, count=1)
+
+
+@pytest.mark.parametrize("base", ["c432.v", "s27.v"])
+def test_verilog_2001_port_declarations(base, netlist_dir):
+    """`module m(input a, output y)` (Verilog-2001 / SystemVerilog headers, what
+    most tools and people write) read every input as undriven: 'undriven net
+    'a' (and 1 more)'. The same circuit, both header styles: same graph."""
+    text = open(os.path.join(netlist_dir, base)).read()
+    ansi = _to_ansi(text)
+    assert "input" in ansi.split(";")[0] and ansi.count("input") == 1
+    want, got = parse_verilog(text, "a.v"), parse_verilog(ansi, "b.v")
+    assert got.names == want.names and np.array_equal(got.types, want.types)
+    assert np.array_equal(got.fanin_ptr, want.fanin_ptr)
+    assert np.array_equal(got.fanin_idx, want.fanin_idx)
+    assert np.array_equal(got.outputs, want.outputs) and got.flops == want.flops
+
+
+def test_verilog_2001_header_kinds_buses_and_errors():
+    sv = ("module top(\n  input wire [1:0] a,\n  input logic b, c,\n"
+          "  output reg [1:0] y,\n  output z\n);\n  and g0(y[0], a[0], b);\n"
+          "  or g1(y[1], a[1], c);\n  xor g2(z, y[0], y[1]);\nendmodule\n")
+    plain = ("module top(a, b, c, y, z);\n  input [1:0] a;\n  input b, c;\n"
+             "  output [1:0] y;\n  output z;\n  and g0(y[0], a[0], b);\n"
+             "  or g1(y[1], a[1], c);\n  xor g2(z, y[0], y[1]);\nendmodule\n")
+    got, want = parse_verilog(sv, "s.sv"), parse_verilog(plain, "p.v")
+    assert got.names == want.names == ["a[0]", "a[1]", "b", "c", "y[0]", "y[1]", "z"]
+    assert np.array_equal(got.fanin_idx, want.fanin_idx)
+    assert np.array_equal(got.outputs, want.outputs)
+    with pytest.raises(NetlistError, match=r"^h\.v:1: port without a direction in a "
+                       r"Verilog-2001 header \(expected input or output first\): "
+                       "'a'$"):
+        parse_verilog("module m(a, input b, output y);\n buf g(y, b);\nendmodule\n",
+                      "h.v")
+    with pytest.raises(NetlistError, match=r"^h\.v:2: bad identifier '3x'"):
+        parse_verilog("module m(input b,\n output 3x);\n buf g(y, b);\nendmodule\n",
+                      "h.v")

@@ -63,7 +63,9 @@ class _Cursor:
         if end < 0:
             end = len(self.data)
         raw = self.data[self.pos:end]
-        self.pos, self.lineno = end + 1, self.lineno + 1
+        # never past the end: a last line without its newline left pos at
+        # len + 1, where np.frombuffer raised a bare ValueError (no file named)
+        self.pos, self.lineno = min(end + 1, len(self.data)), self.lineno + 1
         return raw
 
     def ints(self, what: str, counts: tuple[int, ...]) -> list[int]:
@@ -494,4 +496,8 @@ def read_aiger(path: str | Path) -> Netlist:
     path = Path(path)
     if not path.is_file():
         raise NetlistError("no such AIGER file", str(path))
-    return parse_aiger(path.read_bytes(), str(path), path.stem)
+    try:
+        data = path.read_bytes()
+    except OSError as e:  # as read_text says it for the text formats
+        raise NetlistError(f"cannot read file ({e.strerror or e})", str(path)) from e
+    return parse_aiger(data, str(path), path.stem)

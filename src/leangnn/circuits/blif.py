@@ -77,7 +77,7 @@ def _logical_lines(text: str):
 
 class _Blif:
     def __init__(self, text: str, file: str | None):
-        self.b = _Builder(file, text)
+        self.b = _Builder(file, text, stmt_end="\n")  # error snippets: one line
         self.records: list[tuple] = []  # (directive, tokens, offset, rows)
         self.reserved: set[str] = set()  # every net named in the file
         self.nots: dict[int, int] = {}  # net -> its shared inverter node

@@ -28,6 +28,7 @@ import functools
 import hashlib
 import json
 import os
+import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -122,6 +123,13 @@ def _is_file(path: str | os.PathLike) -> bool:
     # Path.is_file raises on names the OS refuses (too long, NUL byte).
     try:
         return Path(path).is_file()
+    except (OSError, ValueError):
+        return False
+
+
+def _is_dir(path: str) -> bool:
+    try:
+        return Path(path).is_dir()
     except (OSError, ValueError):
         return False
 
@@ -227,6 +235,9 @@ def resolve(names: str | os.PathLike | Iterable) -> list[CircuitInfo]:
         elif len(by_short.get(item, [])) == 1:
             out.append(by_short[item][0])
         elif Path(item).suffix.lower() in NETLIST_SUFFIXES or _is_file(item):
+            if _is_dir(item):
+                raise NetlistError("no such netlist file: this is a directory; name "
+                                   "the netlist files in it", item)
             if not _is_file(item):
                 raise NetlistError("no such netlist file", item)
             out.append(Path(item).resolve())
@@ -237,9 +248,11 @@ def resolve(names: str | os.PathLike | Iterable) -> list[CircuitInfo]:
                                "piece of it a circuit)", spec)
         else:
             hint = sorted(SUITES) + ["all"]
-            raise ValueError(f"unknown circuit or suite {item!r}; use suite/name "
-                             f"(see `leangnn datasets`), one of {hint}, or a path "
-                             "to a netlist file")
+            folder = (" (a directory: name the netlist files in it)"
+                      if _is_dir(item) else "")
+            raise ValueError(f"unknown circuit or suite {item!r}{folder}; use "
+                             f"suite/name (see `leangnn datasets`), one of {hint}, "
+                             "or a path to a netlist file")
     seen: set[str] = set()
     uniq: list[CircuitInfo | Path] = []
     for c in out:
@@ -332,15 +345,47 @@ def _record(info: CircuitInfo, num_patterns: int, seed: int, use_cache: bool) ->
     if use_cache and path.is_file():
         try:
             rec = torch.load(path, weights_only=True)
+        except Exception:  # noqa: BLE001 - a corrupt cache entry is recomputed
+            rec = None
+        if _valid_record(rec):
             rec["digest"] = key
             return rec
-        except Exception:  # noqa: BLE001 - a corrupt cache entry is recomputed
-            pass
     rec = _compute(read_netlist(info.path), num_patterns, seed)
     if use_cache:
-        atomic_torch_save(rec, path)
+        try:
+            atomic_torch_save(rec, path)
+        except OSError as e:
+            # The cache only saves time: an unusable $LEANGNN_CACHE (read-only,
+            # a file, /proc) must not end a run whose labels are computed.
+            warnings.warn(f"cannot write the label cache {str(path.parent)!r} "
+                          f"({e.strerror or e}); labels are computed without it "
+                          "(set LEANGNN_CACHE to a writable folder)", RuntimeWarning,
+                          stacklevel=2)
     rec["digest"] = key
     return rec
+
+
+_RECORD_TENSORS = ("types", "fanin_ptr", "fanin_idx", "outputs", "level",
+                   "signal_prob", "arrival", "slack")
+
+
+def _valid_record(rec) -> bool:
+    """Whether a cache entry read back is whole: every field, one entry per
+    node, finite labels. A file that loads but was damaged or edited (a NaN
+    label would train a NaN model without a word) is recomputed instead."""
+    if not isinstance(rec, dict) or not all(
+            isinstance(rec.get(k), torch.Tensor) for k in _RECORD_TENSORS):
+        return False
+    n = rec["types"].numel()
+    period = rec.get("period")
+    return (isinstance(period, int | float) and np.isfinite(period)
+            and all(isinstance(rec.get(k), int) for k in ("num_inputs",
+                                                          "num_outputs"))
+            and rec["fanin_ptr"].numel() == n + 1
+            and all(rec[k].numel() == n for k in ("level", "signal_prob", "arrival",
+                                                  "slack"))
+            and all(bool(torch.isfinite(rec[k]).all())
+                    for k in ("signal_prob", "arrival", "slack")))
 
 
 def _labels(rec: dict, task: str) -> torch.Tensor:

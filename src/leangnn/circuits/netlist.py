@@ -152,8 +152,9 @@ class Netlist:
 class _Builder:
     """Collects nets and drivers, then freezes them into a :class:`Netlist`."""
 
-    def __init__(self, file: str | None, text: str):
+    def __init__(self, file: str | None, text: str, stmt_end: str = ";"):
         self.file, self.text = file, text
+        self.stmt_end = stmt_end  # what ends a statement: the error snippet's end
         self.index: dict[str, int] = {}
         self.names: list[str] = []
         self.types: list[int] = []
@@ -168,7 +169,7 @@ class _Builder:
 
     def error(self, message: str, offset: int, snippet: str | None = None):
         if snippet is None:
-            end = self.text.find(";", offset)
+            end = self.text.find(self.stmt_end, offset)
             snippet = self.text[offset:end if end >= 0 else offset + 80]
         return NetlistError(self.unhide(message), self.file, self.line_of(offset),
                             self.unhide(snippet))
@@ -253,6 +254,8 @@ _ESCAPED = re.compile(r"\\(\S+)")
 _IDENT = r"[A-Za-z_][\w$]*(?:\s*\[\s*\d+\s*\])?"
 _MODULE = re.compile(r"\bmodule\s+(" + r"[A-Za-z_][\w$]*" + r")\s*(?:\(|;)")
 _KEYWORD = re.compile(r"\s*([A-Za-z_][\w$]*)")
+_ANSI_DIR = re.compile(r"\b(input|output|inout)\b")
+_ANSI_KIND = re.compile(r"\b(?:wire|logic|reg|tri|signed|unsigned)\b")
 # Each whitespace run has one way to match (no `\s*name?\s*`, no lazy
 # `[^()]*?\s*`), so a failing match is linear, not quadratic in the run.
 _INSTANCE = re.compile(r"\s*(?:([A-Za-z_][\w$]*)\s*)?\(((?:[^()]|\([^()]*\))*)\)"
@@ -342,28 +345,69 @@ class _Verilog:
         text, b = self.text, self.b
         modules = list(_MODULE.finditer(text))
         if not modules:
+            kw = re.search(r"\bmodule\b", text)
+            if kw is not None:  # e.g. a parameter list `module m #(...)`
+                raise b.error("cannot parse the module header (expected "
+                              "'module NAME (ports);' or 'module NAME;')",
+                              kw.start())
             raise NetlistError("no 'module' found", b.file, 1, b.unhide(text[:80]))
         flop_cells = dict(FLOP_CELLS)
         top = None
+        bodies = []
         for k, m in enumerate(modules):
             end = modules[k + 1].start() if k + 1 < len(modules) else len(text)
             body = text[m.start():end]
+            bodies.append(body)
             if _defines_flop(body):
                 flop_cells.setdefault(m.group(1), (("D", "d"), ("Q", "q")))
             if top is None and (module is None or m.group(1) == module):
                 top = m
         if top is None:
             raise NetlistError(f"module {module!r} not found", b.file, 1)
+        self.modules = {m.group(1) for m in modules}
+        if module is None and len(modules) > 1:
+            # The top is the module no other one instantiates, wherever it
+            # stands in the file (tools write submodules first, too); the
+            # first module used to be read, silently, as the whole design.
+            used = _instantiated(bodies, self.modules)
+            top = next((m for m in modules if m.group(1) not in used), top)
         start = text.find(";", top.start()) + 1
         stop = text.find("endmodule", start)
         if start == 0 or stop < 0:
             raise b.error("module without ';' header or 'endmodule'", top.start())
         self.flop_cells = flop_cells
+        if text[top.end() - 1] == "(":
+            self.ansi_ports(text, top.end(), start - 1)
         offset = start
         for stmt in text[start:stop].split(";"):
             self.statement(stmt, offset)
             offset += len(stmt) + 1
         return b.build(top.group(1))
+
+    def ansi_ports(self, text: str, begin: int, end: int) -> None:
+        """Declare the ports of a Verilog-2001 header, ``module m(input a,
+        output [1:0] y)``; a header of bare names (``module m(a, y)``) declares
+        nothing. These used to be skipped, so every input read as undriven."""
+        header = text[begin:end].rstrip()
+        if not _ANSI_DIR.search(header):
+            return
+        if header.endswith(")"):
+            header = header[:-1]
+        direction, offset = None, begin
+        for item in header.split(","):
+            here, offset = offset, offset + len(item) + 1
+            m = _ANSI_DIR.match(item.strip())
+            if m:
+                direction, rest = m.group(1), item.strip()[m.end():]
+            else:
+                rest = item
+            if direction is None:
+                raise self.b.error("port without a direction in a Verilog-2001 "
+                                   "header (expected input or output first)", here,
+                                   item)
+            # net kinds and signs carry no structure: dropped, as wire is
+            rest = _ANSI_KIND.sub(" ", rest)
+            self.statement(f"{direction} {rest}", here + len(item) - len(item.lstrip()))
 
     def decl_names(self, rest: str, offset: int) -> list[str]:
         m = _RANGE.search(rest)
@@ -418,6 +462,10 @@ class _Verilog:
         elif kw in ("always", "initial", "reg", "module", "function", "task"):
             raise b.error(f"behavioral construct {kw!r} is not supported in a "
                           "gate-level netlist", offset, stmt)
+        elif kw in self.modules:
+            raise b.error(f"instance of module {kw!r}, defined in this file: "
+                          "hierarchical netlists are not supported; flatten the "
+                          "design first (yosys: flatten)", offset, stmt)
         else:
             raise b.error(f"unknown gate type {kw!r}", offset, stmt)
 
@@ -516,6 +564,20 @@ class _Verilog:
         if not toks:
             raise self.b.error("empty assign expression", offset, stmt)
         _Expr(self, toks, target, stmt, offset).run()
+
+
+def _instantiated(bodies: list[str], names: set[str]) -> set[str]:
+    """The modules of ``names`` that a statement of another module's body
+    (``bodies``: each module's text, header included) instantiates."""
+    used: set[str] = set()
+    for body in bodies:
+        own = _MODULE.match(body)
+        for stmt in body.split(";"):
+            m = _KEYWORD.match(stmt)
+            if m and m.group(1) in names and (own is None or
+                                               m.group(1) != own.group(1)):
+                used.add(m.group(1))
+    return used
 
 
 def _defines_flop(body: str) -> bool:
@@ -674,7 +736,10 @@ class _Expr:
 
 def parse_verilog(text: str, file: str | None = None,
                   module: str | None = None) -> Netlist:
-    """Parse structural Verilog; the first module (or ``module``) is the top."""
+    """Parse structural Verilog; the top is ``module``, else the first module
+    that no other module of the text instantiates. An instance of another
+    module of the text (a hierarchical netlist) raises :class:`NetlistError`
+    unless that module is a flip-flop cell."""
     return _Verilog(_strip_bom(text), file).parse(module)
 
 
@@ -692,7 +757,7 @@ _BENCH_GATE = re.compile(r"([^\s=()]+)\s*=\s*([A-Za-z]+)\s*\(([^()]*)\)\Z")
 def parse_bench(text: str, file: str | None = None, name: str = "bench") -> Netlist:
     """Parse ISCAS ``.bench`` (``INPUT(a)``, ``y = NAND(a, b)``, ``q = DFF(d)``)."""
     text = _strip_bom(text)
-    b = _Builder(file, text)
+    b = _Builder(file, text, stmt_end="\n")  # one statement per line
     offset = 0
     pending_flops = []
     for raw in text.split("\n"):
@@ -733,7 +798,8 @@ def parse_bench(text: str, file: str | None = None, name: str = "bench") -> Netl
 
 
 def read_text(path: str | Path) -> str:
-    """A netlist file's text (UTF-8, optional byte-order mark).
+    """A netlist file's text (UTF-8, optional byte-order mark; CRLF and lone
+    CR line ends read as LF).
 
     Raises:
         NetlistError: naming the file, and the line of the first byte that is
@@ -746,13 +812,23 @@ def read_text(path: str | Path) -> str:
         raw = path.read_bytes()
     except OSError as e:
         raise NetlistError(f"cannot read file ({e.strerror or e})", str(path)) from e
+    if raw[:2] in (b"\xff\xfe", b"\xfe\xff"):
+        raise NetlistError("not a UTF-8 text file but UTF-16 (byte-order mark "
+                           f"{raw[0]:02X} {raw[1]:02X}); save it as UTF-8 or ASCII",
+                           str(path), 1)
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as e:
-        line = raw.count(b"\n", 0, e.start) + 1
+        head = raw[:e.start]
+        line = head.count(b"\n") + head.count(b"\r") - head.count(b"\r\n") + 1
         raise NetlistError(f"not a UTF-8 text file ({e.reason}: byte "
                            f"{raw[e.start]:#04x} at offset {e.start})", str(path),
                            line) from e
+    if "\r" in text:
+        # Lines ended by a lone CR (classic Mac OS): without this the first
+        # '//' comment ran to the end of the file, which then read as empty.
+        # CRLF becomes LF, so line numbers stay those of the file.
+        text = text.replace("\r\n", "\n").replace("\r", "\n")
     return text
 
 
