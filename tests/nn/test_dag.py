@@ -442,3 +442,22 @@ def test_edge_index_cache_stamps_evicts_and_forgets_dead_tensors():
     assert len(cache) == 2 and cache.get(a, 1) is None
     del b  # its entry dies with it (reference counting, no collector)
     assert len(cache) == 1 and cache.get(c, 1) == "plan c"
+
+
+def test_edgeless_circuit_gives_sane_outputs():
+    # No gate has a fanin, so no timing channel is delayed anywhere: those
+    # channels must be zero, not the inputs' delays divided by the 1e-6 floor
+    # (outputs of -1e5 before). A circuit with timing is unchanged.
+    torch.manual_seed(0)
+    c17 = load_circuit("iscas85/c17", "arrival")
+    model = DAGNN(c17.num_features, 8, 1, reverse=True).double().eval()
+    x = c17.x.double()
+    with torch.no_grad():
+        arrival, _, _ = model.timing(x, c17.edge_index)
+        assert (arrival.max(0).values > 1e-6).all()  # every channel is live here
+        ref = model(x, c17.edge_index)
+        lone = x[:5]  # five primary inputs, no edges
+        out = model(lone, torch.zeros(2, 0, dtype=torch.long))
+    assert torch.isfinite(out).all() and out.abs().max() < 10
+    torch.testing.assert_close(model(x, c17.edge_index).detach(), ref,
+                               rtol=0, atol=0)

@@ -121,3 +121,14 @@ def test_fit_budget_below_the_row_is_one_line(data):
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
     with pytest.raises(ValueError, match="memory_budget: cannot read '4 parsecs'"):
         leangnn.plan(model, data, memory_budget="4 parsecs")
+
+
+def test_fit_and_plan_refuse_non_finite_features(data):
+    bad = data.clone()
+    bad.x = bad.x.clone()
+    bad.x[3, 1] = float("nan")
+    model = GCN(bad.num_features, 16, 2, int(bad.y.max()) + 1)
+    for call in (lambda: leangnn.plan(model, bad, memory_budget="1GiB"),
+                 lambda: leangnn.fit(model, bad, epochs=1, memory_budget="1GiB")):
+        with pytest.raises(ValueError, match=r"x has 1 non-finite"):
+            call()

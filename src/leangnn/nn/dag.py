@@ -670,7 +670,15 @@ class DAGNN(torch.nn.Module):
         return mx.index_select(0, batch)
 
     def _timing_features(self, arrival, to_sink, d, batch) -> Tensor:
-        scale = self._graph_max(arrival, batch).clamp_min(1e-6)
+        mx = self._graph_max(arrival, batch)
+        # A channel that no gate of the graph delays (no gate has a fanin, or
+        # the learnt delays vanish) carries no timing: zero it rather than
+        # divide the inputs' own delays (to_sink) by the 1e-6 floor, which gave
+        # outputs of -1e5 on edgeless circuits.
+        live = (mx > 1e-6).to(arrival.dtype)
+        arrival, d = arrival * live, d * live
+        to_sink = None if to_sink is None else to_sink * live
+        scale = mx.clamp_min(1e-6)
         feats = [arrival / scale]
         if to_sink is not None:
             feats += [to_sink / scale, (arrival + to_sink - d) / scale]

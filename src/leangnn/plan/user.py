@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch_geometric.data import Data
 
+from leangnn.data import check_graph
 from leangnn.plan.calibration import Calibration, calibration_label, load_calibration
 from leangnn.plan.estimate import (
     Estimate,
@@ -87,6 +88,8 @@ def plan(model: torch.nn.Module, data: Data, memory_budget=None, loss_fn=None,
         >>> print(table)          # rows, needs, fits, epoch times, the pick
     """
     t0 = time.perf_counter()
+    # a NaN feature would plan fine and then train a NaN model silently
+    check_graph(data, "data", labels=loss_fn is None)
     dev = torch.device(device)
     budget = resolve_budget(memory_budget, dev)
     cal = calibration or load_calibration(dev)
