@@ -145,10 +145,11 @@ def _train(args) -> int:
         if args.nproc < 1:
             raise ValueError(f"--nproc: expected a positive number of processes, "
                              f"got {args.nproc}")
-        if "RANK" not in os.environ:  # the launcher itself, not one of its ranks
-            from .distributed.launch import relaunch_cli
+        from .distributed.launch import die_with_launcher, relaunch_cli
 
+        if "RANK" not in os.environ:  # the launcher itself, not one of its ranks
             return relaunch_cli(args.argv, args.nproc)
+        die_with_launcher()
 
     given = {field: getattr(args, flag) for flag, field in _TRAIN_FLAGS.items()
              if getattr(args, flag) is not None}

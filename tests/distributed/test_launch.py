@@ -180,3 +180,53 @@ def test_nccl_graph_parallel_equals_full_batch():
 def test_signal_names_are_readable():
     assert launch_mod._describe(-signal.SIGKILL) == "was killed by signal SIGKILL"
     assert launch_mod._describe(2) == "exited with status 2"
+
+
+_RANK_OF_A_KILLED_LAUNCHER = textwrap.dedent("""
+    import os, sys, time
+    from leangnn.distributed.launch import die_with_launcher
+    die_with_launcher()
+    open(os.path.join(sys.argv[1], os.environ["RANK"]), "w").write(str(os.getpid()))
+    time.sleep(60)  # a rank still training when its launcher is killed
+""")
+
+_LAUNCHER = textwrap.dedent("""
+    import sys
+    from leangnn.distributed.launch import launch_processes
+    launch_processes([sys.executable, "-c", sys.argv[1], sys.argv[2]], 2)
+""")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG")
+def test_ranks_die_with_a_killed_launcher(tmp_path):
+    import subprocess
+    import time
+
+    launcher = subprocess.Popen([sys.executable, "-c", _LAUNCHER,
+                                 _RANK_OF_A_KILLED_LAUNCHER, str(tmp_path)])
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not all(
+                (tmp_path / r).is_file() and (tmp_path / r).read_text()
+                for r in ("0", "1")):
+            time.sleep(0.05)
+        pids = [int((tmp_path / r).read_text() or 0) for r in ("0", "1")]
+        assert all(_alive(p) for p in pids)
+    finally:
+        launcher.kill()
+        launcher.wait()
+    deadline = time.monotonic() + 20
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    left = [p for p in pids if _alive(p)]
+    for p in left:  # do not leave them behind when the check fails
+        os.kill(p, signal.SIGKILL)
+    assert left == [], f"ranks {left} outlived their SIGKILLed launcher"

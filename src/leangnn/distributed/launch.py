@@ -36,7 +36,30 @@ import torch
 from leangnn.distributed.runtime import DEFAULT_TIMEOUT, DistContext, DistributedError
 from leangnn.utils import atomic_write_text
 
-__all__ = ["find_free_port", "launch_processes", "relaunch_cli", "spawn"]
+__all__ = ["find_free_port", "launch_processes", "relaunch_cli", "spawn",
+           "die_with_launcher", "LAUNCHER_PID"]
+
+#: environment variable that names the launcher's pid in the ranks it starts
+LAUNCHER_PID = "LEANGNN_LAUNCHER_PID"
+
+
+def die_with_launcher() -> None:
+    """In a rank :func:`launch_processes` started: end this process when the
+    launcher dies (Linux ``PR_SET_PDEATHSIG``), so a launcher killed with
+    SIGKILL leaves no orphaned rank training and writing its run (a later
+    ``--resume`` would be refused while they live). No-op elsewhere."""
+    pid = os.environ.get(LAUNCHER_PID)
+    if not pid or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(signal.SIGTERM))  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # no prctl: the launcher stays in charge
+        return
+    if os.getppid() != int(pid):  # the launcher died before the prctl took hold
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def find_free_port(host: str = "127.0.0.1") -> int:
@@ -105,7 +128,8 @@ def launch_processes(cmd: Sequence[str], nproc: int, env: dict[str, str] | None 
         for r in range(nproc):
             extra = list(rank_args(r)) if rank_args else []
             procs.append(subprocess.Popen([*cmd, *extra], env={
-                **base, "RANK": str(r), "LOCAL_RANK": str(r)}))
+                **base, "RANK": str(r), "LOCAL_RANK": str(r),
+                LAUNCHER_PID: str(os.getpid())}))
         while True:
             codes = [p.poll() for p in procs]
             failed = [(r, rc) for r, rc in enumerate(codes) if rc not in (None, 0)]
