@@ -121,7 +121,7 @@ from leangnn.cli import _TRAIN_FLAGS, build_parser
 from leangnn.config import TrainConfig
 from leangnn.data import load_graphs
 from leangnn.plan import estimate as E
-from leangnn.plan.fake import trace_step
+from leangnn.plan.dryrun import trace_step
 rounds = int(sys.argv[2])
 args = build_parser().parse_args(["train", *json.loads(sys.argv[1])])
 cfg = TrainConfig(**{f: getattr(args, a) for a, f in _TRAIN_FLAGS.items()

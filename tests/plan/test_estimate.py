@@ -10,6 +10,7 @@ from leangnn.config import TrainConfig
 from leangnn.data import GraphSplits, with_mask
 from leangnn.graphs.synthetic import contextual_sbm
 from leangnn.nn.models import build_model
+from leangnn.plan.dryrun import trace_step
 from leangnn.plan.estimate import (
     EXTRAPOLATE_ABOVE,
     default_loss,
@@ -17,7 +18,6 @@ from leangnn.plan.estimate import (
     estimate_config,
     estimate_model,
 )
-from leangnn.plan.fake import trace_step
 from leangnn.profile import LiveBytesMeter
 from leangnn.prune.dpr import DPRStrategy
 

@@ -12,8 +12,9 @@ from torch_geometric.nn import GCNConv
 from leangnn.data import with_mask
 from leangnn.graphs.synthetic import contextual_sbm
 from leangnn.nn.models import build_model
+from leangnn.plan.dryrun import trace_step
 from leangnn.plan.estimate import default_loss
-from leangnn.plan.fake import UnsupportedOpError, trace_step
+from leangnn.plan.fake import UnsupportedOpError
 from leangnn.profile import LiveBytesMeter
 from leangnn.strategy import FullBatch
 

@@ -5,7 +5,7 @@ with a formula, answered here for any PyG model by a dry run). Per strategy:
 
 * ``full`` / ``reversible``: one training step (forward, loss, backward,
   clipping, Adam) of the model on the largest training graph under fake
-  tensors (:func:`~leangnn.plan.fake.trace_step`). A deep registered model is
+  tensors (:func:`~leangnn.plan.dryrun.trace_step`). A deep registered model is
   traced at two small depths and every phase's peak extrapolated linearly in
   depth (exact for models whose hidden layers repeat; tested), so the dry run
   costs the same at 256 layers as at 8.
@@ -36,12 +36,12 @@ import torch
 from torch import Tensor
 from torch_geometric.data import Data
 
+from leangnn.plan.dryrun import trace_step
 from leangnn.plan.fake import (
     StepTrace,
     TooManyOpsError,
     UnsupportedOpError,
     tensor_bytes,
-    trace_step,
 )
 
 __all__ = ["Estimate", "depth_points", "estimate_model", "estimate_config",
