@@ -3,6 +3,7 @@ live-bytes meter of leangnn.profile)."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 
 import pytest
@@ -125,15 +126,18 @@ def test_fake_peak_matches_real_step(graph, name, opts):
     assert plain.ops > 0 and plain.flops > 0
 
 
+@pytest.mark.parametrize("backend", ["fake", "meta"])
 @pytest.mark.parametrize("heads", [1, 2])
-def test_attention_spmm_with_fake_weights_matches_real(heads):
+def test_attention_spmm_with_fake_weights_matches_real(heads, backend):
     # The GAT kernel's product by a CSR matrix built from the attention
     # weights, and its backward (sampled product, transposed product): the
-    # dry run's bytes against the live-bytes meter on real tensors.
+    # dry run's bytes against the live-bytes meter on real tensors, under
+    # either backend's tracker.
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from leangnn.nn.csr import CSRGraph, _AttnSpMM
     from leangnn.plan.fake import FakeTracker
+    from leangnn.plan.meta import MetaTracker
 
     n, c = 400, 16
     g = contextual_sbm(n, avg_degree=6.0, in_channels=4, seed=3)
@@ -152,15 +156,20 @@ def test_attention_spmm_with_fake_weights_matches_real(heads):
     with LiveBytesMeter(exclude=[alpha, x]) as meter:
         run(alpha, x)
     mode = FakeTensorMode(allow_non_fake_inputs=True)
-    # made outside the tracker, which would compute them for real (no fake
-    # inputs, small): the weights must be fake, as features' are in a step
-    f_alpha = mode.from_tensor(alpha.detach()).requires_grad_()
-    f_x = mode.from_tensor(x.detach()).requires_grad_()
-    tracker = FakeTracker(mode, plain=False)
-    with mode, tracker:
-        run(f_alpha, f_x)
-        assert f_alpha.grad.shape == alpha.grad.shape
-        assert f_x.grad.shape == x.grad.shape
+    if backend == "fake":
+        # made outside the tracker, which would compute them for real (no
+        # fake inputs, small): the weights must be fake, as features' are
+        d_alpha = mode.from_tensor(alpha.detach()).requires_grad_()
+        d_x = mode.from_tensor(x.detach()).requires_grad_()
+        tracker, ctx = FakeTracker(mode, plain=False), mode
+    else:
+        d_alpha = torch.empty(a_shape, device="meta", requires_grad=True)
+        d_x = torch.empty(x_shape, device="meta", requires_grad=True)
+        tracker, ctx = MetaTracker(mode, plain=False), contextlib.nullcontext()
+    with ctx, tracker:
+        run(d_alpha, d_x)
+        assert d_alpha.grad.shape == alpha.grad.shape
+        assert d_x.grad.shape == x.grad.shape
     assert tracker.peak == pytest.approx(meter.peak, rel=0.02)
     # per head: the product, its transpose's and the sampled product, each
     # one multiply-add per entry and channel
