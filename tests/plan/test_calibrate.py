@@ -63,3 +63,29 @@ def test_calibrate_repeats_reuses_and_skips_failures(tmp_path, monkeypatch,
     assert "unreadable" in capsys.readouterr().err
     assert len(calls) == 12
     assert [s["run_bytes"] for s in fresh.samples] == [20 << 20, 60 << 20]
+
+
+def test_save_reference_ships_the_stored_calibration(tmp_path, monkeypatch, capsys):
+    import pytest
+
+    import leangnn.plan.calibrate as cmod
+    from leangnn.plan.calibration import Calibration, allocator_mode, machine_kind
+
+    monkeypatch.setenv("LEANGNN_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
+    monkeypatch.setattr(cmod, "REFERENCE_DIR", tmp_path / "reference")
+    # nothing measured here: one usage error, nothing written
+    with pytest.raises(SystemExit) as e:
+        cmod.main(["--save-reference"])
+    assert e.value.code == 2 and "no stored calibration" in capsys.readouterr().err
+    assert not (tmp_path / "reference").exists()
+    mine = Calibration(machine_kind("cpu"), allocator_mode("cpu"), scale=1.7,
+                       heap_scales={"sage": 2.2}, calibrated=True,
+                       measured_at="2026-12-01 05:00:00",
+                       samples=[{"config": {}, "run_bytes": 1.0}])
+    mine.save()
+    assert cmod.main(["--save-reference"]) == 0
+    shipped = json.loads((tmp_path / "reference"
+                          / f"{allocator_mode('cpu')}.json").read_text())
+    assert shipped["samples"] == [] and shipped["heap_scales"] == {"sage": 2.2}
+    assert shipped["reference"] == f"{mine.kind}, 2026-12-01 05:00:00"

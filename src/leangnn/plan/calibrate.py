@@ -300,7 +300,10 @@ def main(argv: list[str] | None = None) -> int:
                         "missing ones (estimates are always made anew)")
     args = p.parse_args(argv)
     if args.save_reference:
-        path = save_reference(args.device)
+        try:
+            path = save_reference(args.device)
+        except ValueError as e:
+            p.error(str(e))
         print(f"reference calibration written to {path}")
         return 0
     if args.show:
