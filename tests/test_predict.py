@@ -33,6 +33,8 @@ RUNS = {
     "offload": dict(task="signal_prob", strategy="offload", num_parts=2),
     # the learned decoder whatever decoder="auto" would choose on this run
     "prune": dict(task="arrival", strategy="prune", decoder="learned"),
+    # served by anchor averaging: no decoder, and none missing
+    "prune-average": dict(task="arrival", strategy="prune", decoder="average"),
 }
 TEST = "iscas85/c880"
 
@@ -126,6 +128,20 @@ def test_prune_run_carries_its_fitted_decoder(runs, tmp_path, capsys):
     torch.save(ckpt, old / "checkpoint.pt")
     assert main(["evaluate", "--run", str(old), "--dataset", TEST]) == 2
     assert "decoder was trained after its last checkpoint" in _one_error(capsys)
+
+
+def test_prune_run_without_a_decoder_is_served(runs, capsys):
+    """No decoder in the checkpoint is what such a run serves with (anchor
+    averaging, as when decoder="auto" drops it), not a decoder missing from
+    it: evaluate reproduces the summary."""
+    run_dir, _ = runs("prune-average")
+    ckpt = torch.load(run_dir / "checkpoint.pt", weights_only=True)
+    state = ckpt["fitted_strategy"]
+    assert state["decoder"] is None and state["decoder_choice"] == "average"
+    assert main(["evaluate", "--run", str(run_dir), "--dataset", TEST, "--json"]) == 0
+    summary = json.loads((run_dir / "summary.json").read_text())
+    _assert_close_metrics(json.loads(capsys.readouterr().out),
+                          summary["metrics"]["test"])
 
 
 @pytest.mark.parametrize("model", sorted(MODELS))

@@ -303,6 +303,11 @@ def test_a_diverged_run_stops_naming_the_epoch(tmp_path):
         Trainer(cfg, progress=False).fit()
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [
         "config.json", "metrics.jsonl"]
+    # without clipping (clip_norm=None) the message still names it, as 0
+    cfg = TrainConfig(**{**TINY, "lr": 1e308, "clip_norm": None})
+    with pytest.raises(ValueError, match=r"^training diverged in epoch 1: .* or "
+                       r"--clip-norm \(now 0\)$"):
+        Trainer(cfg, progress=False).fit()
     # diverging later: the last good epoch's checkpoint is kept, and named
     trainer = Trainer(TrainConfig(**{**TINY, "out": str(tmp_path / "late")}),
                       progress=False)

@@ -261,8 +261,11 @@ def _load_strategy(run: TrainedRun, ckpt: dict, ckpt_path: Path) -> None:
     except (KeyError, TypeError, ValueError, RuntimeError, AttributeError) as e:
         raise ValueError(f"{ckpt_path}: damaged {run.config.strategy!r} strategy "
                          f"state ({type(e).__name__}: {e})") from None
+    # a decoder that DPR's decoder="auto" dropped (or "average") is no
+    # decoder missing from the checkpoint
     if run.config.strategy == "prune" and run.summary and \
-            run.summary.get("decoder_rows") and state.get("decoder") is None:
+            run.summary.get("decoder_rows") and state.get("decoder") is None and \
+            state.get("decoder_choice") != "average":
         raise ValueError(
             f"{ckpt_path}: this prune run's decoder was trained after its last "
             "checkpoint and is not stored in it, so its predictions cannot be "

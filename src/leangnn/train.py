@@ -334,7 +334,7 @@ class Trainer:
         raise ValueError(
             f"training diverged in epoch {epoch + 1}: parameter {name!r} is no "
             f"longer finite (train loss {train_loss:.4g}); lower --lr (now "
-            f"{self.cfg.lr:g}) or --clip-norm (now {self.cfg.clip_norm:g}){kept}")
+            f"{self.cfg.lr:g}) or --clip-norm (now {self.cfg.clip_norm or 0:g}){kept}")
 
     def _release_heap(self) -> None:
         # Measured through `leangnn train` on epfl/multiplier (GSR, hidden 64,

@@ -417,8 +417,8 @@ class DPRStrategy(Strategy):
                 residual=True).to(self.device)
             self._train_decoder(graphs, loss_fn)
         rows = sum(g[4].numel() for g in graphs)
-        # "decoder_rows" says a decoder serves (`leangnn predict` expects its
-        # state then); a dropped one's rows are kept under another name
+        # "decoder_rows": the rows of the decoder that serves; a dropped
+        # one's are kept apart, so the figure always describes what serves
         self._stats["decoder_rows" if self.decoder is not None
                     else "dropped_decoder_rows"] = rows
         self._stats["decoder_train_s"] = time.perf_counter() - t0
