@@ -415,12 +415,13 @@ def val_error(out: Tensor, y: Tensor) -> float:
     """Error of ``out`` on targets ``y``: the error rate for classification
     (integer ``y``, one output column per class), else ``MSE / var(y)``
     (``1 - R^2``, scale-free; the MSE itself when ``y`` is constant)."""
+    from ..metrics import accuracy, r2
+
     if not y.is_floating_point() and out.dim() == 2 and out.size(1) > 1:
-        return float((out.argmax(1) != y.view(-1)).double().mean())
-    y = y.reshape(-1).double()
-    mse = float((out.reshape(-1).double() - y).square().mean())
-    var = float(y.var(correction=0)) if y.numel() else 0.0
-    return mse / var if var > 0 else mse
+        return 1.0 - accuracy(out, y)
+    if y.numel() and float(y.double().var(correction=0)) > 0:
+        return 1.0 - r2(out, y)
+    return float((out.reshape(-1).double() - y.reshape(-1).double()).square().mean())
 
 
 @torch.no_grad()
