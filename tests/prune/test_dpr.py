@@ -30,6 +30,19 @@ def _model(d, seed=0, dropout=0.3):
                        dropout=dropout)
 
 
+def _in_float64(strat, st, d):
+    """The features, the core's operands and the pruned nodes' anchors in
+    float64 (anchors computed if needed), so float32 rounding cannot hide a
+    wrong term."""
+    d.x = d.x.double()
+    st.train_data.x = st.train_data.x.double()
+    if st.train_data.get("adj_t") is not None:
+        st.train_data.adj_t = st.train_data.adj_t.double()
+    strat._ensure_anchors(st, d, rows=False)
+    st.anchors.weight = st.anchors.weight.double()
+    st.anchors.mass = st.anchors.mass.double()
+
+
 def _plain(d, epochs, seed=0):
     """The reference: a plain full-batch loop, no strategy involved."""
     model = _model(d, seed)
@@ -215,17 +228,11 @@ def test_fused_serving_equals_unfused_in_float64():
     strat.setup(model, [d])
     strat.fit_end(model, [d], LOSS)
     st = strat.prepare(d)
-    strat._ensure_anchors(st, d, rows=False)
-    # Everything in float64, so float32 rounding cannot hide a wrong term.
     model.double().eval()
     strat.decoder.double()
     for p in strat.decoder.parameters():  # zero-init head would hide the MLP
         torch.nn.init.normal_(p)
-    d.x = d.x.double()
-    st.train_data.x = st.train_data.x.double()
-    st.train_data.adj_t = st.train_data.adj_t.double()
-    st.anchors.weight = st.anchors.weight.double()
-    st.anchors.mass = st.anchors.mass.double()
+    _in_float64(strat, st, d)
     fused = strat.predict(model, d, fused=True)
     plain = strat.predict(model, d, fused=False)
     assert fused.dtype == torch.float64 and st.pruned.numel() > 0
@@ -247,12 +254,7 @@ def test_fast_serving_equals_the_model_and_csr_path_in_float64(fused, name):
     strat.setup(model, [d])
     st = strat.prepare(d)
     model.double().eval()
-    d.x = d.x.double()
-    st.train_data.x = st.train_data.x.double()
-    st.train_data.adj_t = st.train_data.adj_t.double()
-    strat._ensure_anchors(st, d, rows=False)
-    st.anchors.weight = st.anchors.weight.double()
-    st.anchors.mass = st.anchors.mass.double()
+    _in_float64(strat, st, d)
     for p in model.parameters():
         torch.nn.init.normal_(p, std=0.3)
     # before fit_end: anchor averaging of the encoder's outputs
@@ -467,11 +469,7 @@ def test_average_is_anchor_averaging_in_float64_and_trains_nothing():
     s = strat.summary()
     assert s["decoder_choice"] == "average" and "decoder_rows" not in s
     model.double().eval()
-    d.x = d.x.double()
-    st.train_data.x = st.train_data.x.double()
-    strat._ensure_anchors(st, d, rows=False)
-    st.anchors.weight = st.anchors.weight.double()
-    st.anchors.mass = st.anchors.mass.double()
+    _in_float64(strat, st, d)
     for p in model.parameters():
         torch.nn.init.normal_(p, std=0.3)
     out = strat.predict(model, d)
@@ -495,13 +493,9 @@ def test_learned_serves_its_decoder_on_the_anchor_inputs_in_float64():
     dec = strat.decoder.double()
     for p in dec.parameters():
         torch.nn.init.normal_(p, std=0.3)
-    d.x = d.x.double()
     st = strat.prepare(d)
-    st.train_data.x = st.train_data.x.double()
-    strat._ensure_anchors(st, d, rows=False)
-    w = st.anchors.weight.to_dense().double()
-    st.anchors.weight = st.anchors.weight.double()
-    st.anchors.mass = st.anchors.mass.double()
+    _in_float64(strat, st, d)
+    w = st.anchors.weight.to_dense()
     xc = d.x[st.core.index]
     with torch.no_grad():
         ref = dec(d.x[st.pruned], w @ xc, w @ xc, st.anchors.mass)
