@@ -141,6 +141,12 @@ def _bad_entries(t: torch.Tensor) -> tuple[int, tuple[int, ...]] | None:
     return int(bad.sum()), first
 
 
+def _named(data: Data, where: str) -> str:
+    """``where`` and the graph's name, when it has one (error messages)."""
+    name = getattr(data, "name", None)
+    return f"{where} {name!r}" if isinstance(name, str) else where
+
+
 def check_graph(data: Data, where: str = "graph", *, in_channels: int | None = None,
                 labels: bool = True, num_classes: int | None = None) -> None:
     """Refuse a graph a model cannot train on or predict for, before it is used.
@@ -164,8 +170,7 @@ def check_graph(data: Data, where: str = "graph", *, in_channels: int | None = N
         ValueError: one line naming the graph, the tensor and what is wrong
             (for non-finite values: how many entries and the first of them).
     """
-    name = getattr(data, "name", None)
-    what = f"{where} {name!r}" if isinstance(name, str) else where
+    what = _named(data, where)
     x = getattr(data, "x", None)
     if x is None:
         raise ValueError(f"{what}: has no node features (data.x is None)")
@@ -227,6 +232,4 @@ def check_splits(splits: GraphSplits) -> None:
             where = f"{split} graph {i}"
             check_graph(g, where, in_channels=width, num_classes=classes)
             if split == "train" and g.num_nodes == 0:
-                name = getattr(g, "name", None)
-                raise ValueError(f"{where}" + (f" {name!r}" if isinstance(name, str)
-                                               else "") + ": has no nodes")
+                raise ValueError(f"{_named(g, where)}: has no nodes")
