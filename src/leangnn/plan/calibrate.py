@@ -268,7 +268,7 @@ def save_reference(device: str = "cpu") -> Path:
                          "leangnn.plan.calibrate first") from None
     if not cal.calibrated:
         raise ValueError(f"--save-reference: {path} is not a measured calibration")
-    cal.samples, cal.reference = [], f"{cal.kind}, {cal.measured_at}"
+    cal.samples, cal.reference = [], cal.origin()
     out = REFERENCE_DIR / f"{cal.allocator}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out, json.dumps(cal.to_dict(), indent=1) + "\n")

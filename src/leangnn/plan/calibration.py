@@ -268,6 +268,10 @@ class Calibration:
             est.note = f"{est.note}; {hint}" if est.note else hint
 
     # ------------------------------------------------------------- storage
+    def origin(self) -> str:
+        """Where and when it was measured: a shipped reference's ``reference``."""
+        return f"{self.kind}, {self.measured_at}"
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
@@ -315,7 +319,7 @@ def reference_calibration(device: torch.device | str = "cpu") -> Calibration | N
         return None
     if not cal.calibrated:
         return None
-    cal.reference = cal.reference or f"{cal.kind}, {cal.measured_at}"
+    cal.reference = cal.reference or cal.origin()
     return cal
 
 
