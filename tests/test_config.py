@@ -65,6 +65,9 @@ def test_model_options_build_every_model():
     ({"dropout": -0.1}, "dropout: expected a value in"),
     ({"lr": 0}, "lr: expected a positive learning rate"),
     ({"lr": math.inf}, "lr: expected a finite number, got inf"),
+    # the optimizer casts its step to float32: beyond that, a bare overflow
+    ({"lr": 1e308}, "lr: expected a learning rate up to 3.403e\\+38 \\(float32's "
+                    "largest value\\), got 1e\\+308"),
     ({"weight_decay": math.inf}, "weight_decay: expected a finite number"),
     ({"weight_decay": -1.0}, "weight_decay: expected a value >= 0"),
     ({"clip_norm": -1.0}, "clip_norm: expected a norm >= 0"),

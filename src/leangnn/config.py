@@ -47,6 +47,10 @@ PLANNED_FIELDS = ("strategy", "model", "num_groups", "budget_ratio",
                   "device_budget", "num_parts")
 _MAX_SEED = 2**32
 _MAX_BUDGET = 1 << 60
+#: float32's largest value: the optimizer's step size is cast to the
+#: parameters' dtype, so a larger learning rate (1e308, inf) stopped Adam with
+#: a bare "cannot be converted to type float without overflow"
+_MAX_LR = 3.4028234663852886e38
 
 
 class ConfigError(ValueError):
@@ -218,6 +222,9 @@ class TrainConfig:
             _bad("dropout", self.dropout, "a value in [0, 1)")
         if not self.lr > 0:
             _bad("lr", self.lr, "a positive learning rate")
+        if self.lr > _MAX_LR:
+            _bad("lr", self.lr, f"a learning rate up to {_MAX_LR:.4g} (float32's "
+                 "largest value)")
         if self.weight_decay < 0:
             _bad("weight_decay", self.weight_decay, "a value >= 0")
         if self.clip_norm is not None and self.clip_norm < 0:
