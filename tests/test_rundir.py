@@ -145,6 +145,39 @@ def test_fresh_run_refuses_old_directory_unless_forced(tmp_path, capsys):
     RunDir(tmp_path / "empty").open().close()
 
 
+@pytest.mark.parametrize("name,content", [
+    ("config.json", '{"model_name": "bert", "lr": 0.1}\n'),
+    ("summary.json", '{"accuracy": 0.9}\n'),
+    ("metrics.jsonl", '{"step": 1, "loss": 0.5}\n'),
+    ("plan.json", "[1, 2]\n"),
+    ("checkpoint.pt", None),
+])
+def test_force_never_deletes_files_another_program_wrote(tmp_path, capsys, name,
+                                                        content):
+    """--force replaces a leangnn run; a user's own config.json (or a PyTorch
+    checkpoint.pt of theirs) in the --out folder is refused by name and kept."""
+    out = tmp_path / "project"
+    out.mkdir()
+    path = out / name
+    if content is None:
+        torch.save({"weights": torch.ones(3), "epoch": 7}, path)
+    else:
+        path.write_text(content)
+    before = path.read_bytes()
+    with pytest.raises(RunDirError, match=rf"{name} was not written by a leangnn "
+                                          r"run .*choose another --out"):
+        RunDir(out).open(force=True)
+    assert path.read_bytes() == before
+    capsys.readouterr()
+    assert _train(out, 1, "--force") == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and name in err and "leangnn run" in err
+    assert path.read_bytes() == before
+    # a leangnn run in the same place is replaced as before
+    assert _train(tmp_path / "run", 1) == 0
+    assert _train(tmp_path / "run", 1, "--force") == 0
+
+
 def test_stale_temporary_files_are_removed(tmp_path):
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True, check=True)

@@ -105,6 +105,47 @@ def environment() -> dict[str, Any]:
     return env
 
 
+def _json_object(path: Path) -> dict | None:
+    try:
+        d = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return d if isinstance(d, dict) else None
+
+
+def _not_ours(path: Path, name: str) -> str | None:
+    """Why ``path`` (one of :attr:`RunDir.FILES`, no config beside it) is not
+    a leangnn run's file; ``None`` when it is."""
+    import zipfile
+
+    if name == RunDir.METRICS:
+        try:
+            lines = path.read_text(encoding="utf-8").splitlines()
+            ok = all(isinstance(r := json.loads(x), dict) and "epoch" in r
+                     for x in lines if x.strip())
+        except (OSError, ValueError):
+            ok = False
+        return None if ok else "not JSON lines with an 'epoch' each"
+    if name in (RunDir.SUMMARY, RunDir.PLAN):
+        d = _json_object(path)
+        key = "memory" if name == RunDir.SUMMARY else "rows"
+        return None if d is not None and key in d else \
+            f"not a JSON object with {key!r}"
+    if name == RunDir.DAMAGED:
+        return None  # only leangnn names a file so
+    # a checkpoint: torch's zip whose pickle holds the Trainer's state keys
+    # (read as bytes, never unpickled: the file may be anyone's)
+    try:
+        with zipfile.ZipFile(path) as z:
+            pkl = next((n for n in z.namelist() if n.endswith("/data.pkl")), None)
+            data = z.read(pkl) if pkl else b""
+    except (OSError, zipfile.BadZipFile):
+        data = b""
+    return None if all(k in data for k in (b"format", b"best_state",
+                                           b"bad_epochs")) else \
+        "not a checkpoint of the Trainer's"
+
+
 class RunDir:
     """The files of one training run: lock, config, metrics, checkpoints, summary.
 
@@ -175,6 +216,14 @@ class RunDir:
                         f"out: {self.path} already holds a run ({', '.join(found)}); "
                         "resume it (--resume), overwrite it (--force) or choose "
                         "another --out")
+                foreign = self._foreign(found)
+                if foreign:
+                    # --force replaces a leangnn run, never a user's own files
+                    # that happen to share a name (a project's config.json)
+                    raise RunDirError(
+                        f"out: {self.path / foreign[0]} was not written by a "
+                        f"leangnn run ({foreign[1]}); --force only replaces "
+                        "leangnn runs: choose another --out")
                 for name in found:
                     (self.path / name).unlink()
                 atomic_write_text(self.path / self.METRICS, "")
@@ -182,6 +231,23 @@ class RunDir:
             self.close()
             raise
         return self
+
+    def _foreign(self, found: list[str]) -> tuple[str, str] | None:
+        """The first of ``found`` that is not a leangnn run's file, with why.
+
+        A run's ``config.json`` vouches for the rest of the directory; without
+        one, each file must show it is ours by its content (checkpoints by
+        the keys of the Trainer's state in their pickle)."""
+        if self.CONFIG in found:
+            d = _json_object(self.path / self.CONFIG)
+            if d is None or not {"strategy", "model"} <= d.keys():
+                return self.CONFIG, "not a JSON object with 'strategy' and 'model'"
+            return None
+        for name in found:
+            why = _not_ours(self.path / name, name)
+            if why:
+                return name, why
+        return None
 
     def close(self) -> None:
         """Release the lock (and remove the lock file)."""
