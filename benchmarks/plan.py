@@ -379,6 +379,11 @@ def _need(row_est, measured_run: int) -> int:
                + (row_est.host_bytes if row_est.device == "cpu" else 0))
 
 
+#: epochs each candidate of an auto case trains: memory over the first, time
+#: the median of the rest
+AUTO_EPOCHS = 4
+
+
 def auto_cases(args, cal) -> dict:
     from leangnn.config import TrainConfig
     from leangnn.data import load_graphs
@@ -422,10 +427,16 @@ def auto_cases(args, cal) -> dict:
             else:
                 log(f"  measure {row.label} ...")
                 try:
-                    m = measure_fresh(cfg, epochs=2, mmap=args.device == "cpu",
+                    # time: the median of the epochs after the first (one
+                    # epoch's wall time on a shared machine is not enough to
+                    # rank rows 1.2x apart)
+                    m = measure_fresh(cfg, epochs=AUTO_EPOCHS,
+                                      mmap=args.device == "cpu",
                                       timeout=args.timeout)
                     r.update(measured_run_bytes=m["run_bytes"],
-                             measured_epoch_seconds=m["epoch_seconds"][-1])
+                             measured_epoch_seconds=statistics.median(
+                                 m["epoch_seconds"][1:]),
+                             measured_epochs_seconds=m["epoch_seconds"])
                 except (RuntimeError, TimeoutError) as e:
                     r["measured_error"] = str(e).splitlines()[-1]
             r["config"] = cfg.to_dict()
@@ -479,8 +490,8 @@ def auto_markdown(res: dict) -> str:
            f"`python benchmarks/plan.py --section auto` on {res['device']} "
            f"({res['calibration']}, `MALLOC_MMAP_THRESHOLD_=65536`). Budget: a "
            "share of what the planner says full batch needs. Every candidate row "
-           "was then trained for real (fresh interpreter, 2 epochs: memory over "
-           "the first, time over the second); *need* is the "
+           f"was then trained for real (fresh interpreter, {AUTO_EPOCHS} epochs: "
+           "memory over the first, time the median of the others); *need* is the "
            "measured peak above the loaded state plus the model and graph "
            "tensors, what the planner's need counts. Targets: the pick's need "
            "never above the budget; its epoch time within 1.2x of the fastest "
