@@ -7,6 +7,9 @@ primary input (type ``ppi``, no fanin) and its D net a pseudo primary output,
 so a sequential netlist becomes its combinational core. Clock nets stay primary
 inputs. ``assign`` expressions (``~ & | ^`` and parentheses) create one node
 per operator occurrence, and ``assign y = x`` a ``buf``, as circuitgraph does.
+Yosys's output is read too (:mod:`.yosys`): ``write_verilog -noexpr`` gate
+cells (``\\$_AND_``, ``\\$_DFF_P_``, ...), and the default shape's ``?:``,
+flip-flop ``always`` blocks, bus connections and ``(* ... *)`` attributes.
 
 The reader works statement by statement with a handful of regular
 expressions; it reads the 8.7 MB ITC-99 ``b19`` in about a second on one core,
@@ -27,6 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+
+from . import yosys as _yosys
 
 __all__ = [
     "GATE_TYPES",
@@ -304,7 +309,11 @@ def _ident(tok: str) -> str:
 class _Verilog:
     def __init__(self, text: str, file: str | None):
         text = _strip_comments(text, file)
+        if "(*" in text:  # yosys writes (* src = "..." *) on every statement
+            text = _yosys.strip_attributes(text, file)
         self.bus_bits = 0
+        self.regs: set[str] = set()  # declared ``reg`` bits: flip-flop targets
+        self.buses: dict[str, tuple[int, int]] = {}  # bus -> (msb, lsb) index
         self.escaped: dict[str, str] = {}
         if "\\" in text:
             text = self._hide_escaped(text)
@@ -339,7 +348,12 @@ class _Verilog:
 
     def name(self, tok: str) -> str:
         tok = _ident(tok)
-        return self.escaped.get(tok, tok)
+        got = self.escaped.get(tok)
+        if got is None and self.escaped and tok.endswith("]"):
+            base, _, sel = tok.partition("[")  # \a.b [0]: a bit of an escaped bus
+            got = self.escaped.get(base)
+            return tok if got is None else f"{got}[{sel}"
+        return tok if got is None else got
 
     def parse(self, module: str | None = None) -> Netlist:
         text, b = self.text, self.b
@@ -379,7 +393,10 @@ class _Verilog:
         if text[top.end() - 1] == "(":
             self.ansi_ports(text, top.end(), start - 1)
         offset = start
-        for stmt in text[start:stop].split(";"):
+        stmts = text[start:stop].split(";")
+        if "always" in text:  # an always block's `else` follows a ';'
+            stmts = _yosys.join_else(stmts)
+        for stmt in stmts:
             self.statement(stmt, offset)
             offset += len(stmt) + 1
         return b.build(top.group(1))
@@ -393,12 +410,13 @@ class _Verilog:
             return
         if header.endswith(")"):
             header = header[:-1]
-        direction, offset = None, begin
+        direction, offset, reg = None, begin, False
         for item in header.split(","):
             here, offset = offset, offset + len(item) + 1
             m = _ANSI_DIR.match(item.strip())
             if m:
                 direction, rest = m.group(1), item.strip()[m.end():]
+                reg = re.search(r"\breg\b", rest) is not None  # output reg q
             else:
                 rest = item
             if direction is None:
@@ -408,6 +426,10 @@ class _Verilog:
             # net kinds and signs carry no structure: dropped, as wire is
             rest = _ANSI_KIND.sub(" ", rest)
             self.statement(f"{direction} {rest}", here + len(item) - len(item.lstrip()))
+            if reg:  # the same bits again: not counted twice against the cap
+                bits = self.bus_bits
+                self.regs.update(self.decl_names(rest, here))
+                self.bus_bits = bits
 
     def decl_names(self, rest: str, offset: int) -> list[str]:
         m = _RANGE.search(rest)
@@ -434,6 +456,8 @@ class _Verilog:
                 raise self.b.error(f"bad identifier {tok!r} in declaration", offset)
             name = self.name(tok)
             out.extend([f"{name}[{i}]" for i in rng] if rng else [name])
+            if rng:
+                self.buses[name] = (hi, lo)
         return out
 
     def statement(self, stmt: str, offset: int) -> None:
@@ -456,12 +480,21 @@ class _Verilog:
         elif kw == "output":
             b.outputs.extend((n, offset) for n in self.decl_names(rest, offset))
         elif kw in ("wire", "tri", "supply0", "supply1"):
-            pass  # declarations carry no structure; nets appear when used
+            # declarations carry no structure; nets appear when used, but
+            # `wire w = expr` drives w, and bus widths give `assign y = a` its bits
+            if "=" in rest or "[" in rest:
+                _yosys.wire(self, rest, stmt, offset)
         elif kw in self.flop_cells:
             self.flop(kw, rest, stmt, offset)
-        elif kw in ("always", "initial", "reg", "module", "function", "task"):
+        elif kw == "reg":  # a flip-flop's Q when an always block drives it
+            _yosys.declare_regs(self, rest, stmt, offset)
+        elif kw in _yosys.ALWAYS:
+            _yosys.always(self, kw, rest, stmt, offset)
+        elif kw in ("initial", "module", "function", "task", "else", "begin"):
             raise b.error(f"behavioral construct {kw!r} is not supported in a "
                           "gate-level netlist", offset, stmt)
+        elif self.name(kw).startswith("\\$"):  # a yosys cell: \$_AND_ g (...)
+            _yosys.cell(self, self.name(kw)[1:], rest, stmt, offset)
         elif kw in self.modules:
             raise b.error(f"instance of module {kw!r}, defined in this file: "
                           "hierarchical netlists are not supported; flatten the "
@@ -547,11 +580,21 @@ class _Verilog:
                 raise self.b.error("assign without '='", offset, stmt)
             lhs, rhs = part.split("=", 1)
             lhs = lhs.strip()
+            if (self.buses or "{" in part) and _yosys.is_bus_assign(self, lhs, rhs):
+                _yosys.bus_assign(self, lhs, rhs, stmt, offset)  # assign y = a[3:0]
+                continue
             if not _IDENT_RE.match(lhs):
                 raise self.b.error(f"bad assign target {lhs!r}", offset, stmt)
             self.expression(self.name(lhs), rhs, stmt, offset)
 
     def expression(self, target: str, rhs: str, stmt: str, offset: int) -> None:
+        if "?" in rhs:  # yosys writes $_MUX_ as `s ? b : a`
+            _yosys.conditional(self, rhs, stmt, offset, target)
+            return
+        _Expr(self, self.tokens(rhs, stmt, offset), target, stmt, offset).run()
+
+    def tokens(self, rhs: str, stmt: str, offset: int) -> list[str]:
+        """The tokens of an expression (nets, constants, operators)."""
         toks, pos = [], 0
         rhs = rhs.rstrip()
         while pos < len(rhs):
@@ -563,7 +606,7 @@ class _Verilog:
             pos = m.end()
         if not toks:
             raise self.b.error("empty assign expression", offset, stmt)
-        _Expr(self, toks, target, stmt, offset).run()
+        return toks
 
 
 def _instantiated(bodies: list[str], names: set[str]) -> set[str]:
@@ -596,8 +639,8 @@ def _defines_flop(body: str) -> bool:
 def _split_top(s: str) -> list[str]:
     parts, depth, cur = [], 0, []
     for ch in s:
-        depth += ch == "("
-        depth -= ch == ")"
+        depth += ch in "({"  # {a, b}: a concatenation's commas are inside
+        depth -= ch in ")}"
         if ch == "," and depth == 0:
             parts.append("".join(cur))
             cur = []
