@@ -167,9 +167,19 @@ def test_heap_families_most_specific_first():
     assert heap_families("full", {}) == []  # a user's own module: the fallback
 
 
+def _lstsq_factor(runs, const):
+    """Reference: the factor f of least relative error of run = big + f heap
+    + const over ``runs``, by numpy's least squares on the divided system."""
+    a = np.array([[s["heap_bytes"] / s["run_bytes"]] for s in runs])
+    y = np.array([(s["run_bytes"] - s["big_bytes"] - const) / s["run_bytes"]
+                  for s in runs])
+    return float(np.linalg.lstsq(a, y, rcond=None)[0][0])
+
+
 def test_default_glibc_heap_factor_per_op_mix(monkeypatch):
-    # each op mix gets the median factor of its own runs (every level of
-    # heap_families), a run of another mix the largest factor measured
+    # each op mix gets the factor of least relative error over its own runs
+    # (every level of heap_families), a run of another mix the largest
+    # factor measured
     monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
     const = 8e6
     samples = _samples(1.0, 0.0, 2e-5, 1e-9, 3e-10)[:5]
@@ -187,12 +197,15 @@ def test_default_glibc_heap_factor_per_op_mix(monkeypatch):
     if cal.allocator != "glibc-default":
         pytest.skip("not a glibc system")
     assert cal.heap_scales["gat"] == pytest.approx(1.3)
-    assert cal.heap_scales["res-sage"] == pytest.approx(2.1)
-    assert cal.heap_scales["res"] == pytest.approx(2.0)  # median of 1.2, 2.0, 2.2
+    res_sage, res = samples[2:4], samples[2:5]
+    assert cal.heap_scales["res-sage"] == pytest.approx(_lstsq_factor(res_sage,
+                                                                      const))
+    assert 2.0 < cal.heap_scales["res-sage"] < 2.1  # the smaller run weighs more
+    assert cal.heap_scales["res"] == pytest.approx(_lstsq_factor(res, const))
     assert cal.heap_scale == pytest.approx(2.2)
     # every run is predicted by its own mix's factor: only the two res-sage
-    # runs are off, by 0.1 x their heap
-    worst = 0.1 * (64 << 20) / samples[2]["run_bytes"]
+    # runs are off, the 2.2 one by the most
+    worst = (2.2 - cal.heap_scales["res-sage"]) * (64 << 20) / samples[3]["run_bytes"]
     assert cal.error["worst"] == pytest.approx(worst, rel=1e-6)
 
     def run_bytes(knobs, strategy="full"):
@@ -204,11 +217,31 @@ def test_default_glibc_heap_factor_per_op_mix(monkeypatch):
     assert run_bytes({"model": "gat"}) == pytest.approx(1000 + 1.3 * 2000 + const,
                                                         abs=1)
     assert run_bytes({"model": "res", "conv": "gat"}) == pytest.approx(
-        1000 + 2.0 * 2000 + const, abs=1)  # no res-gat run: all residual runs
+        1000 + cal.heap_scales["res"] * 2000 + const, abs=1)  # all residual runs
     assert run_bytes({"model": "sage"}, "prune") == pytest.approx(
         1000 + 2.2 * 2000 + const, abs=1)  # nothing like it: the largest
     back = Calibration.from_dict(json.loads(json.dumps(cal.to_dict())))
     assert back.heap_scales == cal.heap_scales
+
+
+def test_default_glibc_heap_factor_weighs_runs_by_their_heap_share(monkeypatch):
+    # a small run's factor is mostly its process-to-process spread over a
+    # few MiB of heap; a large run's heap is most of what it measures: the
+    # fitted factor follows the large run (a median would split the two)
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
+    const = 8e6
+    samples = _samples(1.0, 0.0, 2e-5, 1e-9, 3e-10)[:3]
+    samples[0].update(big_bytes=0.0, heap_bytes=1000.0, run_bytes=1000.0 + const)
+    for s, (heap, factor) in zip(samples[1:], ((256 << 20, 1.5), (8 << 20, 2.5))):
+        s.update(big_bytes=0.0, heap_bytes=float(heap),
+                 run_bytes=factor * heap + const,
+                 config={"strategy": "full", "model": "gcn"})
+    cal = fit_calibration(samples, "cpu")
+    if cal.allocator != "glibc-default":
+        pytest.skip("not a glibc system")
+    got = cal.heap_scales["gcn"]
+    assert got == pytest.approx(_lstsq_factor(samples[1:], const))
+    assert 1.5 < got < 1.75  # the median of the two: 2.0
 
 
 def test_offload_scale_per_model():
@@ -222,8 +255,17 @@ def test_offload_scale_per_model():
                         run_bytes=scale * s["tensor_bytes"],
                         config={"strategy": "offload", "model": model}))
     cal = fit_calibration(samples[3:] + off)
-    assert cal.offload_scales["offload-sage"] == pytest.approx(1.1)
-    assert cal.offload_scales["offload-gcn"] == pytest.approx(2.7)
+    # the scale of least relative error over each model's runs (numpy's
+    # least squares on the divided system); exact for a model of one run
+    def lstsq(runs):
+        a = np.array([[s["tensor_bytes"] / s["run_bytes"]] for s in runs])
+        y = np.array([(s["run_bytes"] - cal.const) / s["run_bytes"] for s in runs])
+        return float(np.linalg.lstsq(a, y, rcond=None)[0][0])
+
+    gcn = lstsq(off[1:])
+    assert cal.offload_scales["offload-sage"] == pytest.approx(lstsq(off[:1]))
+    assert cal.offload_scales["offload-gcn"] == pytest.approx(gcn)
+    assert 2.6 < gcn < 2.8
 
     def run_bytes(model):
         est = Estimate("offload", {"model": model}, "cpu", step_bytes=1000,
@@ -232,8 +274,9 @@ def test_offload_scale_per_model():
         cal.apply(est)
         return est.run_bytes
 
-    assert run_bytes("sage") == pytest.approx(1100 + cal.const, abs=1)
-    assert run_bytes("gcn") == pytest.approx(2700 + cal.const, abs=1)
+    assert run_bytes("sage") == pytest.approx(
+        1000 * cal.offload_scales["offload-sage"] + cal.const, abs=1)
+    assert run_bytes("gcn") == pytest.approx(1000 * gcn + cal.const, abs=1)
     top = max(off, key=lambda s: s["tensor_bytes"])
     assert run_bytes("gat") == pytest.approx(
         1000 * (top["run_bytes"] - cal.const) / top["tensor_bytes"] + cal.const,
