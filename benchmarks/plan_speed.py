@@ -16,6 +16,14 @@ row (a ``leangnn train`` command line) this script
 Disk caches (METIS partitions, parsed circuits) are warm in every round, as
 they are for a user's second run; in-process caches are cold.
 
+``--cli-wall ROW...`` times what ``--strategy auto`` adds to a run, from the
+user's side: the total wall time of ``leangnn train ROW-ARGS`` (the auto
+command line) against ``leangnn train`` of its pick (``--strategy <pick>``
+and the pick's knobs, read from the auto run's ``summary.json``), each in a
+fresh interpreter with one OpenMP thread, alternating (auto, pick, and the
+auto command on the ``--before`` tree when given), ``--rounds`` times each,
+medians reported (``results/plan_auto_wall.json``).
+
 ``--traces ROW...`` instead times the dry runs themselves: every
 ``trace_step`` call the estimate of each named row of ``benchmarks/plan.py``'s
 cli section makes is run on both backends (``fake``: ``FakeTensorMode``;
@@ -25,6 +33,8 @@ and the traces are compared field by field.
 
     python benchmarks/plan_speed.py --before /tmp/before/src   # results/plan_speed.json
     python benchmarks/plan_speed.py --traces b19-full-sage2 mult-gsr16-gat
+    python benchmarks/plan_speed.py --before /tmp/before/src --cli-wall \
+        csbm100k-auto-sage3 h-csbm50k-auto-gcn3
 """
 
 from __future__ import annotations
@@ -37,11 +47,13 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "results" / "plan_speed.json"
 TRACES_OUT = ROOT / "benchmarks" / "results" / "plan_trace_speed.json"
+WALL_OUT = ROOT / "benchmarks" / "results" / "plan_auto_wall.json"
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from plan import CLI_ROWS  # noqa: E402  (the cli section's command lines)
 
@@ -50,7 +62,8 @@ from plan import CLI_ROWS  # noqa: E402  (the cli section's command lines)
 # 4-part offload row
 ROWS = [r for r in CLI_ROWS if r["name"] in (
     "b19-offload-sage3", "csbm100k-offload-gcn2", "csbm100k-auto-sage3",
-    "b19-full-sage2", "b19-gsr16", "mult-full-res8", "csbm20k-full-gat2")] + [
+    "b19-full-sage2", "b19-gsr16", "mult-full-res8", "csbm20k-full-gat2",
+    "h-csbm50k-auto-gcn3", "csbm20k-auto-res16")] + [
     dict(name="s38417-offload-gcn3", args="--dataset iscas89/s38417 --val-dataset "
          "iscas85/c17 --test-dataset iscas85/c432 --strategy offload --model gcn "
          "--layers 3 --hidden 64 --device-budget 26667582 --parts 4"),
@@ -201,6 +214,120 @@ def traces(names: list[str], rounds: int) -> None:
     print("\n".join(lines))
 
 
+def _train_wall(args: list[str], src: str | None, epochs: int
+                ) -> tuple[float, float, dict]:
+    """Wall and CPU (user + system) seconds of one ``leangnn train`` process,
+    and its summary. With one thread the CPU seconds are what an idle
+    machine's wall time would be (a shared machine's wall time is not)."""
+    import resource
+
+    with tempfile.TemporaryDirectory(prefix="plan-wall-") as tmp:
+        out = Path(tmp) / "run"
+        r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        t0 = time.perf_counter()
+        p = subprocess.run([sys.executable, "-m", "leangnn", "train", *args,
+                            "--epochs", str(epochs), "--out", str(out), "--quiet"],
+                           env=_env(src), capture_output=True, text=True,
+                           timeout=1800, cwd=ROOT)
+        wall = time.perf_counter() - t0
+        r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        if p.returncode:
+            raise RuntimeError(p.stderr.strip().splitlines()[-1])
+        cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
+        return wall, cpu, json.loads((out / "summary.json").read_text())
+
+
+def _pick_args(args: list[str], plan: dict) -> list[str]:
+    """The auto command line with ``--strategy auto --memory-budget B``
+    replaced by the pick's strategy and knobs."""
+    from leangnn.cli import _TRAIN_FLAGS
+
+    flag = {field: "--" + f.replace("_", "-") for f, field in _TRAIN_FLAGS.items()}
+    out, skip = [], False
+    for a in args:
+        if skip:
+            skip = False
+            continue
+        if a in ("--strategy", "--memory-budget"):
+            skip = True
+            continue
+        out.append(a)
+    for field, value in plan["config"].items():
+        out += [flag[field], str(value)]
+    return out
+
+
+def cli_wall(names: list[str], rounds: int, before: str | None, epochs: int,
+             out: Path = WALL_OUT) -> None:
+    from plan import CLI_ROWS as ALL
+
+    rows = []
+    for name in names:
+        row = next((r for r in ALL if r["name"] == name), None)
+        if row is None or "--strategy auto" not in row["args"]:
+            raise SystemExit(f"--cli-wall: no auto cli row {name!r}")
+        auto = shlex.split(row["args"])
+        sides = ("auto", "pick", "auto_before")
+        walls: dict[str, list] = {k: [] for k in sides}
+        cpus: dict[str, list] = {k: [] for k in sides}
+        plans: dict[str, list] = {"auto": [], "auto_before": []}
+        pick = None
+        for _ in range(rounds):
+            for side in sides:
+                if side == "auto_before" and not before:
+                    continue
+                # the pick's command line: from the first auto run's summary
+                w, c, s = _train_wall(pick if side == "pick" else auto,
+                                      before if side == "auto_before" else None,
+                                      epochs)
+                walls[side].append(w)
+                cpus[side].append(c)
+                if side != "pick":
+                    plans[side].append(s["plan"]["plan_seconds"])
+                if side == "auto" and pick is None:
+                    pick = _pick_args(auto, s["plan"])
+
+        def med(d):
+            return {k: statistics.median(v) for k, v in d.items() if v}
+
+        wm, cm = med(walls), med(cpus)
+        r = {"name": name, "auto_args": row["args"], "pick_args": shlex.join(pick),
+             "epochs": epochs, "rounds": rounds,
+             "wall_seconds": wm, "cpu_seconds": cm, "walls": walls, "cpus": cpus,
+             "plan_seconds": med(plans),
+             "auto_adds_wall_seconds": wm["auto"] - wm["pick"],
+             "auto_adds_cpu_seconds": cm["auto"] - cm["pick"],
+             "auto_adds_wall_seconds_before": (wm["auto_before"] - wm["pick"]
+                                               if "auto_before" in wm else None),
+             "auto_adds_cpu_seconds_before": (cm["auto_before"] - cm["pick"]
+                                              if "auto_before" in cm else None)}
+        print(json.dumps(r), flush=True)
+        rows.append(r)
+    old = json.loads(out.read_text()) if out.is_file() else {}
+    done = {r["name"] for r in rows}
+    keep = [x for x in old.get("rows", []) if x["name"] not in done]
+    from leangnn.utils import atomic_write_text
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out, json.dumps({"rows": keep + rows}, indent=1))
+    lines = ["| row | pick | process CPU s (wall s), pick | auto | auto before "
+             "| auto adds | before |", "|---|---|---:|---:|---:|---:|---:|"]
+
+    def both(r, k):
+        c, w = r["cpu_seconds"].get(k), r["wall_seconds"].get(k)
+        return "" if c is None else f"{c:.2f} ({w:.2f})"
+
+    for r in keep + rows:
+        ab, wb = r.get("auto_adds_cpu_seconds_before"), \
+            r.get("auto_adds_wall_seconds_before")
+        lines.append(f"| {r['name']} | `{r['pick_args']}` | {both(r, 'pick')} | "
+                     f"{both(r, 'auto')} | {both(r, 'auto_before')} | "
+                     f"{r['auto_adds_cpu_seconds']:.2f} "
+                     f"({r['auto_adds_wall_seconds']:.2f}) | "
+                     f"{'' if ab is None else f'{ab:.2f} ({wb:.2f})'} |")
+    print("\n".join(lines))
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--before", help="source tree (its src/) of the reference")
@@ -209,11 +336,23 @@ def main(argv=None) -> None:
     ap.add_argument("--remeasure", action="store_true")
     ap.add_argument("--traces", nargs="+", metavar="ROW",
                     help="time the dry runs of these cli rows on both backends")
+    ap.add_argument("--cli-wall", nargs="+", metavar="ROW",
+                    help="wall time of these auto cli rows against their pick")
+    ap.add_argument("--epochs", type=int, default=3,
+                    help="epochs of each --cli-wall run (default: 3)")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="the JSON to update (default: results/plan_speed.json, "
+                    "with --cli-wall results/plan_auto_wall.json)")
     args = ap.parse_args(argv)
+    if args.cli_wall:
+        cli_wall(args.cli_wall, args.rounds, args.before, args.epochs,
+                 args.out or WALL_OUT)
+        return
     if args.traces:
         traces(args.traces, args.rounds)
         return
-    old = json.loads(OUT.read_text()) if OUT.is_file() else {}
+    out = args.out or OUT
+    old = json.loads(out.read_text()) if out.is_file() else {}
     prev = {r["name"]: r for r in old.get("rows", [])}
     rows = []
     for row in ROWS:
@@ -243,10 +382,10 @@ def main(argv=None) -> None:
         rows.append(r)
     done = {r["name"] for r in rows}
     keep = [x for x in old.get("rows", []) if x["name"] not in done]
-    OUT.parent.mkdir(parents=True, exist_ok=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
     from leangnn.utils import atomic_write_text
 
-    atomic_write_text(OUT, json.dumps({"rows": keep + rows}, indent=1))
+    atomic_write_text(out, json.dumps({"rows": keep + rows}, indent=1))
     print(markdown(keep + rows))
 
 

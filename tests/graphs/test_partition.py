@@ -92,3 +92,58 @@ def test_halos_match_k_hop_subgraph(graph, hops):
         want = subset[~torch.isin(subset, nodes)]
         assert torch.equal(halo, want)
 
+
+
+# ------------------------------------------------------------ in-process reuse
+def test_graph_stamp_tells_the_same_unchanged_graph_from_any_other(graph):
+    g = graph.clone()
+    stamp = P.GraphStamp(g)
+    assert stamp.matches(g) and stamp.alive
+    assert not stamp.matches(graph)  # equal content, other tensors
+    h = g.clone()
+    h.edge_index = g.edge_index  # x replaced: another graph
+    assert not stamp.matches(h)
+    g.x[0, 0] += 1  # changed in place: the version counter moved
+    assert not stamp.matches(g)
+    g2 = graph.clone()
+    s2 = P.GraphStamp(g2)
+    g2.name = "other"  # a non-tensor attribute too
+    assert not s2.matches(g2)
+    g3 = graph.clone()
+    s3 = P.GraphStamp(g3)
+    g3.edge_index = g3.edge_index.clone()  # replaced by an equal tensor
+    assert not s3.matches(g3)
+    del g3
+    assert not s3.alive  # a stamp keeps nothing alive
+    with torch.inference_mode():  # no version counter: never the same
+        g4 = graph.clone()
+    assert not P.GraphStamp(g4).matches(g4)
+    with P.reuse_hashes():
+        assert P.graph_hash(g4.edge_index, 500) == P.graph_hash(graph.edge_index,
+                                                                500)
+
+
+def test_graph_hash_is_computed_once_per_block_and_never_stale(graph, monkeypatch):
+    calls = []
+    real = P.hashlib.blake2b
+
+    def counting(*a, **k):
+        calls.append(1)
+        return real(*a, **k)
+
+    monkeypatch.setattr(P.hashlib, "blake2b", counting)
+    ei = graph.edge_index.clone()
+    ref = P.graph_hash(ei, 500)
+    assert P.graph_hash(ei, 500) == ref and len(calls) == 2  # no block: hashed
+    with P.reuse_hashes():
+        assert P.graph_hash(ei, 500) == ref
+        with P.reuse_hashes():  # nested: the same memo
+            assert P.graph_hash(ei, 500) == ref
+        assert len(calls) == 3
+        assert P.graph_hash(ei, 501) != ref and len(calls) == 4  # other N
+        ei[0, 0] = ei[1, 0]  # changed in place: hashed again, a new hash
+        changed = P.graph_hash(ei, 500)
+        assert changed != ref and len(calls) == 5
+        monkeypatch.setenv("LEANGNN_PLAN_REUSE", "0")  # the off switch
+        assert P.graph_hash(ei, 500) == changed and len(calls) == 6
+    assert P._HASHES is None  # dropped with the block

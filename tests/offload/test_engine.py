@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -465,3 +466,73 @@ def test_peak_total_bytes_of_whole_graph_retaining_epochs(name):
     est = eng.last_train.peak_total_bytes - data.x.untyped_storage().nbytes() - \
         eng.split.resident
     assert m.peak <= est <= 1.15 * m.peak
+
+
+# ------------------------------------------- graph structures offered by a plan
+@pytest.fixture
+def no_offers():
+    from leangnn.offload import engine
+
+    engine.withdraw_offers()
+    yield
+    engine.withdraw_offers()
+
+
+@pytest.mark.parametrize("name", ["gcn", "sage"])
+def test_offered_graph_structures_are_reused_and_equal_fresh_ones(
+        name, no_offers, monkeypatch, tmp_path):
+    from leangnn.offload import engine
+
+    data = _graph()
+    need = full_batch_vertex_bytes(_model(name), data.num_nodes)
+    # the planner's counting engine (its own model instance) offers
+    counting = OffloadEngine(_model(name, seed=1), data, int(0.7 * need), 4,
+                             virtual=True, cache_dir=tmp_path)
+    engine.offer_graph(counting, data)
+    model = _model(name)
+    eng = OffloadEngine(model, data, int(0.7 * need), 4, cache_dir=tmp_path)
+    assert eng.csr is counting.csr and eng.partition is counting.partition
+    assert not engine._OFFERS  # taken by the engine that trains
+    monkeypatch.setenv("LEANGNN_PLAN_REUSE", "0")
+    ref_model = _model(name)
+    fresh = OffloadEngine(ref_model, data, int(0.7 * need), 4, cache_dir=tmp_path)
+    assert fresh.csr is not counting.csr
+    for key in ("rowptr", "col", "weight"):
+        a, b = getattr(eng.csr, key, None), getattr(fresh.csr, key, None)
+        assert (a is None) == (b is None) and (a is None or torch.equal(a, b))
+    assert torch.equal(eng.degree, fresh.degree)
+    assert torch.equal(eng.partition.part, fresh.partition.part)
+    assert [c.targets.tolist() for c in eng.sched.chunks] == \
+        [c.targets.tolist() for c in fresh.sched.chunks]
+    loss, grads = _engine_grads(eng, model, data)
+    ref_loss, ref_grads = _engine_grads(fresh, ref_model, data)
+    assert loss == ref_loss
+    assert all(torch.equal(a, b) for a, b in zip(grads, ref_grads))
+
+
+def test_offered_graph_structures_serve_only_the_same_graph_and_conv(
+        no_offers, tmp_path):
+    from leangnn.offload import engine
+
+    data = _graph()
+    counting = OffloadEngine(_model("gcn"), data, "64MiB", 4, virtual=True,
+                             cache_dir=tmp_path)
+    engine.offer_graph(counting, data)
+    # another conv (no GCN normalisation in the weights): built afresh
+    assert OffloadEngine(_model("sage"), data, "64MiB", 4).csr is not counting.csr
+    # another part count: the grouping is shared, the partition is not (a
+    # counting engine leaves the offer for the engine that trains)
+    other = OffloadEngine(_model("gcn"), data, "64MiB", 2, virtual=True,
+                          cache_dir=tmp_path)
+    assert other.csr is counting.csr and other.partition.num_parts == 2
+    assert len(engine._OFFERS) == 1
+    # the graph changed in place: nothing is reused
+    data.edge_index[0, 0] = data.edge_index[1, 0]
+    changed = OffloadEngine(_model("gcn"), data, "64MiB", 4, cache_dir=tmp_path)
+    assert changed.csr is not counting.csr
+    # withdrawn: all, or all partitions but the kept part count
+    engine.offer_graph(changed, data)
+    engine.withdraw_offers(keep=SimpleNamespace(num_parts=8))  # a TrainConfig
+    assert engine._OFFERS and not any(e[4] for e in engine._OFFERS)
+    engine.withdraw_offers()
+    assert not engine._OFFERS

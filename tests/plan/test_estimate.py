@@ -202,3 +202,52 @@ def test_a_step_over_the_op_limit_is_extrapolated_from_short_traces(splits,
     monkeypatch.setattr(E, "trace_step",
                         lambda *a, **k: trace_step(*a, **k, max_ops=100))
     assert estimate_config(cfg, splits).method == "analytic"
+
+
+def test_planned_core_is_a_fresh_core_and_offered_to_the_pick_alone(splits,
+                                                                    monkeypatch):
+    """The prune rows of a plan share the graph's adjacency and scores and
+    offer their cores; forget() keeps the pick's alone, which a DPRStrategy
+    of the same configuration takes instead of selecting it again."""
+    from leangnn.plan import estimate as E
+    from leangnn.prune import dpr
+
+    big = splits.train[0]
+    E.forget()
+    dpr.withdraw_offers()
+    cores = {r: E.core_of(big, planned=True, budget_ratio=r) for r in (0.5, 0.3)}
+    entry = E._graph_entry(big)
+    assert entry[1] is not None and "pagerank" in entry[2]  # shared by the rows
+    assert len(dpr._OFFERS) == 2
+    E.forget(keep=TrainConfig(strategy="prune", model="sage", budget_ratio=0.3))
+    assert entry[1] is None and len(dpr._OFFERS) == 1  # the adjacency is dropped
+    taker = DPRStrategy(budget_ratio=0.3)
+    st = taker.prepare(big)
+    assert taker.summary()["core_reused"] is True and st.train_data is cores[0.3]
+    monkeypatch.setenv("LEANGNN_PLAN_REUSE", "0")
+    for r, core in cores.items():
+        fresh = DPRStrategy(budget_ratio=r).prepare(big).train_data
+        assert torch.equal(core.x, fresh.x) and torch.equal(core.y, fresh.y)
+        for part in ("crow_indices", "col_indices", "values"):
+            assert torch.equal(getattr(core.adj_t, part)(),
+                               getattr(fresh.adj_t, part)())
+    E.forget()
+    assert not dpr._OFFERS
+
+
+def test_estimate_outside_a_plan_keeps_no_core_or_adjacency(splits):
+    from leangnn.plan import estimate as E
+    from leangnn.prune import dpr
+
+    E.forget()
+    dpr.withdraw_offers()
+    cfg = TrainConfig(strategy="prune", model="sage", num_layers=2,
+                      hidden_channels=8, budget_ratio=0.3)
+    estimate_config(cfg, splits)
+    assert not dpr._OFFERS and all(e[1] is None for e in E._GRAPHS)
+    with E.plan_scope():
+        estimate_config(cfg, splits)
+    assert len(dpr._OFFERS) == 1
+    assert any(e[1] is not None for e in E._GRAPHS)
+    E.forget()
+    assert not dpr._OFFERS and all(e[1] is None for e in E._GRAPHS)

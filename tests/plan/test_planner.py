@@ -165,3 +165,74 @@ def test_lazy_plan_stops_at_the_largest_core_that_fits(res_cfg, splits):
     skipped = [r for r in lazy.rows if r.knobs["budget_ratio"] == 0.1]
     assert skipped and skipped[0].need_bytes is None
     assert "not estimated" in skipped[0].why
+    # of the cores the plan selected, the pick's alone is kept for training
+    from leangnn.prune import dpr
+
+    assert [json.loads(o[1])["budget_ratio"] for o in dpr._OFFERS
+            if o[0].matches(splits.train[0])] == [0.3]
+    dpr.withdraw_offers()
+
+
+@pytest.mark.parametrize("want", ["prune", "offload"])
+def test_auto_run_trains_what_the_pick_alone_trains(want, tmp_path, monkeypatch):
+    """`leangnn train --strategy auto` takes over what planning built for its
+    pick (DPR's core, the offload engine's graph structures) and trains
+    exactly what `--strategy <pick>` trains with the same seed."""
+    from leangnn.cli import main
+    from leangnn.data import load_graphs
+    from leangnn.offload import engine
+    from leangnn.prune import dpr
+    from leangnn.train import Trainer
+
+    args = ["--dataset", "csbm:3000", "--model", "gcn", "--layers", "2",
+            "--hidden", "16", "--epochs", "3", "--seed", "3", "--quiet"]
+    cfg = TrainConfig(dataset="csbm:3000", strategy="auto", model="gcn",
+                      num_layers=2, hidden_channels=16, epochs=3, seed=3)
+    splits = load_graphs(cfg, progress=False)
+    # a budget whose pick is `want` under this machine's calibration
+    budget = None
+    for b in ("12MiB", "16MiB", "10MiB", "20MiB", "14MiB", "18MiB", "8MiB"):
+        pick = plan_config(cfg, splits, b, lazy=True).pick
+        if pick is not None and pick.strategy == want:
+            budget = b
+            break
+    if budget is None:
+        pytest.skip(f"no budget tried picks {want} under this calibration")
+    dpr.withdraw_offers()  # (offered for these splits, not the run's)
+    engine.withdraw_offers()
+    taken = []
+    for mod in (dpr, engine):
+        real = mod._take_offer if mod is dpr else mod._offered
+
+        def spy(*a, _real=real, **k):
+            hit = _real(*a, **k)
+            taken.append(hit is not None)
+            return hit
+
+        monkeypatch.setattr(mod, "_take_offer" if mod is dpr else "_offered", spy)
+    auto = tmp_path / "auto"
+    assert main(["train", *args, "--strategy", "auto", "--memory-budget", budget,
+                 "--out", str(auto)]) == 0
+    assert any(taken)  # the pick took what its row built
+    resolved = json.loads((auto / "config.json").read_text())
+    assert resolved["strategy"] == want
+    # the pick alone, in the same process, with nothing offered
+    dpr.withdraw_offers()
+    engine.withdraw_offers()
+    taken.clear()
+    resolved.update(out=str(tmp_path / "pick"), memory_budget=None)
+    Trainer(TrainConfig.from_dict(resolved), progress=False).fit()
+    assert not any(taken)
+
+    def metrics(run):
+        return [json.loads(x) for x in (run / "metrics.jsonl").read_text()
+                .splitlines()
+                if x]
+
+    a, p = metrics(auto), metrics(tmp_path / "pick")
+    assert [(m["train_loss"], m["val"]) for m in a] == \
+        [(m["train_loss"], m["val"]) for m in p]
+    sa = json.loads((auto / "summary.json").read_text())
+    sp = json.loads((tmp_path / "pick" / "summary.json").read_text())
+    assert sa["metrics"] == sp["metrics"]  # test and validation
+    assert sa.get("core_reused") is (True if want == "prune" else None)

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch_geometric.data import Data
 
-from leangnn.graphs.synthetic import contextual_sbm
+from leangnn.graphs.synthetic import contextual_sbm, power_law_graph
 from leangnn.prune.core import (
     build_core,
     cap_in_degree,
@@ -150,6 +150,38 @@ def test_cap_in_degree():
     assert torch.equal(kdeg, deg.clamp(max=cap))  # everyone keeps min(d, c)
     assert int(deg.clamp(max=cap + 1).sum()) > budget  # c is the largest cap
     assert cap_in_degree(d.edge_index, 800, 10**9).all()
+
+
+def _cap_by_one_sort(edge_index, num_nodes, max_edges, seed):
+    """The reference: every edge sorted by target + its uniform offset, the
+    first c of every target kept (c from the same search)."""
+    dst = edge_index[1]
+    e = dst.numel()
+    deg = torch.bincount(dst, minlength=num_nodes)
+    cap = max(c for c in range(int(deg.max()) + 1)
+              if int(deg.clamp(max=c).sum()) <= max_edges)
+    rand = torch.rand(e, generator=torch.Generator().manual_seed(seed),
+                      dtype=torch.float64)
+    order = torch.argsort(dst.double() + rand)
+    start = torch.cumsum(deg, 0) - deg
+    rank = torch.arange(e) - start[dst[order]]
+    mask = torch.zeros(e, dtype=torch.bool)
+    mask[order[rank < cap]] = True
+    return mask
+
+
+@pytest.mark.parametrize("share", [0.05, 0.3, 0.7, 0.95])
+def test_cap_in_degree_keeps_the_edges_of_one_global_sort(share):
+    # sorting only the capped nodes' edges keeps the same edges (power-law
+    # hubs and unsorted, duplicated targets included)
+    for seed in range(3):
+        d = power_law_graph(600, avg_degree=8, seed=seed)
+        ei = d.edge_index[:, torch.randperm(d.num_edges,
+                                            generator=torch.Generator()
+                                            .manual_seed(seed))]
+        budget = int(share * ei.size(1))
+        assert torch.equal(cap_in_degree(ei, 600, budget, seed=seed),
+                           _cap_by_one_sort(ei, 600, budget, seed))
 
 
 def test_dspar_is_unbiased():

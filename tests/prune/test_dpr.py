@@ -545,3 +545,95 @@ def test_bad_decoder_choice_values(kw, match):
         DPRConfig(**kw)
     with pytest.raises(ValueError, match=match):
         DPRStrategy(**kw)
+
+
+# ------------------------------------------------- a core offered by the planner
+def _assert_same_state(a, b):
+    """Two prepared states hold equal tensors (core, training graph, rows)."""
+    for key in ("index", "mask"):
+        assert torch.equal(getattr(a.core, key), getattr(b.core, key))
+    assert torch.equal(a.pruned, b.pruned) and torch.equal(a.rows, b.rows)
+    assert (a.num_edges, a.canonical) == (b.num_edges, b.canonical)
+    ta, tb = a.train_data, b.train_data
+    assert sorted(ta.keys()) == sorted(tb.keys())
+    for key in ta.keys():
+        va, vb = ta[key], tb[key]
+        if isinstance(va, torch.Tensor) and va.layout == torch.sparse_csr:
+            for part in ("crow_indices", "col_indices", "values"):
+                assert torch.equal(getattr(va, part)(), getattr(vb, part)())
+        elif isinstance(va, torch.Tensor):
+            assert torch.equal(va, vb), key
+        else:
+            assert va == vb, key
+
+
+@pytest.fixture
+def no_offers():
+    from leangnn.prune import dpr
+
+    dpr.withdraw_offers()
+    yield
+    dpr.withdraw_offers()
+
+
+def test_offered_core_is_taken_once_and_equals_a_fresh_one(no_offers, monkeypatch):
+    from leangnn.prune import dpr
+
+    d = _graph()
+    DPRStrategy(budget_ratio=0.3, seed=5).offer(d)
+    taker = DPRStrategy(budget_ratio=0.3, seed=5)
+    st = taker.prepare(d)
+    assert taker.summary()["core_reused"] is True and not dpr._OFFERS  # taken
+    monkeypatch.setenv("LEANGNN_PLAN_REUSE", "0")
+    fresh = DPRStrategy(budget_ratio=0.3, seed=5)
+    _assert_same_state(st, fresh.prepare(d))
+    assert "core_reused" not in fresh.summary()
+    # the planner's way: its importance scores and adjacency handed in
+    monkeypatch.delenv("LEANGNN_PLAN_REUSE")
+    from leangnn.graphs.sparse import undirected_csr
+    from leangnn.prune.importance import node_importance
+
+    adj = undirected_csr(d.edge_index, d.num_nodes)
+    score = node_importance(d.edge_index, d.num_nodes, "pagerank", adj=adj)
+    DPRStrategy(budget_ratio=0.3, seed=5).offer(d, score=score, adj=adj)
+    _assert_same_state(DPRStrategy(budget_ratio=0.3, seed=5).prepare(d),
+                       fresh.prepare(d))
+
+
+def test_offered_core_serves_only_the_same_unchanged_graph_and_config(
+        no_offers, monkeypatch):
+    from leangnn.prune import dpr
+
+    d = _graph()
+    DPRStrategy(budget_ratio=0.3).offer(d)
+    other = DPRStrategy(budget_ratio=0.5)  # another configuration
+    other.prepare(d)
+    assert "core_reused" not in other.summary() and len(dpr._OFFERS) == 1
+    twin = d.clone()  # equal content, another graph
+    t = DPRStrategy(budget_ratio=0.3)
+    t.prepare(twin)
+    assert "core_reused" not in t.summary()
+    d.x[0] += 1.0  # the graph changed in place after the offer
+    changed = DPRStrategy(budget_ratio=0.3)
+    st = changed.prepare(d)
+    assert "core_reused" not in changed.summary()
+    assert torch.equal(st.train_data.x, d.x[st.core.index])  # the new features
+    # switched off: nothing is kept
+    monkeypatch.setenv("LEANGNN_PLAN_REUSE", "0")
+    dpr.withdraw_offers()
+    DPRStrategy(budget_ratio=0.3).offer(d)
+    assert not dpr._OFFERS
+    monkeypatch.delenv("LEANGNN_PLAN_REUSE")
+    # bounded, and withdraw keeps the one configuration asked for
+    for r in (0.1, 0.2, 0.3, 0.4, 0.5):
+        DPRStrategy(budget_ratio=r).offer(d)
+    assert len(dpr._OFFERS) == dpr.OFFERS
+    dpr.withdraw_offers(drop=DPRConfig(budget_ratio=0.2))  # that one only
+    assert [json.loads(o[1])["budget_ratio"] for o in dpr._OFFERS] == \
+        [0.3, 0.4, 0.5]
+    dpr.withdraw_offers(keep=DPRConfig(budget_ratio=0.4))
+    assert len(dpr._OFFERS) == 1 and DPRStrategy(budget_ratio=0.4).prepare(d)
+    assert not dpr._OFFERS
+    # an importance callable names no scores: never offered
+    DPRStrategy(budget_ratio=0.3, importance=lambda ei, n: torch.rand(n)).offer(d)
+    assert not dpr._OFFERS

@@ -8,6 +8,12 @@ its message passing reads. :func:`partition_graph` calls METIS through
 into contiguous, equally sized pieces when ``pymetis`` is missing; results are
 cached in memory and on disk, keyed by a hash of the graph and ``num_parts``.
 
+In-process reuse (the planner's rows, the training of its pick) rests on
+:class:`GraphStamp`, which tells the very same, unchanged graph from any other,
+and on :func:`reuse_hashes`, inside which :func:`graph_hash` hashes an
+unchanged edge tensor once. ``LEANGNN_PLAN_REUSE=0`` switches every such reuse
+off (:func:`reuse_enabled`).
+
 Edges follow PyG's ``source_to_target`` flow: ``edge_index[0]`` sends to
 ``edge_index[1]``; the halo of a part is its *in*-neighbourhood.
 """
@@ -17,6 +23,9 @@ from __future__ import annotations
 import hashlib
 import os
 import warnings
+import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,6 +43,9 @@ __all__ = [
     "bfs_partition",
     "halo_sets",
     "graph_hash",
+    "GraphStamp",
+    "reuse_hashes",
+    "reuse_enabled",
 ]
 
 METHODS = ("auto", "metis", "bfs")
@@ -71,12 +83,124 @@ class Partition:
                 f"num_parts={self.num_parts}, method={self.method})")
 
 
+#: environment variable that switches in-process reuse of graph structures
+#: off (``0``, ``false``, ``no``, ``off``)
+REUSE_ENV = "LEANGNN_PLAN_REUSE"
+
+
+def reuse_enabled() -> bool:
+    """Whether structures built for one configuration of a graph may serve
+    another user of the same graph in this process (the planner's cores and
+    partitions, the training of its pick; hashes within one plan). Read at
+    every call: ``LEANGNN_PLAN_REUSE=0`` is the off switch (everything is
+    built again, as without any cache; results are the same either way)."""
+    return os.environ.get(REUSE_ENV, "1").strip().lower() not in (
+        "0", "false", "no", "off")
+
+
+def _tensor_sig(t: Tensor) -> tuple | None:
+    # The version counter moves with every in-place torch op on the tensor
+    # (or a view of it); the pointer, shape and dtype with any replacement.
+    # An inference tensor has no version counter: it never matches (None).
+    if t.is_inference():
+        return None
+    return (t._version, t.data_ptr(), tuple(t.shape), str(t.dtype), str(t.device))
+
+
+class GraphStamp:
+    """Who a graph is and whether it changed since, for in-process caches.
+
+    Records every attribute of a ``Data``: each tensor by weak reference (the
+    stamp keeps nothing alive) with its version counter, storage pointer,
+    shape, dtype and device; any other value by value (by identity when it is
+    not hashable). :meth:`matches` holds only for the very same tensor
+    objects, unchanged since, and equal other attributes: another graph, a
+    graph whose tensors were replaced, changed in place by torch (which moves
+    the version counter), or freed never matches.
+
+    Writes that bypass the version counter (through a NumPy view, ``.data``
+    or ``set_``) are not seen: code doing that should switch reuse off
+    (``LEANGNN_PLAN_REUSE=0``, :func:`reuse_enabled`). A graph with an
+    inference tensor (made under ``torch.inference_mode``, which keeps no
+    version counter) never matches.
+
+    Args:
+        data (Data): the graph.
+    """
+
+    def __init__(self, data):
+        tensors, self._sig = self._read(data)
+        self._refs = [weakref.ref(t) for t in tensors]
+
+    @staticmethod
+    def _read(data) -> tuple[list[Tensor], tuple]:
+        tensors, sig = [], []
+        for key, value in sorted(data.items(), key=lambda kv: kv[0]):
+            if isinstance(value, Tensor):
+                tensors.append(value)
+                sig.append((key, "tensor", _tensor_sig(value)))
+            else:
+                try:
+                    hash(value)
+                    sig.append((key, "value", type(value).__name__, value))
+                except TypeError:
+                    sig.append((key, "object", id(value)))
+        return tensors, tuple(sig)
+
+    @property
+    def alive(self) -> bool:
+        """Whether every recorded tensor still exists."""
+        return all(r() is not None for r in self._refs)
+
+    def matches(self, data) -> bool:
+        """``data`` is the stamped graph, unchanged."""
+        tensors, sig = self._read(data)
+        return (sig == self._sig and len(tensors) == len(self._refs)
+                and all(s[2] is not None for s in sig if s[1] == "tensor")
+                and all(r() is t for r, t in zip(self._refs, tensors)))
+
+
+#: graph hashes of the current :func:`reuse_hashes` block (``None`` outside)
+_HASHES: list | None = None
+_HASH_DEPTH = 0
+
+
+@contextmanager
+def reuse_hashes() -> Iterator[None]:
+    """Within the block, :func:`graph_hash` of the same, unchanged edge
+    tensor is computed once (e.g. the offload rows of one plan, one
+    partition each: 0.03 s a hash at 100k nodes and 1.6M edges). Blocks
+    nest; the hashes are dropped when the outermost ends. Outside, and with
+    :func:`reuse_enabled` off, every call hashes."""
+    global _HASHES, _HASH_DEPTH
+    if _HASH_DEPTH == 0:
+        _HASHES = []
+    _HASH_DEPTH += 1
+    try:
+        yield
+    finally:
+        _HASH_DEPTH -= 1
+        if _HASH_DEPTH == 0:
+            _HASHES = None
+
+
 def graph_hash(edge_index: Tensor, num_nodes: int) -> str:
     """A content hash of a graph's edges (the partition cache key)."""
+    sig = (_tensor_sig(edge_index), int(num_nodes))
+    memo = _HASHES if (_HASHES is not None and sig[0] is not None
+                       and reuse_enabled()) else None
+    if memo is not None:
+        for ref, s, digest in memo:
+            if ref() is edge_index and s == sig:
+                return digest
     h = hashlib.blake2b(digest_size=12)
     h.update(str((num_nodes, tuple(edge_index.shape))).encode())
     h.update(edge_index.contiguous().cpu().numpy().tobytes())
-    return h.hexdigest()
+    digest = h.hexdigest()
+    if memo is not None:
+        memo[:] = [e for e in memo if e[0]() is not None][-7:]  # a few graphs
+        memo.append((weakref.ref(edge_index), sig, digest))
+    return digest
 
 
 def metis_partition(edge_index: Tensor, num_nodes: int, num_parts: int,

@@ -24,6 +24,13 @@ times.
 ``mode="recompute"`` runs the baseline it replaces in the same engine: each
 partition computes all layers for its ``L``-hop in-neighbourhood, so shared
 vertices are recomputed by every partition that needs them.
+
+The planner's counting engines offer their graph structures (the edges
+grouped by target with the conv's weights, the in-degrees, the partition) to
+the engine that trains its pick (:func:`offer_graph`); an engine takes them
+over only for the very same, unchanged graph
+(:class:`~leangnn.graphs.partition.GraphStamp`) under the same conv
+normalisation, and ``LEANGNN_PLAN_REUSE=0`` is the off switch.
 """
 
 from __future__ import annotations
@@ -35,7 +42,12 @@ import torch
 from torch import Tensor
 from torch_geometric.data import Data
 
-from leangnn.graphs.partition import Partition, partition_graph
+from leangnn.graphs.partition import (
+    GraphStamp,
+    Partition,
+    partition_graph,
+    reuse_enabled,
+)
 from leangnn.graphs.sparse import DstCSR
 from leangnn.offload.budget import DeviceBudget
 from leangnn.offload.cache import DeviceCache, resolve_policy
@@ -54,7 +66,55 @@ from leangnn.offload.plane import (
 from leangnn.offload.schedule import BudgetError, ExactSchedule, RecomputeSchedule
 from leangnn.offload.workspace import WorkspaceModel
 
-__all__ = ["OffloadEngine", "OffloadCounters", "OffloadOptions", "MODES"]
+__all__ = ["OffloadEngine", "OffloadCounters", "OffloadOptions", "MODES",
+           "offer_graph", "withdraw_offers"]
+
+#: graphs whose structures were offered at once (:func:`offer_graph`)
+OFFERS = 2
+#: ``[stamp, topology key, csr, degree, {partition key: Partition}]``
+_OFFERS: list[list] = []
+
+
+def offer_graph(eng: OffloadEngine, data: Data) -> None:
+    """Keep ``eng``'s graph structures (built for ``data``) for the next
+    engine on the very same, unchanged graph under the same conv
+    normalisation: its edges grouped by target, in-degrees and partition
+    (the planner's offload rows, then the training of the pick). Bounded
+    (:data:`OFFERS` graphs), checked by
+    :class:`~leangnn.graphs.partition.GraphStamp`, taken by the first
+    engine that trains (not counting) on that graph, dropped by
+    :func:`withdraw_offers`; nothing is kept with reuse off."""
+    if not reuse_enabled():
+        return
+    key = eng._topology_key()
+    for entry in _OFFERS:
+        if entry[1] == key and entry[2] is eng.csr and entry[0].matches(data):
+            break
+    else:
+        _OFFERS[:] = [e for e in _OFFERS if e[0].alive][-(OFFERS - 1):]
+        entry = [GraphStamp(data), key, eng.csr, eng.degree, {}]
+        _OFFERS.append(entry)
+    entry[4][eng._partition_key()] = eng.partition
+
+
+def _offered(data: Data, key: tuple) -> list | None:
+    if not _OFFERS or not reuse_enabled():
+        return None
+    return next((e for e in _OFFERS if e[1] == key and e[0].matches(data)), None)
+
+
+def withdraw_offers(keep=None) -> None:
+    """Drop the offered graph structures (:func:`offer_graph`): all, or all
+    partitions but ``keep``'s part count (a configuration with
+    ``num_parts``: the planner's offload pick), and those of graphs that no
+    longer exist."""
+    if keep is None:
+        _OFFERS.clear()
+        return
+    _OFFERS[:] = [e for e in _OFFERS if e[0].alive]
+    for e in _OFFERS:
+        n = e[2].num_nodes
+        e[4] = {k: p for k, p in e[4].items() if k[0] == min(keep.num_parts, n)}
 
 
 def _upcoming(sched, order: list[int], i: int):
@@ -152,6 +212,16 @@ class OffloadEngine:
             if like.partition.num_parts == o.num_parts:
                 self.partition = like.partition
                 return
+        elif (offered := _offered(data, self._topology_key())) is not None:
+            # the planner's counting engine of this graph built them already;
+            # the engine that trains takes them (a plan's rows only share)
+            self.csr, self.degree = offered[2], offered[3]
+            part = offered[4].get(self._partition_key())
+            if not o.virtual:
+                _OFFERS.remove(offered)
+            if part is not None:
+                self.partition = part
+                return
         else:
             ei, w = self.lw.topology(data.edge_index, n, data.get("edge_weight", None))
             self.csr = DstCSR(ei, n, w)
@@ -160,6 +230,21 @@ class OffloadEngine:
         self.partition = partition_graph(data.edge_index, n, o.num_parts,
                                          o.partition_method, o.seed,
                                          cache_dir=o.cache_dir)
+
+    def _topology_key(self) -> tuple:
+        """What the edges grouped by target depend on besides the graph: the
+        conv (GCN's normalisation folds its options into the weights)."""
+        conv = self.lw.model.convs[0]
+        key: tuple = (type(conv).__qualname__, self.lw._takes_weight)
+        if self.lw.is_gcn:
+            key += (bool(conv.normalize), bool(conv.improved),
+                    bool(conv.add_self_loops), conv.flow, str(self.dtype))
+        return key
+
+    def _partition_key(self) -> tuple:
+        o = self.options
+        return (o.num_parts, o.partition_method, o.seed,
+                None if o.cache_dir is None else str(o.cache_dir))
 
     def _calibrate(self, retain: bool = False) -> WorkspaceModel:
         shadow = copy.deepcopy(self.model).train()

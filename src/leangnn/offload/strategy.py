@@ -6,6 +6,11 @@ Fundamental Research 2026) into the :class:`~leangnn.train.Trainer`: one
 engine per graph, built on first use; every ``train_step`` is one exact
 full-batch forward/backward, so the trainer's single optimizer step per
 graph and epoch sees exactly PyG's full-batch gradient.
+
+Under ``--strategy auto`` an engine takes over the graph structures the
+planner's row of it built (edges grouped by target, partition; see
+:func:`~leangnn.offload.engine.offer_graph`; ``LEANGNN_PLAN_REUSE=0`` is the
+off switch).
 """
 
 from __future__ import annotations

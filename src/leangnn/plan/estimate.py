@@ -19,6 +19,16 @@ With several training graphs, Adam's moments (allocated in the first step)
 are live under every later step's activations, and on CPU the heap keeps what
 the small graphs' steps left there (:func:`_epoch_heap`).
 
+The rows of one plan (:func:`plan_scope`) share what depends on the graph
+alone (its hash, its symmetric adjacency, node importance), and what a row
+builds for training (DPR's core, the offload engine's graph grouped by target
+and partitioned) is offered to the run that trains the pick, which takes it
+over instead of building it again (:meth:`~leangnn.prune.dpr.DPRStrategy.
+offer`, :func:`~leangnn.offload.engine.offer_graph`): only for the very same,
+unchanged graph and configuration, at most a few, withdrawn by
+:func:`forget` but for the pick's. ``LEANGNN_PLAN_REUSE=0`` switches all of
+it off (:func:`~leangnn.graphs.partition.reuse_enabled`).
+
 Bytes are tensor bytes; :mod:`leangnn.plan.calibration` adds the allocator's
 overhead measured on this machine (CPU resident memory, CUDA's caching
 allocator) and turns the traced work into seconds.
@@ -28,7 +38,8 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -46,7 +57,7 @@ from leangnn.plan.fake import (
 
 __all__ = ["Estimate", "depth_points", "estimate_model", "estimate_config",
            "default_loss", "largest_graph", "core_of", "offload_step",
-           "forget", "EXTRAPOLATE_ABOVE"]
+           "forget", "withdraw", "plan_scope", "EXTRAPOLATE_ABOVE"]
 
 #: registered models deeper than this are traced at :func:`depth_points`
 EXTRAPOLATE_ABOVE = 8
@@ -437,11 +448,13 @@ def _epoch_heap(cfg, splits, before: list[Data], loss_fn, device: torch.device,
 
 
 #: traced full-batch work of recent offload rows' models (one per plan; the
-#: full row's trace fills it when it comes first, as in the planner)
-_FULL_WORK: dict[tuple, dict] = {}
+#: full row's trace fills it when it comes first, as in the planner), each
+#: with the stamp of its graph
+_FULL_WORK: dict[tuple, tuple] = {}
 
-#: the last offload row's counting engine, whose graph structures the next
-#: row on the same graph and model reuses (:func:`forget`)
+#: the last offload row's counting engine (with the stamp of its graph),
+#: whose graph structures the next row on the same graph and model reuses
+#: (:func:`forget`)
 _LIKE: dict[tuple, Any] = {}
 
 
@@ -453,42 +466,139 @@ def _work_key(cfg, big: Data, splits, device: torch.device) -> tuple:
 
 def _remember_full_work(cfg, big: Data, splits, device: torch.device,
                         work: dict) -> None:
+    from leangnn.graphs.partition import GraphStamp
+
     key = _work_key(cfg, big, splits, device)
-    if key not in _FULL_WORK:
+    if _full_work(key, big) is None:
+        _FULL_WORK.pop(key, None)
         if len(_FULL_WORK) >= 8:
             _FULL_WORK.pop(next(iter(_FULL_WORK)))
-        _FULL_WORK[key] = work
+        _FULL_WORK[key] = (GraphStamp(big), work)
 
 
-def forget() -> None:
+def _full_work(key: tuple, big: Data) -> dict | None:
+    """The remembered work under ``key`` if it is of ``big`` as it is now (an
+    id and a pointer may come back for another graph once one is freed)."""
+    hit = _FULL_WORK.get(key)
+    return hit[1] if hit is not None and hit[0].matches(big) else None
+
+
+#: open :func:`plan_scope` blocks
+_PLANNING = 0
+
+
+@contextmanager
+def plan_scope() -> Iterator[None]:
+    """The rows of one plan are estimated inside: they share the graph's
+    symmetric adjacency (prune rows) and its hash (offload rows, one
+    partition each), and what they build for training (DPR's core, the
+    offload engine's graph structures) is offered to the run that trains
+    the pick. Call :func:`forget` (with the pick's configuration) after.
+    Outside, an estimate offers nothing and keeps no adjacency."""
+    from leangnn.graphs.partition import reuse_hashes
+
+    global _PLANNING
+    _PLANNING += 1
+    try:
+        with reuse_hashes():
+            yield
+    finally:
+        _PLANNING -= 1
+
+
+def forget(keep=None) -> None:
     """Drop what one plan's rows share (the last counting engine, which
-    holds the graph grouped by target): call when a plan is done."""
+    holds the graph grouped by target; the symmetric adjacency of the prune
+    rows' graph): call when a plan is done. What the plan built for the
+    training of a row (DPR's core, the offload engine's graph structures;
+    see :meth:`~leangnn.prune.dpr.DPRStrategy.offer`) is withdrawn too, all
+    but ``keep``'s (a :class:`~leangnn.config.TrainConfig`: the pick's
+    configuration, which ``--strategy auto`` trains next)."""
+    from leangnn.offload.engine import withdraw_offers as withdraw_graphs
+    from leangnn.prune.dpr import withdraw_offers
+
     _LIKE.clear()
+    for entry in _GRAPHS:
+        entry[1] = None  # the adjacency; the scores (N floats) stay
+    strategy = getattr(keep, "strategy", None)
+    withdraw_offers(_dpr_config(keep) if strategy == "prune" else None)
+    withdraw_graphs(keep if strategy == "offload" else None)
 
 
-#: importance scores of recent graphs: the rows of one plan (core ratios)
-#: select cores of the same graph, and PageRank is the costly part
-_SCORES: dict[tuple, Tensor] = {}
+def withdraw(cfg) -> None:
+    """Drop what the row of ``cfg`` (a ``TrainConfig``) offered for training
+    when it cannot be the pick (it does not fit): DPR's core, not kept
+    beside the next rows' while they are built."""
+    from leangnn.prune.dpr import withdraw_offers
+
+    if getattr(cfg, "strategy", None) == "prune":
+        withdraw_offers(drop=_dpr_config(cfg))
 
 
-def core_of(data: Data, **dpr) -> Data:
+#: per recent graph: ``[stamp, symmetric adjacency or None, {importance
+#: method: scores}]``. The rows of one plan (core ratios) select cores of
+#: the same graph: PageRank and the adjacency are the costly shared parts.
+_GRAPHS: list[list] = []
+
+
+def _graph_entry(data: Data) -> list:
+    from leangnn.graphs.partition import GraphStamp, reuse_enabled
+
+    if reuse_enabled():
+        for entry in _GRAPHS:
+            if entry[0].matches(data):
+                return entry
+    _GRAPHS[:] = [e for e in _GRAPHS if e[0].alive][-3:]
+    entry = [GraphStamp(data), None, {}]
+    if reuse_enabled():
+        _GRAPHS.append(entry)
+    return entry
+
+
+def _dpr_config(cfg):
+    """The :class:`~leangnn.prune.dpr.DPRConfig` a ``TrainConfig`` trains
+    (as :meth:`~leangnn.prune.dpr.DPRStrategy.from_config` reads it)."""
+    from leangnn.prune.dpr import DPRStrategy
+
+    return DPRStrategy.from_config(cfg).config
+
+
+def core_of(data: Data, planned: bool = False, **dpr) -> Data:
     """DPR's core training graph of ``data`` (``dpr``: fields of
     :class:`~leangnn.prune.dpr.DPRConfig`), selected on the CPU; node
-    importance is computed once per graph and method."""
-    from leangnn.prune.dpr import DPRConfig, DPRStrategy
+    importance is computed once per graph and method.
+
+    Args:
+        data (Data): the graph.
+        planned (bool, optional): a row of a plan: the graph's symmetric
+            adjacency is kept for the plan's other rows (until
+            :func:`forget`), and the core is offered to the training of the
+            pick (:meth:`~leangnn.prune.dpr.DPRStrategy.offer`).
+            (default: ``False``)
+        **dpr: :class:`~leangnn.prune.dpr.DPRConfig` fields.
+    """
+    from leangnn.graphs.sparse import undirected_csr
+    from leangnn.prune.dpr import DPRStrategy
     from leangnn.prune.importance import node_importance
 
-    method = dpr.get("importance", DPRConfig.importance)
-    key = (id(data), data.edge_index.data_ptr(), int(data.num_nodes), str(method))
-    if key not in _SCORES:
-        if len(_SCORES) >= 4:
-            _SCORES.pop(next(iter(_SCORES)))
-        _SCORES[key] = node_importance(data.edge_index, int(data.num_nodes), method)
-    score = _SCORES[key]
-    dpr["importance"] = lambda edge_index, num_nodes: score
+    strategy = DPRStrategy(device="cpu", **dpr)
+    method = strategy.config.importance
+    entry = _graph_entry(data)
+    adj = entry[1]
+    if adj is None:
+        adj = undirected_csr(data.edge_index.cpu(), int(data.num_nodes))
+        if planned:
+            entry[1] = adj
+    score = None
+    if isinstance(method, str):
+        score = entry[2].get(method)
+        if score is None:
+            score = entry[2][method] = node_importance(
+                data.edge_index.cpu(), int(data.num_nodes), method, adj=adj)
     with torch.random.fork_rng(devices=[]):
-        core = DPRStrategy(device="cpu", **dpr).prepare(data).train_data
-    return core
+        st = (strategy.offer if planned else strategy._build)(data, score=score,
+                                                              adj=adj)
+    return st.train_data
 
 
 def _adj_step(model: torch.nn.Module, data: Data, loss_fn) -> float:
@@ -507,7 +617,7 @@ def _core_graph(cfg, data: Data, device: torch.device) -> tuple[Data, str]:
 
     dpr = {f.name: getattr(cfg, f.name) for f in fields(DPRConfig)
            if getattr(cfg, f.name, None) is not None}
-    core = core_of(data, **dpr)
+    core = core_of(data, planned=_PLANNING > 0, **dpr)
     return core, (f"core of {int(data.num_nodes)} nodes: {int(core.num_nodes)} "
                   f"nodes, {int(core.num_edges)} edges")
 
@@ -551,7 +661,9 @@ def offload_step(eng, counters, x_bytes: int, params: int, device: torch.device
 
 def _offload(cfg, splits, big: Data, device: torch.device, knobs: dict,
              loss_fn) -> Estimate:
+    from leangnn.graphs.partition import GraphStamp
     from leangnn.offload import OffloadEngine, OffloadOptions
+    from leangnn.offload.engine import offer_graph
     from leangnn.offload.strategy import DEFAULT_BUDGET
 
     model = _build(cfg, splits.in_channels, splits.out_channels, cfg.num_layers)
@@ -559,14 +671,19 @@ def _offload(cfg, splits, big: Data, device: torch.device, knobs: dict,
     opts = OffloadOptions(budget, min(cfg.num_parts, int(big.num_nodes)), cfg.cache,
                           cfg.offload_mode, device=device, virtual=True)
     key = _work_key(cfg, big, splits, device)
-    like = _LIKE.get(key)
+    hit = _LIKE.get(key)
+    # (another graph may sit where a freed one was: same id and pointer)
+    like = hit[1] if hit is not None and hit[0].matches(big) else None
     with torch.random.fork_rng(devices=[]):
         eng = OffloadEngine(model, big, options=opts, like=like)
         counters = eng.simulate(train=True)
     # the next row of the same plan (another part count or budget) reuses the
-    # graph grouped by target (and the partition, at the same part count)
+    # graph grouped by target (and the partition, at the same part count);
+    # the training of the pick, if it is this row, reuses both
     _LIKE.clear()
-    _LIKE[key] = eng
+    _LIKE[key] = (GraphStamp(big), eng)
+    if _PLANNING:
+        offer_graph(eng, big)
     params = _model_bytes(model)
     step, device_step, host = offload_step(eng, counters,
                                            big.x.untyped_storage().nbytes(),
@@ -574,7 +691,7 @@ def _offload(cfg, splits, big: Data, device: torch.device, knobs: dict,
     knobs["chunks"] = eng.num_chunks
     # The compute of an offloaded epoch is that of full-batch training plus
     # the recomputation and the per-job work; time is fitted on both.
-    if key not in _FULL_WORK:  # the same for every part count and budget
+    if _full_work(key, big) is None:  # the same for every part count and budget
         try:
             full, _ = _trace_config(cfg, big, splits.in_channels,
                                     splits.out_channels, loss_fn, device)
@@ -582,7 +699,7 @@ def _offload(cfg, splits, big: Data, device: torch.device, knobs: dict,
         except UnsupportedOpError:
             work = {}
         _remember_full_work(cfg, big, splits, device, work)
-    work = dict(_FULL_WORK[key])
+    work = dict(_full_work(key, big))
     work.update(jobs=counters.jobs * len(splits.train),
                 traffic=counters.traffic_bytes,
                 computations=counters.vertex_layer_computations

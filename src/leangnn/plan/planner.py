@@ -29,7 +29,13 @@ from typing import Any
 import torch
 
 from leangnn.plan.calibration import Calibration, calibration_label, load_calibration
-from leangnn.plan.estimate import Estimate, estimate_config, forget
+from leangnn.plan.estimate import (
+    Estimate,
+    estimate_config,
+    forget,
+    plan_scope,
+    withdraw,
+)
 from leangnn.utils import format_bytes, json_safe, parse_bytes
 
 __all__ = ["PlanRow", "PlanTable", "plan_config", "choose", "format_table",
@@ -384,6 +390,34 @@ def plan_config(cfg, splits, memory_budget=None, device=None,
     cal = calibration or load_calibration(dev)
     todo = [c for c in candidates(cfg, budget)
             if strategies is None or c[0] in strategies]
+    try:
+        # the rows share the graph's hash and adjacency, and offer what they
+        # build for training to the pick
+        with plan_scope():
+            rows = _estimate_rows(cfg, todo, budget, dev, splits, cal, lazy)
+    except BaseException:
+        forget()  # nothing of a failed plan is kept
+        raise
+    table = PlanTable([r for r in rows if r is not None], budget, str(dev),
+                      calibration_label(cal))
+    mark_table(table)
+    # what the rows share is dropped; what they built for training (DPR's
+    # core, the offload engine's graph) is kept for the pick alone, which
+    # ``--strategy auto`` trains next
+    keep = None
+    if table.pick is not None:
+        try:
+            keep = table.pick.apply(replace(cfg, device=str(dev)))
+        except (TypeError, ValueError):  # not a TrainConfig: nothing trains next
+            keep = None
+    forget(keep=keep)
+    table.seconds = time.perf_counter() - t0
+    return table
+
+
+def _estimate_rows(cfg, todo: list, budget: int, dev: torch.device, splits,
+                   cal: Calibration, lazy: bool) -> list[PlanRow | None]:
+    """The rows of ``todo`` (:func:`candidates`), lazily or all."""
     rows: list[PlanRow | None] = [None] * len(todo)
     done = False
     core_fits: float | None = None  # the largest core ratio found to fit
@@ -403,6 +437,9 @@ def plan_config(cfg, splits, memory_budget=None, device=None,
             r = rows[i]
             fits = r.need_bytes is not None and r.need_bytes <= budget and \
                 not r.host_short
+            if not fits and strategy == "prune" and r.estimate is not None:
+                # never the pick: its core need not wait for training
+                withdraw(replace(cfg, **fields))
             if lazy and fits and _SPEED_RANK.get(strategy) == 0:
                 done = True  # full batch fits: nothing exact is faster
             if fits and kind == "approximate":
@@ -412,12 +449,7 @@ def plan_config(cfg, splits, memory_budget=None, device=None,
                         and r.need_bytes <= budget and not r.host_short
                         for r in rows):
             done = True
-    forget()  # the rows' shared counting engine: not needed past the plan
-    table = PlanTable([r for r in rows if r is not None], budget, str(dev),
-                      calibration_label(cal))
-    mark_table(table)
-    table.seconds = time.perf_counter() - t0
-    return table
+    return rows
 
 
 def _row(cfg, strategy: str, fields: dict, kind: str, dev: torch.device, splits,

@@ -11,11 +11,18 @@ it beats anchor averaging on validation (``DPRConfig.decoder``); and
 :meth:`~DPRStrategy.predict` serves all nodes: encoder on the core, decoder (or
 anchor averaging) on the pruned nodes. ``budget_ratio=1`` is the off switch:
 the core is the whole graph and training is plain full-batch training.
+
+The planner selects the core of its prune rows for real
+(:meth:`DPRStrategy.offer`); the training of its pick takes that core over
+instead of selecting it again, when the graph is the very same, unchanged
+one and the configuration equal (``LEANGNN_PLAN_REUSE=0`` is the off switch,
+see :func:`~leangnn.graphs.partition.reuse_enabled`).
 """
 
 from __future__ import annotations
 
 import copy
+import json
 import time
 from dataclasses import asdict, dataclass, fields
 from typing import Any
@@ -24,6 +31,7 @@ import torch
 from torch import Tensor
 from torch_geometric.data import Data
 
+from ..graphs.partition import GraphStamp, reuse_enabled
 from ..graphs.sparse import adj_t_of, is_canonical, undirected_csr
 from ..strategy import LossFn, Strategy
 from .core import CoreGraph, build_core
@@ -46,7 +54,7 @@ from .serve import (
     serve_pruned,
 )
 
-__all__ = ["DPRConfig", "DPRStrategy"]
+__all__ = ["DPRConfig", "DPRStrategy", "withdraw_offers", "OFFERS"]
 
 
 @dataclass
@@ -206,6 +214,51 @@ class _GraphState:
     serve_chunks: tuple[tuple, list] | None = None
 
 
+#: most cores offered at once (:meth:`DPRStrategy.offer`); a plan offers one
+#: per prune row it estimates, and the planner withdraws all but its pick's
+OFFERS = 4
+#: ``(stamp of the graph, configuration key, CPU state)``, oldest first
+_OFFERS: list[tuple[GraphStamp, str, _GraphState]] = []
+
+
+def _config_key(config: DPRConfig) -> str | None:
+    """Every setting, as text (``None``: not serialisable, e.g. an importance
+    callable, whose identity says nothing about its scores)."""
+    try:
+        return json.dumps(asdict(config), sort_keys=True)
+    except TypeError:
+        return None
+
+
+def _take_offer(config: DPRConfig, data: Data) -> _GraphState | None:
+    """The offered state of ``data`` under ``config`` (removed), if any."""
+    if not _OFFERS or not reuse_enabled():
+        return None
+    ck = _config_key(config)
+    if ck is None:
+        return None
+    for i, (stamp, key, st) in enumerate(_OFFERS):
+        if key == ck and stamp.matches(data):
+            del _OFFERS[i]
+            return st
+    return None
+
+
+def withdraw_offers(keep: DPRConfig | None = None,
+                    drop: DPRConfig | None = None) -> None:
+    """Drop the offered cores (:meth:`DPRStrategy.offer`): all but those
+    under ``keep``'s configuration when given (the planner keeps its pick's),
+    only those under ``drop``'s when that is given (a row that cannot be the
+    pick), and those of graphs that no longer exist."""
+    if drop is not None:
+        ck = _config_key(drop)
+        _OFFERS[:] = [o for o in _OFFERS if o[1] != ck and o[0].alive]
+        return
+    ck = None if keep is None else _config_key(keep)
+    _OFFERS[:] = [o for o in _OFFERS if ck is not None and o[1] == ck
+                  and o[0].alive]
+
+
 class DPRStrategy(Strategy):
     """Decoupled Prune-and-Reconstruct as a :class:`~leangnn.strategy.Strategy`.
 
@@ -252,19 +305,79 @@ class DPRStrategy(Strategy):
                 data.num_edges)
 
     def prepare(self, data: Data) -> _GraphState:
-        """Core and core training graph of ``data`` (cached by name and size)."""
+        """Core and core training graph of ``data`` (cached by name and size).
+
+        A core that :meth:`offer` built for the same, unchanged graph under
+        the same configuration (the planner's row of this strategy) is taken
+        over rather than built again: the same core (tested); ``prep_s`` is
+        then that build's time and :meth:`summary` says ``core_reused``.
+        """
         key = self._key(data)
         if key in self._states:
             return self._states[key]
+        st = _take_offer(self.config, data)
+        if st is None:
+            st = self._build(data)
+        else:
+            self._stats["core_reused"] = True
+        st.train_data = st.train_data.to(self.device)
+        self._states[key] = st
+        return st
+
+    def offer(self, data: Data, score: Tensor | None = None, adj=None
+              ) -> _GraphState:
+        """Build ``data``'s core on the CPU and keep it for the next
+        :class:`DPRStrategy` with this configuration that prepares the very
+        same, unchanged graph: the planner selects the core of its prune rows
+        for real, and the training of its pick would otherwise select it
+        again.
+
+        Offers are bounded (:data:`OFFERS`, the oldest go first), checked by
+        :class:`~leangnn.graphs.partition.GraphStamp` (another graph, or this
+        one changed in place or replaced, never takes one), taken once, and
+        dropped by :func:`withdraw_offers`. With reuse off
+        (``LEANGNN_PLAN_REUSE=0``) or a non-serialisable configuration (an
+        importance callable) nothing is kept.
+
+        Args:
+            data (Data): the graph.
+            score (Tensor, optional): the node importance of ``data`` under
+                the configured method, computed already (the plan's rows share
+                it); default: computed here.
+            adj (scipy.sparse.csr_matrix, optional): ``data``'s
+                :func:`~leangnn.graphs.sparse.undirected_csr`, built already.
+
+        Returns:
+            The prepared state (on the CPU); its ``train_data`` is the core.
+        """
+        st = self._build(data, score=score, adj=adj)
+        ck = _config_key(self.config)
+        if ck is not None and reuse_enabled():
+            _OFFERS[:] = [o for o in _OFFERS if o[0].alive][-(OFFERS - 1):]
+            _OFFERS.append((GraphStamp(data), ck, st))
+        return st
+
+    def _build(self, data: Data, score: Tensor | None = None, adj=None
+               ) -> _GraphState:
+        """The state of ``data`` built afresh on the CPU (``score`` and
+        ``adj``: see :meth:`offer`)."""
         cfg, t0 = self.config, time.perf_counter()
         data = data.cpu()
-        adj = undirected_csr(data.edge_index, data.num_nodes)
+        if adj is None:
+            adj = undirected_csr(data.edge_index, data.num_nodes)
         canonical = is_canonical(adj, data.edge_index)
         eb = cfg.edge_budget
         if eb == "ratio":
             eb = cfg.budget_ratio if cfg.budget_bytes is None else None
+        importance = cfg.importance
+        if score is not None:
+            # the caller's score of this very graph under cfg.importance
+            if score.numel() != data.num_nodes:
+                raise ValueError(f"score: {score.numel()} values for "
+                                 f"{data.num_nodes} nodes")
+            importance = lambda edge_index, num_nodes: score  # noqa: E731
         core = build_core(data, cfg.budget_ratio, budget_bytes=cfg.budget_bytes,
-                          importance=cfg.importance, bridge=cfg.bridge,
+                          importance=importance, bridge=cfg.bridge,
                           sparsify=cfg.sparsify, edge_budget=eb, seed=cfg.seed,
                           adj=adj)
         train_data = core.data
@@ -285,11 +398,9 @@ class DPRStrategy(Strategy):
         rows = self._decoder_rows(data, core, pruned) if pruned.numel() else None
         del adj
         core.score = torch.empty(0)  # not needed any more; frees N floats
-        st = _GraphState(core, train_data.to(self.device), pruned, rows,
-                         time.perf_counter() - t0, int(core.stats["num_core_edges"]),
-                         canonical)
-        self._states[key] = st
-        return st
+        return _GraphState(core, train_data, pruned, rows,
+                           time.perf_counter() - t0,
+                           int(core.stats["num_core_edges"]), canonical)
 
     def _ensure_anchors(self, st: _GraphState, data: Data, rows: bool) -> None:
         """Anchors of the pruned nodes (and of the decoder's rows), computed
