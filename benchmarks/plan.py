@@ -630,6 +630,13 @@ HOLDOUT_ROWS = [
          "--parts 8"),
     dict(name="h-csbm50k-auto-gcn3", args="--dataset csbm:50000 --strategy auto "
          "--model gcn --layers 3 --hidden 64 --memory-budget 100MiB"),
+    # a device budget large for the graph: few, large jobs (the regime the
+    # one-scale offload fit underestimated by up to 2x)
+    dict(name="h-csbm30k-offload-sage2-roomy", args="--dataset csbm:30000 "
+         "--strategy offload --model sage --layers 2 --hidden 32 "
+         "--device-budget 64MiB --parts 4"),
+    dict(name="h-csbm30k-auto-sage2", args="--dataset csbm:30000 --strategy auto "
+         "--model sage --layers 2 --hidden 32 --memory-budget 64MiB"),
 ]
 for _r in HOLDOUT_ROWS:
     _r["holdout"] = True

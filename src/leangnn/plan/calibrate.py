@@ -119,6 +119,18 @@ CALIBRATION_RUNS: list[dict[str, Any]] = [
          hidden_channels=32, **_S38417),
     dict(strategy="full", model="res", conv="gcn", num_layers=4,
          hidden_channels=32, dataset="csbm:10000"),
+    # a large budget with few chunks: a job's blocks are big and the heap
+    # fragments in proportion (SAGE-3 on csbm:20000 measured 1.6-2.8x the
+    # many-chunk scale at 32-120 MiB), fitted by the device-bytes term
+    *(dict(strategy="offload", model="sage", num_layers=3, hidden_channels=32,
+           device_budget=b, num_parts=4, dataset="csbm:20000")
+      for b in ("32MiB", "60MiB", "120MiB")),
+    dict(strategy="offload", model="sage", num_layers=3, hidden_channels=32,
+         device_budget="64MiB", num_parts=4, **_SQUARE),
+    dict(strategy="offload", model="gcn", num_layers=2, hidden_channels=32,
+         device_budget="60MiB", num_parts=4, dataset="csbm:20000"),
+    dict(strategy="offload", model="gcn", num_layers=2, hidden_channels=32,
+         device_budget="48MiB", num_parts=4, **_S38417),
     # a second circuit for the plain convs: circuits differ among themselves
     # as much as from csbm graphs (GCN x1.4 on epfl/square, x2.0 on s38417,
     # x1.8 on csbm:20000)

@@ -158,6 +158,15 @@ class Calibration:
             through the Trainer x1.3 for SAGE and x2.1 for GCN (x1.7-2.5 over
             its runs: its normalisation keeps edge-sized state the
             accounting does not follow).
+        offload_device_scales (dict, optional): per model as
+            ``offload_scales``, a second coefficient on the step's device
+            bytes (``work["device_bytes"]``: the job workspace and pool):
+            measured = ``offload_scales`` x step + this x device bytes +
+            ``const``. On a CPU under glibc's default heap a job's blocks
+            come from the heap and fragment in proportion to their size: a
+            large budget with few chunks (csbm:20000, SAGE-3 at 60 MiB: 8
+            chunks) measured 1.6-2.8x the one-scale estimate, many chunks
+            1.0-1.1x. Fitted where a model has four runs or more.
         heap_scale (float, optional): CPU: resident bytes per byte of the C
             heap's high-water (freed small blocks stay resident and
             fragment); measured = big bytes + ``heap_scale`` x heap bytes +
@@ -190,6 +199,7 @@ class Calibration:
     heap_scale: float | None = None
     heap_scales: dict[str, float] = field(default_factory=dict)
     offload_scales: dict[str, float] = field(default_factory=dict)
+    offload_device_scales: dict[str, float] = field(default_factory=dict)
     calibrated: bool = False
     reference: str = ""
     measured_at: str = ""
@@ -231,10 +241,13 @@ class Calibration:
         if self.offload_host_scale is not None and "host_bytes" in work:
             return (self.offload_bytes_scale * work["device_bytes"]
                     + self.offload_host_scale * work["host_bytes"] + self.const)
-        scale = next((self.offload_scales[f"offload-{f}"] for f in families
-                      if f"offload-{f}" in self.offload_scales),
-                     self.offload_bytes_scale)
-        return scale * step_bytes + self.const
+        fam = next((f"offload-{f}" for f in families
+                    if f"offload-{f}" in self.offload_scales), None)
+        if fam is None:
+            return self.offload_bytes_scale * step_bytes + self.const
+        device = self.offload_device_scales.get(fam, 0.0) * work.get(
+            "device_bytes", 0)
+        return self.offload_scales[fam] * step_bytes + device + self.const
 
     def seconds(self, work: dict[str, float]) -> float | None:
         """Epoch seconds of traced ``work`` (``None`` without any)."""
@@ -332,6 +345,11 @@ def reference_calibration(device: torch.device | str = "cpu") -> Calibration | N
 _MIN_HEAP_FACTOR = 0.5
 
 
+#: offload runs a model needs before its device bytes get a coefficient of
+#: their own (:attr:`Calibration.offload_device_scales`)
+_MIN_OFFLOAD_PAIR = 4
+
+
 def _sample_families(s: dict[str, Any]) -> list[str]:
     if "families" in s:
         return list(s["families"])
@@ -339,8 +357,11 @@ def _sample_families(s: dict[str, Any]) -> list[str]:
     return heap_families(c.get("strategy"), c)
 
 
-def _relative_lstsq(a: np.ndarray, y: np.ndarray, nonneg: bool) -> np.ndarray:
-    w = 1.0 / np.maximum(y, 1e-12)
+def _relative_lstsq(a: np.ndarray, y: np.ndarray, nonneg: bool,
+                    measured: np.ndarray | None = None) -> np.ndarray:
+    # errors relative to ``measured`` (default ``y``): a prediction's error
+    # as a share of what was measured, however much of it ``y`` leaves out
+    w = 1.0 / np.maximum(y if measured is None else measured, 1e-12)
     aw, yw = a * w[:, None], y * w
     if nonneg:
         from scipy.optimize import nnls
@@ -439,31 +460,8 @@ def fit_calibration(samples: list[dict[str, Any]], device="cpu") -> Calibration:
             np.stack([x, np.ones_like(x)], 1), y, nonneg=False))
     elif plain:
         cal.scale, cal.const = float(y[0] / max(x[0], 1)), 0.0
-    # Offload runs pay the same first-run constant on top of their store.
-    # One scale for the device side and the host store together (fitted
-    # apart on a few runs, one of them came out 0), taken from the run with
-    # the most accounted bytes: a small budget's run also keeps state the
-    # accounting does not follow (measured through the Trainer: ~29 MiB
-    # resident after the first epoch at a 12 MiB budget, 2.3x its
-    # accounting), which does not grow with it.
     if off:
-        top = max(off, key=lambda s: s["tensor_bytes"])
-        cal.offload_bytes_scale = max(0.0, top["run_bytes"] - cal.const) / max(
-            top["tensor_bytes"], 1)
-        cal.offload_host_scale = None
-        # per model: what the Trainer keeps beside the engine's accounting
-        # depends on the conv (GCN's normalisation: edge-sized state); the
-        # scale of least relative error over its runs, as for heap factors
-        off_fam: dict[str, list[dict[str, Any]]] = {}
-        for s in off:
-            for fam in _sample_families(s):
-                off_fam.setdefault(f"offload-{fam}", []).append(s)
-        cal.offload_scales = {
-            k: max(0.0, _relative_factor(
-                [s["tensor_bytes"] for s in runs],
-                [s["run_bytes"] - cal.const for s in runs],
-                [s["run_bytes"] for s in runs]))
-            for k, runs in sorted(off_fam.items())}
+        _fit_offload(cal, off)
     pred = [s["tensor_bytes"] + cal.overhead(
         int(s["tensor_bytes"]), int(s.get("big_bytes") or 0),
         int(s.get("heap_bytes") or 0), _sample_families(s))
@@ -478,6 +476,47 @@ def fit_calibration(samples: list[dict[str, Any]], device="cpu") -> Calibration:
         cal.budget_scale = float(max(reserved))
     _fit_time(cal, samples)
     return cal
+
+
+def _fit_offload(cal: Calibration, off: list[dict[str, Any]]) -> None:
+    """The offload memory scales of ``cal`` from offload runs ``off`` (after
+    ``cal.const``, which they pay too)."""
+    # Offload runs pay the same first-run constant on top of their store.
+    # One scale for the device side and the host store together (fitted
+    # apart on a few runs, one of them came out 0), taken from the run with
+    # the most accounted bytes: a small budget's run also keeps state the
+    # accounting does not follow (measured through the Trainer: ~29 MiB
+    # resident after the first epoch at a 12 MiB budget, 2.3x its
+    # accounting), which does not grow with it.
+    top = max(off, key=lambda s: s["tensor_bytes"])
+    cal.offload_bytes_scale = max(0.0, top["run_bytes"] - cal.const) / max(
+        top["tensor_bytes"], 1)
+    cal.offload_host_scale = None
+    # per model: what the Trainer keeps beside the engine's accounting
+    # depends on the conv (GCN's normalisation: edge-sized state); the
+    # scale of least relative error over its runs, as for heap factors
+    off_fam: dict[str, list[dict[str, Any]]] = {}
+    for s in off:
+        for fam in _sample_families(s):
+            off_fam.setdefault(f"offload-{fam}", []).append(s)
+    cal.offload_scales, cal.offload_device_scales = {}, {}
+    for k, runs in sorted(off_fam.items()):
+        y = [s["run_bytes"] - cal.const for s in runs]
+        m = [s["run_bytes"] for s in runs]
+        if len(runs) >= _MIN_OFFLOAD_PAIR and all(
+                "device_bytes" in s["work"] for s in runs):
+            # step and device bytes, each a nonnegative coefficient of
+            # least relative error (two on three runs would fit noise)
+            a = np.array([[s["tensor_bytes"], s["work"]["device_bytes"]]
+                          for s in runs], dtype=float)
+            step, dev = _relative_lstsq(a, np.asarray(y, dtype=float), True,
+                                        np.asarray(m, dtype=float))
+            cal.offload_scales[k] = float(step)
+            if dev > 0:
+                cal.offload_device_scales[k] = float(dev)
+        else:
+            cal.offload_scales[k] = max(0.0, _relative_factor(
+                [s["tensor_bytes"] for s in runs], y, m))
 
 
 def _fit_time(cal: Calibration, samples: list[dict[str, Any]]) -> None:

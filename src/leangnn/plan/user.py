@@ -41,6 +41,7 @@ from leangnn.plan.planner import (
     choose,
     estimate_row,
     mark_table,
+    offload_budgets,
     resolve_budget,
     unavailable_row,
 )
@@ -107,17 +108,19 @@ def plan(model: torch.nn.Module, data: Data, memory_budget=None, loss_fn=None,
                                  {"strategy": strategy}))
     why = _is_layerwise(model) if "offload" in wanted else "not requested"
     full = None
-    for parts in OFFLOAD_PARTS if "offload" in wanted else ():
-        knobs = {"model": name, "device_budget": budget, "num_parts": parts}
+    tries = [(b, p) for b in offload_budgets(budget, dev) for p in OFFLOAD_PARTS]
+    for dev_budget, parts in tries if "offload" in wanted else ():
+        knobs = {"model": name, "device_budget": dev_budget, "num_parts": parts}
         if why is not None:
             rows.append(unavailable_row("offload", knobs, f"not possible: {why}"))
             break
         try:
             if full is None:
                 full = estimate_model(model, data, loss_fn, dev)
-            est = _offload_model(model, data, dev, budget, cal, knobs, full)
+            est = _offload_model(model, data, dev, dev_budget, cal, knobs, full)
             rows.append(estimate_row("offload", est, cal, "exact",
-                                     {"strategy": "offload", "device_budget": budget,
+                                     {"strategy": "offload",
+                                      "device_budget": dev_budget,
                                       "num_parts": parts}))
         except (ValueError, RuntimeError) as e:
             rows.append(unavailable_row("offload", knobs, "not possible: "
