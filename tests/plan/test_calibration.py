@@ -283,6 +283,32 @@ def test_offload_scale_per_model():
         abs=1)
 
 
+def test_offload_device_bytes_get_a_term_of_their_own_with_four_runs():
+    # measured = 0.8 x step + 1.5 x device bytes + const: the fit recovers
+    # both (a one-scale fit cannot: its error on these runs is 20-50%)
+    samples = _samples(1.0, 0.0, 2e-5, 1e-9, 3e-10)
+    rng = np.random.default_rng(1)
+    off = []
+    for s in samples[:5]:
+        dev = float(rng.uniform(0.1, 2.0)) * s["tensor_bytes"]
+        off.append(dict(s, work={**s["work"], "jobs": 8, "device_bytes": dev,
+                                 "host_bytes": 0.0},
+                        run_bytes=0.8 * s["tensor_bytes"] + 1.5 * dev,
+                        config={"strategy": "offload", "model": "sage"}))
+    cal = fit_calibration(samples[5:] + off)
+    assert cal.offload_scales["offload-sage"] == pytest.approx(0.8, rel=1e-3)
+    assert cal.offload_device_scales["offload-sage"] == pytest.approx(1.5, rel=1e-3)
+    est = Estimate("offload", {"model": "sage"}, "cpu", step_bytes=1000,
+                   method="offload-accounting",
+                   work={"ops": 1, "written": 0, "flops": 0, "jobs": 1,
+                         "device_bytes": 400})
+    cal.apply(est)
+    assert est.run_bytes == pytest.approx(800 + 600 + cal.const, abs=2)
+    # three runs: one scale, no device term (two coefficients would fit noise)
+    cal3 = fit_calibration(samples[5:] + off[:3])
+    assert "offload-sage" not in cal3.offload_device_scales
+
+
 def test_reference_calibration_when_nothing_is_stored(tmp_path, monkeypatch):
     from leangnn.plan import calibration as C
 

@@ -13,7 +13,14 @@ from leangnn.data import GraphSplits, with_mask
 from leangnn.graphs.synthetic import contextual_sbm
 from leangnn.plan.calibration import Calibration
 from leangnn.plan.estimate import default_loss, estimate_config
-from leangnn.plan.planner import choose, format_table, plan_config
+from leangnn.plan.planner import (
+    CPU_DEVICE_SHARES,
+    candidates,
+    choose,
+    format_table,
+    offload_budgets,
+    plan_config,
+)
 from leangnn.plan.user import fit, plan
 
 #: tensor bytes as measured (no allocator overhead), so needs are exact sums
@@ -236,3 +243,15 @@ def test_auto_run_trains_what_the_pick_alone_trains(want, tmp_path, monkeypatch)
     sp = json.loads((tmp_path / "pick" / "summary.json").read_text())
     assert sa["metrics"] == sp["metrics"]  # test and validation
     assert sa.get("core_reused") is (True if want == "prune" else None)
+
+
+def test_offload_rows_try_shares_of_the_budget_on_a_cpu_only():
+    # one memory on a CPU: the pool may take part of the budget; on CUDA the
+    # host store is elsewhere and the pool is the whole budget
+    assert offload_budgets(1000, "cpu") == [int(1000 * f) for f in CPU_DEVICE_SHARES]
+    assert offload_budgets(1000, "cuda") == [1000]
+    cfg = TrainConfig(dataset="csbm:2000", model="sage", num_layers=2)
+    rows = [f for s, f, _ in candidates(cfg, 4096, "cpu") if s == "offload"]
+    assert sorted({int(f["device_budget"]) for f in rows}) == [1024, 2048, 4096]
+    rows = [f for s, f, _ in candidates(cfg, 4096, "cuda") if s == "offload"]
+    assert {f["device_budget"] for f in rows} == {"4096"}
