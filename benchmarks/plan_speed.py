@@ -98,6 +98,19 @@ print(json.dumps({"cpu": cpu, "pick": pick, "run_bytes": est.run_bytes,
 """
 
 
+def _merge_rows(path: Path, rows: list[dict]) -> list[dict]:
+    """Write ``rows`` into the JSON at ``path`` (atomically), replacing the
+    stored rows of the same names; returns the stored rows kept."""
+    from leangnn.utils import atomic_write_text
+
+    old = json.loads(path.read_text()) if path.is_file() else {}
+    done = {r["name"] for r in rows}
+    keep = [x for x in old.get("rows", []) if x["name"] not in done]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, json.dumps({"rows": keep + rows}, indent=1))
+    return keep
+
+
 def _env(src: str | None) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS="1")
     if src:
@@ -197,13 +210,7 @@ def traces(names: list[str], rounds: int) -> None:
              "error": res.get("error")}
         print(json.dumps(r), flush=True)
         rows.append(r)
-    old = json.loads(TRACES_OUT.read_text()) if TRACES_OUT.is_file() else {}
-    done = {r["name"] for r in rows}
-    keep = [x for x in old.get("rows", []) if x["name"] not in done]
-    from leangnn.utils import atomic_write_text
-
-    TRACES_OUT.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(TRACES_OUT, json.dumps({"rows": keep + rows}, indent=1))
+    keep = _merge_rows(TRACES_OUT, rows)
     lines = ["| row | traces | dry runs CPU s, fake | meta | speed-up (target >= 5x) "
              "| traces equal |", "|---|---:|---:|---:|---:|---|"]
     for r in keep + rows:
@@ -303,13 +310,7 @@ def cli_wall(names: list[str], rounds: int, before: str | None, epochs: int,
                                               if "auto_before" in cm else None)}
         print(json.dumps(r), flush=True)
         rows.append(r)
-    old = json.loads(out.read_text()) if out.is_file() else {}
-    done = {r["name"] for r in rows}
-    keep = [x for x in old.get("rows", []) if x["name"] not in done]
-    from leangnn.utils import atomic_write_text
-
-    out.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out, json.dumps({"rows": keep + rows}, indent=1))
+    keep = _merge_rows(out, rows)
     lines = ["| row | pick | process CPU s (wall s), pick | auto | auto before "
              "| auto adds | before |", "|---|---|---:|---:|---:|---:|---:|"]
 
