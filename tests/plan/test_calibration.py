@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -10,6 +11,7 @@ import pytest
 from leangnn.plan.calibration import (
     Calibration,
     allocator_mode,
+    calibration_label,
     calibration_path,
     fit_calibration,
     load_calibration,
@@ -307,6 +309,26 @@ def test_offload_device_bytes_get_a_term_of_their_own_with_four_runs():
     # three runs: one scale, no device term (two coefficients would fit noise)
     cal3 = fit_calibration(samples[5:] + off[:3])
     assert "offload-sage" not in cal3.offload_device_scales
+
+
+def test_cpu_need_covers_the_process_to_process_spread():
+    # runs measured in three processes: the need covers the 90% quantile of
+    # highest over median peak; runs measured once leave it at 1
+    samples = _samples(1.0, 0.0, 2e-5, 1e-9, 3e-10)
+    assert fit_calibration(samples, "cpu").budget_scale == 1.0
+    ratios = [1.0, 1.02, 1.05, 1.1, 1.2, 1.3]
+    for s, r in zip(samples, ratios):
+        s["run_bytes_all"] = [0.9 * s["run_bytes"], s["run_bytes"], r * s["run_bytes"]]
+    cal = fit_calibration(samples, "cpu")
+    assert cal.budget_scale == pytest.approx(float(np.quantile(ratios, 0.9)))
+    assert calibration_label(cal).endswith(f"need = estimate x{cal.budget_scale:.2f}")
+    # and the plan's need is the estimate times it
+    from leangnn.plan.planner import estimate_row
+
+    est = Estimate("full", {}, "cpu", step_bytes=1000, model_bytes=0, graph_bytes=0)
+    cal.apply(est)
+    row = estimate_row("full", est, cal, "exact", {"strategy": "full"})
+    assert row.need_bytes == math.ceil(est.peak_bytes * cal.budget_scale)
 
 
 def test_reference_calibration_when_nothing_is_stored(tmp_path, monkeypatch):
