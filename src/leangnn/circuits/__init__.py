@@ -1,5 +1,6 @@
 """Real gate-level circuits as PyG graphs: parser, simulator, dataset."""
 
+from . import yosys as _yosys  # noqa: F401  (installs its hooks in .netlist)
 from .aiger import parse_aiger, read_aiger
 from .blif import parse_blif, read_blif
 from .cop import cop_signal_probability

@@ -28,10 +28,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
-
-from . import yosys as _yosys
 
 __all__ = [
     "GATE_TYPES",
@@ -45,6 +44,12 @@ __all__ = [
     "parse_verilog",
     "parse_bench",
 ]
+
+#: the reader of yosys's constructs, :mod:`.yosys`: it builds on this
+#: module's lexer and expression builder, so it installs itself here when the
+#: package is imported (``leangnn.circuits`` imports it) rather than being
+#: imported by this module
+_yosys: Any = None
 
 #: Node types, in the order of the one-hot feature columns.
 GATE_TYPES = ("input", "ppi", "const0", "const1", "buf", "not", "and", "nand",

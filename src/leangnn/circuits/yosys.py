@@ -40,8 +40,9 @@ expressions other than connections.
 from __future__ import annotations
 
 import re
+import sys
 
-from . import netlist as _nl
+import leangnn.circuits.netlist as _nl
 
 __all__ = ["ALWAYS", "CELLS", "FLOP_FAMILIES", "strip_attributes", "join_else", "cell",
            "always", "declare_regs", "wire", "is_bus_assign", "bus_assign",
@@ -661,3 +662,6 @@ def _chain(v, text, stmt, offset, target, subs) -> int:
             raise v.b.error("'?' without ':' in expression", offset, stmt)
         val = _mux(v, sel, one, val, offset, target if not frames else None)
     return val
+
+
+_nl._yosys = sys.modules[__name__]  # the Verilog reader's hooks (see .netlist)
