@@ -473,6 +473,13 @@ PLAN_BAD = [
      "--nproc: the planner does not plan multi-process runs"),
     ([*_T, "--resume", "--out", "{run}", "--strategy", "auto"],
      "was not planned (strategy 'full'); drop --strategy auto"),
+    ([*_P, "--model", "gsr", "--hidden", "32", "--groups", "3"],
+     "--groups: hidden_channels 32 does not split into 3 groups"),
+    ([*_P, "--model", "sage", "--strategy", "reversible"],
+     "--strategy reversible: no configuration of model 'sage' to plan with it "
+     "(the planner's rows for 'sage': ['full', 'offload', 'prune'])"),
+    ([*_P, "--model", "sage", "--device-budget", "lots"],
+     "--device-budget: cannot read 'lots'"),
 ]
 
 
@@ -519,6 +526,30 @@ def test_plan_table_json_and_budget_below_every_candidate(capsys):
     assert len(out) == 1 + len(rows) + 1
     assert all(line.startswith("  prune") and " no " in line for line in out[1:-1])
     assert "budget_ratio=0.5" in out[1] and out[-1].endswith("pick: none fits")
+
+
+def test_plan_keeps_the_knobs_the_user_gave(capsys):
+    """``--groups`` / ``--parts`` / ``--device-budget`` / ``--budget-ratio``
+    pin the planner's grid: every row of that kind takes the given value,
+    the other strategies' rows are still there."""
+    argv = ["plan", *_C17, "--memory-budget", "1GiB", "--json"]
+    assert main([*argv, "--model", "gsr", "--groups", "4", "--strategy",
+                 "reversible"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert [r["knobs"]["num_groups"] for r in rows] == [4]
+    assert main([*argv, "--model", "sage", "--parts", "4", "--device-budget",
+                 "3MiB", "--budget-ratio", "0.2"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert {r["strategy"] for r in rows} == {"full", "offload", "prune"}
+    off = [r["knobs"] for r in rows if r["strategy"] == "offload"]
+    assert [(k["device_budget"], k["num_parts"]) for k in off] == \
+        [(str(3 << 20), 4)]
+    assert [r["knobs"]["budget_ratio"] for r in rows if r["strategy"] == "prune"] \
+        == [0.2]
+    # unpinned, the grid: both group counts
+    assert main([*argv, "--model", "gsr", "--strategy", "reversible"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert [r["knobs"]["num_groups"] for r in rows] == [2, 4]
 
 
 def test_plan_without_budget_uses_free_memory(monkeypatch, capsys):

@@ -214,6 +214,7 @@ def _planned(cfg, args):
     from .plan.planner import (
         choose,
         format_table,
+        plan_candidates,
         plan_config,
         plan_summary,
         resolve_budget,
@@ -221,6 +222,7 @@ def _planned(cfg, args):
     from .utils import get_rng_state, set_rng_state
 
     budget = resolve_budget(cfg.memory_budget, torch.device(cfg.device))
+    plan_candidates(cfg, budget, None, None, _pinned(args))  # before loading
     _budget_note(cfg, budget)
     if args.model is None and not str(cfg.dataset or "") \
             .startswith("csbm:"):
@@ -232,7 +234,8 @@ def _planned(cfg, args):
     rng = get_rng_state()  # planning must not shift the run's seeded streams
     try:
         # lazy: only the rows the pick needs (12 s -> 0.7 s on the default run)
-        table = plan_config(cfg, splits, budget, lazy=True)
+        table = plan_config(cfg, splits, budget, lazy=True,
+                            pinned=_pinned(args))
     finally:
         set_rng_state(rng)
     if not args.quiet:
@@ -242,6 +245,14 @@ def _planned(cfg, args):
     d = resolved.to_dict()
     d["memory_budget"] = cfg.memory_budget or str(budget)
     return TrainConfig.from_dict(d), splits, {"plan": plan_summary(table)}
+
+
+def _pinned(args) -> dict:
+    """The knobs of the command line that pin the planner's grid."""
+    from .plan.planner import PINNABLE
+
+    return {field: getattr(args, flag) for flag, field in _TRAIN_FLAGS.items()
+            if field in PINNABLE and getattr(args, flag, None) is not None}
 
 
 def _plan_line(summary: dict) -> str:
@@ -264,21 +275,31 @@ def _plan(args) -> int:
     import torch
 
     from .data import check_datasets, load_graphs
-    from .plan.planner import choose, format_table, plan_config, resolve_budget
+    from .plan.planner import (
+        choose,
+        format_table,
+        plan_candidates,
+        plan_config,
+        resolve_budget,
+    )
 
     budget = None if args.memory_budget is None else _budget(args.memory_budget)
     given = {field: getattr(args, flag) for flag, field in _TRAIN_FLAGS.items()
              if getattr(args, flag, None) is not None}
     only = given.pop("strategy", None)
     given.pop("memory_budget", None)
-    cfg = TrainConfig(**{**given, "strategy": AUTO})
+    pinned = _pinned(args)  # the rows' knobs, not the base configuration's
+    cfg = TrainConfig(**{k: v for k, v in given.items() if k not in pinned},
+                      strategy=AUTO)
     check_datasets(cfg)
+    strategies = None if only is None else (only,)
+    plan_candidates(cfg, budget or 1 << 30, None, strategies, pinned)  # fail early
     if budget is None:
         budget = resolve_budget(None, torch.device(cfg.device))
         _budget_note(cfg, budget)
     splits = load_graphs(cfg, progress=not (args.quiet or args.json))
     table = plan_config(cfg, splits, budget,
-                        strategies=None if only is None else (only,))
+                        strategies=strategies, pinned=pinned)
     print(table.to_json() if args.json else format_table(table))
     choose(table)  # nothing fits: the one-line error, exit 2
     return 0

@@ -39,8 +39,10 @@ from leangnn.plan.estimate import (
 from leangnn.utils import format_bytes, json_safe, parse_bytes
 
 __all__ = ["PlanRow", "PlanTable", "plan_config", "choose", "format_table",
-           "candidates", "resolve_budget", "plan_summary", "PLANNED", "GROUPS",
-           "CORE_RATIOS", "OFFLOAD_PARTS", "CPU_DEVICE_SHARES", "offload_budgets"]
+           "candidates", "plan_candidates", "resolve_budget", "plan_summary",
+           "PLANNED", "GROUPS",
+           "CORE_RATIOS", "OFFLOAD_PARTS", "CPU_DEVICE_SHARES", "offload_budgets",
+           "PINNABLE"]
 
 #: the strategies the planner has rows for
 PLANNED = ("full", "reversible", "offload", "prune")
@@ -53,6 +55,9 @@ OFFLOAD_PARTS = (4, 8, 16)    #: offload METIS part counts tried
 #: glibc's heap (csbm:20000, SAGE-3: 60 MiB of device budget measured 72-99
 #: MiB in all, 16 MiB of it 43 MiB); on CUDA the pool is the whole budget
 CPU_DEVICE_SHARES = (1.0, 0.5, 0.25)
+#: knobs a user can pin (``--groups 4`` with ``leangnn plan`` or ``--strategy
+#: auto``): their rows use that value instead of the grid above
+PINNABLE = ("num_groups", "device_budget", "num_parts", "budget_ratio")
 
 #: preference among fitting rows, then speed: exact, model change, approximate
 _CLASS = {"exact": 0, "model change": 1, "approximate": 2}
@@ -251,7 +256,7 @@ def format_table(table: PlanTable) -> str:
                      "?" if r.need_bytes is None else "yes" if r.fits else "no",
                      "n/a" if r.epoch_seconds is None else f"{r.epoch_seconds:.3g} s",
                      r.why])
-    widths = [max(len(h), *(len(x[i]) for x in rows)) for i, h in enumerate(head)]
+    widths = [max([len(h)] + [len(x[i]) for x in rows]) for i, h in enumerate(head)]
     lines = ["  ".join(h.ljust(w) for h, w in zip(head, widths)).rstrip()]
     lines += ["  ".join(c.ljust(w) for c, w in zip(x, widths)).rstrip() for x in rows]
     pick = table.pick
@@ -343,16 +348,32 @@ def offload_budgets(budget_bytes: int, device: torch.device | str | None = None
     return [int(budget_bytes * f) for f in CPU_DEVICE_SHARES]
 
 
-def candidates(cfg, budget_bytes: int, device: torch.device | str | None = None
-               ) -> list[tuple[str, dict, str]]:
+def candidates(cfg, budget_bytes: int, device: torch.device | str | None = None,
+               pinned: dict | None = None) -> list[tuple[str, dict, str]]:
     """``(strategy, config fields, kind)`` of every row tried for ``cfg`` on
-    ``device`` (default ``cfg.device``)."""
+    ``device`` (default ``cfg.device``); the knobs in ``pinned``
+    (:data:`PINNABLE`, e.g. ``{"num_groups": 4}``) take that value alone."""
     from leangnn.nn.models import get_model
+    from leangnn.utils import parse_bytes
 
+    pinned = dict(pinned or {})
+    unknown = sorted(set(pinned) - set(PINNABLE))
+    if unknown:
+        raise ValueError(f"pinned: unknown knob(s) {unknown}; expected some of "
+                         f"{list(PINNABLE)}")
+    groups = (pinned["num_groups"],) if "num_groups" in pinned else GROUPS
+    if "num_groups" in pinned and cfg.hidden_channels % pinned["num_groups"]:
+        raise ValueError(f"--groups: hidden_channels {cfg.hidden_channels} does "
+                         f"not split into {pinned['num_groups']!r} groups")
+    parts_grid = (pinned["num_parts"],) if "num_parts" in pinned else OFFLOAD_PARTS
+    ratios = (pinned["budget_ratio"],) if "budget_ratio" in pinned else CORE_RATIOS
+    dev_budgets = ([parse_bytes(pinned["device_budget"], "--device-budget")]
+                   if "device_budget" in pinned
+                   else offload_budgets(budget_bytes, device or cfg.device))
     entry = get_model(cfg.model)
     out: list[tuple[str, dict, str]] = []
     if entry.reversible:
-        for g in GROUPS:
+        for g in groups:
             if cfg.hidden_channels % g == 0:
                 out.append(("reversible", {"strategy": "reversible",
                                            "model": cfg.model, "num_groups": g},
@@ -360,27 +381,42 @@ def candidates(cfg, budget_bytes: int, device: torch.device | str | None = None
     else:
         out.append(("full", {"strategy": "full", "model": cfg.model}, "exact"))
         if cfg.model == "res":
-            for g in GROUPS:
+            for g in groups:
                 if cfg.hidden_channels % g == 0:
                     out.append(("reversible", {"strategy": "reversible",
                                                "model": "gsr", "num_groups": g},
                                 "model change"))
     if "layerwise" in entry.capabilities:
-        for dev_budget in offload_budgets(budget_bytes, device or cfg.device):
-            for parts in OFFLOAD_PARTS:
+        for dev_budget in dev_budgets:
+            for parts in parts_grid:
                 out.append(("offload", {"strategy": "offload", "model": cfg.model,
                                         "device_budget": str(dev_budget),
                                         "num_parts": parts}, "exact"))
-    for ratio in CORE_RATIOS:
+    for ratio in ratios:
         out.append(("prune", {"strategy": "prune", "model": cfg.model,
                               "budget_ratio": ratio}, "approximate"))
     return out
 
 
+def plan_candidates(cfg, budget_bytes: int, device=None,
+                    strategies: tuple[str, ...] | None = None,
+                    pinned: dict | None = None) -> list[tuple[str, dict, str]]:
+    """:func:`candidates` of ``strategies`` alone; a ``ValueError`` naming
+    the strategy and the model when none is left (before any graph loads)."""
+    todo = [c for c in candidates(cfg, budget_bytes, device, pinned)
+            if strategies is None or c[0] in strategies]
+    if not todo:
+        rows = sorted({c[0] for c in candidates(cfg, budget_bytes, device)})
+        raise ValueError(f"--strategy {','.join(strategies or ())}: no "
+                         f"configuration of model {cfg.model!r} to plan with it "
+                         f"(the planner's rows for {cfg.model!r}: {rows})")
+    return todo
+
+
 def plan_config(cfg, splits, memory_budget=None, device=None,
                 calibration: Calibration | None = None,
                 strategies: tuple[str, ...] | None = None,
-                lazy: bool = False) -> PlanTable:
+                lazy: bool = False, pinned: dict | None = None) -> PlanTable:
     """Plan ``cfg``'s model (its ``model``, ``num_layers``, ``hidden_channels``
     and options; its ``strategy`` is ignored) on ``splits``' training graphs.
 
@@ -397,6 +433,9 @@ def plan_config(cfg, splits, memory_budget=None, device=None,
             batch fits; a model change only when no exact row fits; DPR's
             cores only when nothing else does. Rows left out say so.
             (default: ``False``, every row: the table ``leangnn plan`` prints)
+        pinned (dict, optional): knobs the user fixed (:data:`PINNABLE`:
+            ``--groups``, ``--device-budget``, ``--parts``, ``--budget-ratio``),
+            tried at that value alone. (default: ``None``, the whole grid)
 
     Returns:
         PlanTable: rows marked, the pick ``chosen`` (none when nothing fits;
@@ -406,8 +445,7 @@ def plan_config(cfg, splits, memory_budget=None, device=None,
     dev = torch.device(device or cfg.device)
     budget = resolve_budget(memory_budget, dev)
     cal = calibration or load_calibration(dev)
-    todo = [c for c in candidates(cfg, budget, dev)
-            if strategies is None or c[0] in strategies]
+    todo = plan_candidates(cfg, budget, dev, strategies, pinned)
     try:
         # the rows share the graph's hash and adjacency, and offer what they
         # build for training to the pick
