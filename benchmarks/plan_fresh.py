@@ -1,0 +1,123 @@
+"""`--strategy auto` on circuits and budgets the planner was never fitted on.
+
+    python benchmarks/plan_fresh.py [--repeat 2]   # results/plan_fresh.{json,md}
+
+Six ``leangnn train --strategy auto --memory-budget B`` command lines, each on
+a graph that neither the calibration nor the ``cli`` section of
+``benchmarks/plan.py`` trains on (epfl/memctrl, epfl/sqrt, misc/banyan_256,
+epfl/arbiter, itc99/b22, csbm:60000) and with a budget below what full batch
+needs, run in fresh interpreters (glibc's default heap, one intra-op thread)
+as the ``cli`` section runs its rows. The check is the user's: no process's
+measured peak above its budget; beside it the estimate's error and the
+epoch time estimated and measured (the reference calibration's time
+coefficients come from another machine: on a slower one they read low).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from _report import results_path, write_section  # noqa: E402
+from plan import _cli_measure  # noqa: E402  (one way to run a command line)
+
+_V = "--val-dataset iscas85/c17 --test-dataset iscas85/c432"
+#: (name, command line after ``train``, memory budget)
+FRESH = [
+    ("memctrl-sage3", f"--dataset epfl/memctrl {_V} --model sage --layers 3 "
+     "--hidden 64", "250MiB"),
+    ("sqrt-res8", f"--dataset epfl/sqrt {_V} --model res --layers 8 --hidden 32",
+     "100MiB"),
+    ("banyan256-gcn3", f"--dataset misc/banyan_256 {_V} --model gcn --layers 3 "
+     "--hidden 64", "100MiB"),
+    ("arbiter-gat2", f"--dataset epfl/arbiter {_V} --model gat --layers 2 "
+     "--hidden 32", "48MiB"),
+    ("b22-gsr16", f"--dataset itc99/b22 {_V} --model gsr --layers 16 --hidden 32",
+     "45MiB"),
+    ("csbm60k-gcn2", "--dataset csbm:60000 --model gcn --layers 2 --hidden 32",
+     "120MiB"),
+]
+
+
+def run(repeat: int, timeout: float) -> dict:
+    from leangnn.utils import parse_bytes
+
+    rows = []
+    for name, args, budget in FRESH:
+        row = {"args": f"{args} --strategy auto --memory-budget {budget}"}
+        runs = [_cli_measure(row, 3, 1, timeout) for _ in range(repeat)]
+        bad = [r["error"] for r in runs if "error" in r]
+        if bad:
+            rows.append({"name": name, "budget": budget, "error": bad[0]})
+            continue
+        peaks = [r["peak_bytes"] for r in runs]
+        plan = runs[0]["plan"]
+        est = plan["estimated_run_bytes"]
+        med = statistics.median(peaks)
+        rows.append({
+            "name": name, "args": row["args"], "budget": budget,
+            "budget_bytes": parse_bytes(budget), "picks": [r["plan"]["pick"]
+                                                           for r in runs],
+            "estimated_run_bytes": est, "peaks": peaks,
+            "within_budget": all(p <= parse_bytes(budget) for p in peaks),
+            "error": (est - med) / med,
+            "estimated_epoch_seconds": plan["estimated_epoch_seconds"],
+            "epoch_seconds": statistics.median(
+                r["epoch_seconds_median"] for r in runs)})
+        print(f"plan_fresh: {name}: {rows[-1]['picks'][0]}, peaks "
+              f"{[round(p / 2**20, 1) for p in peaks]} MiB of {budget}, "
+              f"error {rows[-1]['error']:+.1%}", file=sys.stderr)
+    return {"date": time.strftime("%Y-%m-%d"), "repeat": repeat, "rows": rows}
+
+
+def markdown(res: dict) -> str:
+    mib = 2.0 ** 20
+    ok = [r for r in res["rows"] if "peaks" in r]
+    n_in = sum(sum(p <= r["budget_bytes"] for p in r["peaks"]) for r in ok)
+    n = sum(len(r["peaks"]) for r in ok)
+    errs = sorted(abs(r["error"]) for r in ok)
+    out = [f"`python benchmarks/plan_fresh.py --repeat {res['repeat']}` "
+           f"({res['date']}; six graphs no calibration run or `cli` row trains "
+           "on, a budget below full batch's need): "
+           f"**{n_in} of {n} processes within their budget**; memory error "
+           f"median {statistics.median(errs):.1%}, worst {errs[-1]:.1%}.", "",
+           "| case | budget | pick | estimated | measured | error | est. epoch s "
+           "| epoch s |", "|---|---:|---|---:|---:|---:|---:|---:|"]
+    for r in res["rows"]:
+        if "peaks" not in r:
+            out.append(f"| {r['name']} | {r['budget']} | failed: {r['error']} "
+                       "| | | | | |")
+            continue
+        peaks = ", ".join(f"{p / mib:.1f}" for p in r["peaks"])
+        out.append(f"| {r['name']} | {r['budget']} | {r['picks'][0]} | "
+                   f"{r['estimated_run_bytes'] / mib:.1f} MiB | {peaks} MiB | "
+                   f"{r['error']:+.1%} | {r['estimated_epoch_seconds']:.3f} | "
+                   f"{r['epoch_seconds']:.3f} |")
+    return "\n".join(out)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeat", type=int, default=2,
+                    help="fresh processes per command line (default: 2)")
+    ap.add_argument("--timeout", type=float, default=1800)
+    args = ap.parse_args(argv)
+    res = run(args.repeat, args.timeout)
+    path = results_path("plan_fresh.json")
+    path.write_text(json.dumps(res, indent=1))
+    md = markdown(res)
+    path.with_suffix(".md").write_text(md + "\n")
+    write_section("plan-fresh", md)
+    print(f"plan_fresh: wrote {path} and the plan-fresh section of "
+          "benchmarks/README.md", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
