@@ -222,7 +222,8 @@ def _planned(cfg, args):
     from .utils import get_rng_state, set_rng_state
 
     budget = resolve_budget(cfg.memory_budget, torch.device(cfg.device))
-    plan_candidates(cfg, budget, None, None, _pinned(args))  # before loading
+    pinned = _pinned(args)
+    plan_candidates(cfg, budget, None, None, pinned)  # before loading
     _budget_note(cfg, budget)
     if args.model is None and not str(cfg.dataset or "") \
             .startswith("csbm:"):
@@ -234,8 +235,7 @@ def _planned(cfg, args):
     rng = get_rng_state()  # planning must not shift the run's seeded streams
     try:
         # lazy: only the rows the pick needs (12 s -> 0.7 s on the default run)
-        table = plan_config(cfg, splits, budget, lazy=True,
-                            pinned=_pinned(args))
+        table = plan_config(cfg, splits, budget, lazy=True, pinned=pinned)
     finally:
         set_rng_state(rng)
     if not args.quiet:
@@ -288,9 +288,11 @@ def _plan(args) -> int:
              if getattr(args, flag, None) is not None}
     only = given.pop("strategy", None)
     given.pop("memory_budget", None)
-    pinned = _pinned(args)  # the rows' knobs, not the base configuration's
-    cfg = TrainConfig(**{k: v for k, v in given.items() if k not in pinned},
-                      strategy=AUTO)
+    pinned = _pinned(args)
+    # offload's device budget is a row's knob, which the base configuration
+    # of a plan (strategy auto) refuses; the other pinned knobs it checks
+    given.pop("device_budget", None)
+    cfg = TrainConfig(**given, strategy=AUTO)
     check_datasets(cfg)
     strategies = None if only is None else (only,)
     plan_candidates(cfg, budget or 1 << 30, None, strategies, pinned)  # fail early

@@ -255,3 +255,24 @@ def test_offload_rows_try_shares_of_the_budget_on_a_cpu_only():
     assert sorted({int(f["device_budget"]) for f in rows}) == [1024, 2048, 4096]
     rows = [f for s, f, _ in candidates(cfg, 4096, "cuda") if s == "offload"]
     assert {f["device_budget"] for f in rows} == {"4096"}
+
+
+def test_pinned_knobs_take_one_value_and_are_checked():
+    cfg = TrainConfig(dataset="csbm:2000", model="res", num_layers=2,
+                      hidden_channels=8)
+    rows = candidates(cfg, 4096, "cpu", pinned={"num_groups": 4, "num_parts": 8,
+                                                "budget_ratio": 0.2,
+                                                "device_budget": "1KiB"})
+    assert [f["num_groups"] for s, f, _ in rows if s == "reversible"] == [4]
+    assert [f["budget_ratio"] for s, f, _ in rows if s == "prune"] == [0.2]
+    sage = TrainConfig(dataset="csbm:2000", model="sage", num_layers=2)
+    rows = candidates(sage, 4096, "cpu", pinned={"num_parts": 8,
+                                                 "device_budget": "1KiB"})
+    assert [(f["device_budget"], f["num_parts"]) for s, f, _ in rows
+            if s == "offload"] == [("1024", 8)]
+    with pytest.raises(ValueError, match="hidden_channels 8 does not split "
+                                         "into 3 groups"):
+        candidates(cfg, 4096, "cpu", pinned={"num_groups": 3})
+    with pytest.raises(ValueError, match=r"unknown knob\(s\) \['lr'\]"):
+        candidates(cfg, 4096, "cpu", pinned={"lr": 0.1})
+

@@ -40,9 +40,8 @@ from leangnn.utils import format_bytes, json_safe, parse_bytes
 
 __all__ = ["PlanRow", "PlanTable", "plan_config", "choose", "format_table",
            "candidates", "plan_candidates", "resolve_budget", "plan_summary",
-           "PLANNED", "GROUPS",
-           "CORE_RATIOS", "OFFLOAD_PARTS", "CPU_DEVICE_SHARES", "offload_budgets",
-           "PINNABLE"]
+           "PLANNED", "GROUPS", "CORE_RATIOS", "OFFLOAD_PARTS", "CPU_DEVICE_SHARES",
+           "PINNABLE", "offload_budgets"]
 
 #: the strategies the planner has rows for
 PLANNED = ("full", "reversible", "offload", "prune")
@@ -354,7 +353,6 @@ def candidates(cfg, budget_bytes: int, device: torch.device | str | None = None,
     ``device`` (default ``cfg.device``); the knobs in ``pinned``
     (:data:`PINNABLE`, e.g. ``{"num_groups": 4}``) take that value alone."""
     from leangnn.nn.models import get_model
-    from leangnn.utils import parse_bytes
 
     pinned = dict(pinned or {})
     unknown = sorted(set(pinned) - set(PINNABLE))
