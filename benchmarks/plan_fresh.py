@@ -9,8 +9,9 @@ epfl/arbiter, itc99/b22, csbm:60000) and with a budget below what full batch
 needs, run in fresh interpreters (glibc's default heap, one intra-op thread)
 as the ``cli`` section runs its rows. The check is the user's: no process's
 measured peak above its budget; beside it the estimate's error and the
-epoch time estimated and measured (the reference calibration's time
-coefficients come from another machine: on a slower one they read low).
+epoch time estimated and measured (the time model reads about 2x low on
+graphs of this size: see the planner's misses in ``benchmarks/README.md``).
+Run it alone: a second process on a 2-core machine slows both.
 """
 
 from __future__ import annotations
