@@ -270,9 +270,13 @@ def test_pinned_knobs_take_one_value_and_are_checked():
                                                  "device_budget": "1KiB"})
     assert [(f["device_budget"], f["num_parts"]) for s, f, _ in rows
             if s == "offload"] == [("1024", 8)]
-    with pytest.raises(ValueError, match="hidden_channels 8 does not split "
-                                         "into 3 groups"):
+    with pytest.raises(ValueError, match="num_groups must be a positive divisor "
+                                         "of hidden_channels=8, got 3"):
         candidates(cfg, 4096, "cpu", pinned={"num_groups": 3})
+    with pytest.raises(ValueError, match="budget_ratio: expected a ratio"):
+        candidates(cfg, 4096, "cpu", pinned={"budget_ratio": 2.0})
+    # a group count matters only where a reversible row is tried
+    assert candidates(TrainConfig(model="sage", hidden_channels=32), 4096, "cpu",
+                      pinned={"num_groups": 3})
     with pytest.raises(ValueError, match=r"unknown knob\(s\) \['lr'\]"):
         candidates(cfg, 4096, "cpu", pinned={"lr": 0.1})
-

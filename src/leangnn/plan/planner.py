@@ -359,10 +359,11 @@ def candidates(cfg, budget_bytes: int, device: torch.device | str | None = None,
     if unknown:
         raise ValueError(f"pinned: unknown knob(s) {unknown}; expected some of "
                          f"{list(PINNABLE)}")
+    # the configuration's own checks (a group count that splits a reversible
+    # model's hidden size, a ratio in (0, 1], ...); the device budget is
+    # read below, as the rows carry it
+    replace(cfg, **{k: v for k, v in pinned.items() if k != "device_budget"})
     groups = (pinned["num_groups"],) if "num_groups" in pinned else GROUPS
-    if "num_groups" in pinned and cfg.hidden_channels % pinned["num_groups"]:
-        raise ValueError(f"--groups: hidden_channels {cfg.hidden_channels} does "
-                         f"not split into {pinned['num_groups']!r} groups")
     parts_grid = (pinned["num_parts"],) if "num_parts" in pinned else OFFLOAD_PARTS
     ratios = (pinned["budget_ratio"],) if "budget_ratio" in pinned else CORE_RATIOS
     dev_budgets = ([parse_bytes(pinned["device_budget"], "--device-budget")]
