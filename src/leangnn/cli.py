@@ -295,9 +295,11 @@ def _plan(args) -> int:
     cfg = TrainConfig(**given, strategy=AUTO)
     check_datasets(cfg)
     strategies = None if only is None else (only,)
-    plan_candidates(cfg, budget or 1 << 30, None, strategies, pinned)  # fail early
-    if budget is None:
+    noted = budget is None
+    if noted:
         budget = resolve_budget(None, torch.device(cfg.device))
+    plan_candidates(cfg, budget, None, strategies, pinned)  # before loading
+    if noted:
         _budget_note(cfg, budget)
     splits = load_graphs(cfg, progress=not (args.quiet or args.json))
     table = plan_config(cfg, splits, budget,
