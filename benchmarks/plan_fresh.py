@@ -17,7 +17,6 @@ Run it alone: a second process on a 2-core machine slows both.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -25,7 +24,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from _report import results_path, write_section  # noqa: E402
+from _report import results_path, write_json, write_section  # noqa: E402
 from plan import _cli_measure  # noqa: E402  (one way to run a command line)
 
 _V = "--val-dataset iscas85/c17 --test-dataset iscas85/c432"
@@ -110,10 +109,9 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout", type=float, default=1800)
     args = ap.parse_args(argv)
     res = run(args.repeat, args.timeout)
-    path = results_path("plan_fresh.json")
-    path.write_text(json.dumps(res, indent=1))
+    path = write_json(results_path("plan_fresh.json"), res)
     md = markdown(res)
-    path.with_suffix(".md").write_text(md + "\n")
+    write_section("plan-fresh", md, path.with_suffix(".md"))
     write_section("plan-fresh", md)
     print(f"plan_fresh: wrote {path} and the plan-fresh section of "
           "benchmarks/README.md", file=sys.stderr)
