@@ -132,3 +132,21 @@ def test_fit_and_plan_refuse_non_finite_features(data):
                  lambda: leangnn.fit(model, bad, epochs=1, memory_budget="1GiB")):
         with pytest.raises(ValueError, match=r"x has 1 non-finite"):
             call()
+
+
+def test_plan_names_the_model_that_fails_on_the_data(data):
+    from torch_geometric.nn import GraphSAGE
+    from torch_geometric.utils import sort_edge_index
+
+    # LSTM aggregation needs edges sorted by destination; a csbm graph's are not
+    model = GraphSAGE(8, 16, 2, int(data.y.max()) + 1, aggr="lstm")
+    with pytest.raises(ValueError, match=r"leangnn.plan: GraphSAGE failed in a dry "
+                       r"run of one training step on the data \(300 nodes, "):
+        leangnn.plan(model, data, memory_budget="1GiB")
+    good = data.clone()
+    good.edge_index = sort_edge_index(good.edge_index, sort_by_row=False)
+    table = leangnn.plan(model, good, memory_budget="1GiB", calibration=EXACT)
+    offload = [r for r in table.rows if r.strategy == "offload"]
+    assert len(offload) == 1 and not offload[0].fits
+    assert "aggr='lstm' is not supported" in offload[0].why
+    assert table.pick is not None and table.pick.strategy == "full"

@@ -37,6 +37,8 @@ from torch_geometric.nn import (
 from torch_geometric.nn.conv.gcn_conv import gcn_norm
 from torch_geometric.nn.models.basic_gnn import BasicGNN
 
+from leangnn.offload.partial import piece_kernel
+
 __all__ = ["LayerwiseModel", "SUPPORTED_CONVS"]
 
 #: convs whose output on a target depends only on its in-edges and their
@@ -86,6 +88,10 @@ class LayerwiseModel:
                 raise ValueError(
                     f"offload: conv {type(conv).__name__} is not supported; "
                     f"expected one of {[c.__name__ for c in SUPPORTED_CONVS]}")
+            # whether its aggregation combines across jobs, checked here: a
+            # graph without hubs never builds the split form and an
+            # order-dependent aggregation (LSTM) failed on the jobs' edges
+            piece_kernel(conv)
         kinds = {type(c) for c in model.convs}
         if len(kinds) != 1:
             raise ValueError(f"offload needs one conv type per model, got {kinds}")

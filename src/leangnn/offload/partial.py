@@ -106,8 +106,11 @@ class _SAGE(_Kernel):
         super().__init__(conv)
         self.reduce = _aggr_name(conv)
         if self.reduce not in ("sum", "mean", "max"):
-            raise ValueError(f"offload: SAGEConv aggr={self.reduce!r} cannot be "
-                             "split across jobs; use 'mean', 'sum' or 'max'")
+            raise ValueError(
+                f"offload: {type(conv).__name__} aggr={self.reduce!r} is not "
+                "supported: offload splits a node's in-edges across jobs and "
+                "combines only 'sum', 'mean' and 'max' exactly; build the conv "
+                "with one of them")
 
     def messages(self, x, src, w):
         m = x.index_select(0, src)
@@ -194,6 +197,11 @@ def piece_kernel(conv) -> _Kernel:
     for kind, cls in ((GCNConv, _GCN), (GATConv, _GAT), (GATv2Conv, _GAT),
                       (SAGEConv, _SAGE), (GraphConv, _GraphConv), (GINConv, _GIN)):
         if isinstance(conv, kind):
+            if cls in (_GCN, _GAT) and _aggr_name(conv) != "sum":
+                # their kernels sum (GAT: softmax-weighted) whatever aggr says
+                raise ValueError(f"offload: {kind.__name__} aggr="
+                                 f"{_aggr_name(conv)!r} is not supported; "
+                                 "build it with the default aggr='add'")
             return cls(conv)
     raise ValueError(f"offload: {type(conv).__name__} cannot be split across jobs")
 

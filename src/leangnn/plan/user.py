@@ -33,6 +33,7 @@ from leangnn.plan.estimate import (
     estimate_model,
     offload_step,
 )
+from leangnn.plan.fake import UnsupportedOpError
 from leangnn.plan.planner import (
     CORE_RATIOS,
     OFFLOAD_PARTS,
@@ -101,9 +102,20 @@ def plan(model: torch.nn.Module, data: Data, memory_budget=None, loss_fn=None,
     wanted = set(strategies or ("full", "reversible", "offload", "prune"))
     rows = []
     if strategy in wanted or "full" in wanted:
-        est = estimate_model(model, data, loss_fn, dev, strategy, lr=lr,
-                             clip_norm=clip_norm, calibration=cal,
-                             knobs={"model": name})
+        try:
+            est = estimate_model(model, data, loss_fn, dev, strategy, lr=lr,
+                                 clip_norm=clip_norm, calibration=cal,
+                                 knobs={"model": name})
+        except UnsupportedOpError:
+            raise
+        except (ValueError, RuntimeError, TypeError, IndexError) as e:
+            # the model's own error on this data: training would raise it too
+            raise ValueError(
+                f"leangnn.plan: {name} failed in a dry run of one training step "
+                f"on the data ({int(data.num_nodes or 0)} nodes, "
+                f"{int(data.num_edges or 0)} edges): {type(e).__name__}: "
+                f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+            ) from e
         rows.append(estimate_row(strategy, est, cal, "exact",
                                  {"strategy": strategy}))
     why = _is_layerwise(model) if "offload" in wanted else "not requested"
