@@ -1,6 +1,8 @@
 """`--strategy auto` on circuits and budgets the planner was never fitted on.
 
     python benchmarks/plan_fresh.py [--repeat 2]   # results/plan_fresh.{json,md}
+    python benchmarks/plan_fresh.py --epochs 20 --with-cli-auto
+                                    # results/plan_long.{json,md}: long runs
 
 Six ``leangnn train --strategy auto --memory-budget B`` command lines, each on
 a graph that neither the calibration nor the ``cli`` section of
@@ -12,6 +14,10 @@ measured peak above its budget; beside it the estimate's error and the
 epoch time estimated and measured (the time model reads about 2x low on
 graphs of this size: see the planner's misses in ``benchmarks/README.md``).
 Run it alone: a second process on a 2-core machine slows both.
+
+``--epochs 20 --with-cli-auto`` is the long-run check: the same cases and the
+``--strategy auto`` rows of the ``cli`` section trained for 20 epochs instead
+of 3 (a run's peak can still creep up after its third epoch: glibc's heap).
 """
 
 from __future__ import annotations
@@ -45,13 +51,32 @@ FRESH = [
 ]
 
 
-def run(repeat: int, timeout: float) -> dict:
+def cases(with_cli_auto: bool = False) -> list[tuple[str, str, str]]:
+    """(name, command line after ``train``, budget) of each case."""
+    out = [(name, f"{args} --strategy auto --memory-budget {budget}", budget)
+           for name, args, budget in FRESH]
+    if with_cli_auto:
+        from plan import CLI_ROWS, HOLDOUT_ROWS
+
+        seen = set()
+        for row in CLI_ROWS + HOLDOUT_ROWS:
+            argv = row["args"].split()
+            if "auto" not in argv or row["name"] in seen:
+                continue
+            seen.add(row["name"])
+            out.append((row["name"], row["args"],
+                        argv[argv.index("--memory-budget") + 1]))
+    return out
+
+
+def run(repeat: int, timeout: float, epochs: int = 3,
+        with_cli_auto: bool = False) -> dict:
     from leangnn.utils import parse_bytes
 
     rows = []
-    for name, args, budget in FRESH:
-        row = {"args": f"{args} --strategy auto --memory-budget {budget}"}
-        runs = [_cli_measure(row, 3, 1, timeout) for _ in range(repeat)]
+    for name, args, budget in cases(with_cli_auto):
+        row = {"args": args}
+        runs = [_cli_measure(row, epochs, 1, timeout) for _ in range(repeat)]
         bad = [r["error"] for r in runs if "error" in r]
         if bad:
             rows.append({"name": name, "budget": budget, "error": bad[0]})
@@ -73,7 +98,8 @@ def run(repeat: int, timeout: float) -> dict:
         print(f"plan_fresh: {name}: {rows[-1]['picks'][0]}, peaks "
               f"{[round(p / 2**20, 1) for p in peaks]} MiB of {budget}, "
               f"error {rows[-1]['error']:+.1%}", file=sys.stderr)
-    return {"date": time.strftime("%Y-%m-%d"), "repeat": repeat, "rows": rows}
+    return {"date": time.strftime("%Y-%m-%d"), "repeat": repeat, "epochs": epochs,
+            "with_cli_auto": with_cli_auto, "rows": rows}
 
 
 def markdown(res: dict) -> str:
@@ -82,9 +108,15 @@ def markdown(res: dict) -> str:
     n_in = sum(sum(p <= r["budget_bytes"] for p in r["peaks"]) for r in ok)
     n = sum(len(r["peaks"]) for r in ok)
     errs = sorted(abs(r["error"]) for r in ok)
-    out = [f"`python benchmarks/plan_fresh.py --repeat {res['repeat']}` "
-           f"({res['date']}; six graphs no calibration run or `cli` row trains "
-           "on, a budget below full batch's need): "
+    epochs = res.get("epochs", 3)
+    flags = f" --epochs {epochs}" if epochs != 3 else ""
+    flags += " --with-cli-auto" if res.get("with_cli_auto") else ""
+    what = ("six graphs no calibration run or `cli` row trains on, a budget "
+            "below full batch's need")
+    if res.get("with_cli_auto"):
+        what += ", and the `--strategy auto` rows of the `cli` section"
+    out = [f"`python benchmarks/plan_fresh.py --repeat {res['repeat']}{flags}` "
+           f"({res['date']}; {what}; {epochs} epochs per run): "
            f"**{n_in} of {n} processes within their budget**; memory error "
            f"median {statistics.median(errs):.1%}, worst {errs[-1]:.1%}.", "",
            "| case | budget | pick | estimated | measured | error | est. epoch s "
@@ -106,14 +138,24 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=2,
                     help="fresh processes per command line (default: 2)")
+    ap.add_argument("--epochs", type=int, default=3,
+                    help="epochs per run (default: 3, as the cli section)")
+    ap.add_argument("--with-cli-auto", action="store_true",
+                    help="also the --strategy auto rows of plan.py's cli section")
     ap.add_argument("--timeout", type=float, default=1800)
     args = ap.parse_args(argv)
-    res = run(args.repeat, args.timeout)
-    path = write_json(results_path("plan_fresh.json"), res)
+    if args.epochs < 1 or args.repeat < 1:
+        ap.error(f"--epochs and --repeat must be >= 1, got {args.epochs} and "
+                 f"{args.repeat}")
+    res = run(args.repeat, args.timeout, args.epochs, args.with_cli_auto)
+    # the default check keeps its name; a long or wider one is its own section
+    name = "plan-fresh" if args.epochs == 3 and not args.with_cli_auto else \
+        "plan-long"
+    path = write_json(results_path(name.replace("-", "_") + ".json"), res)
     md = markdown(res)
-    write_section("plan-fresh", md, path.with_suffix(".md"))
-    write_section("plan-fresh", md)
-    print(f"plan_fresh: wrote {path} and the plan-fresh section of "
+    write_section(name, md, path.with_suffix(".md"))
+    write_section(name, md)
+    print(f"plan_fresh: wrote {path} and the {name} section of "
           "benchmarks/README.md", file=sys.stderr)
     return 0
 
