@@ -45,6 +45,7 @@ def _lines(run):
         rec = json.loads(ln, parse_constant=lambda c: pytest.fail(f"token {c}"))
         rec.pop("epoch_seconds")
         rec.pop("epoch_cpu_seconds")
+        rec.pop("peak_bytes")  # memory: not deterministic
         out.append(rec)
     return out
 

@@ -29,6 +29,7 @@ def _lines(path):
         rec = json.loads(ln)
         rec.pop("epoch_seconds")
         rec.pop("epoch_cpu_seconds")
+        rec.pop("peak_bytes")  # memory: not deterministic
         out.append(rec)
     return out
 
@@ -85,6 +86,8 @@ def test_run_directory_contents(tmp_path):
     recs = [json.loads(ln) for ln in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in recs] == [1, 2]
     assert all(0 < r["epoch_cpu_seconds"] for r in recs)
+    peaks = [r["peak_bytes"] for r in recs]  # the running peak of the meter
+    assert peaks == sorted(peaks) and 0 <= peaks[-1] <= s["memory"]["peak_bytes"]
     ckpt = torch.load(run / "checkpoint.pt", weights_only=True)
     assert ckpt["epoch"] == 2
     assert torch.load(run / "checkpoint.prev.pt", weights_only=True)["epoch"] == 1

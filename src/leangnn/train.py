@@ -254,6 +254,7 @@ class Trainer:
         # the same process) freed would otherwise be reused unmetered.
         self._release_heap()
         meter = self._meter = MemoryMeter(self.device).start()
+        so_far = self._prev_peak
         bar = tqdm(range(start, cfg.epochs), desc=f"train {cfg.strategy}/{cfg.model}",
                    unit="ep", initial=start, total=cfg.epochs,
                    disable=not self.progress, mininterval=1.0)
@@ -280,9 +281,13 @@ class Trainer:
                                   self.model.state_dict().items()}
                 else:
                     bad += 1
+            # the run's peak so far (training and validation; a checkpoint's
+            # lands in the next epoch's): how a long run's peak creeps up. A
+            # running maximum: the kernel's RSS counters lag by a few pages.
+            so_far = max(so_far, meter.peak())
             run.append_metrics({"epoch": epoch + 1, "train_loss": train_loss,
                                 "val": val, "epoch_seconds": times[-1],
-                                "epoch_cpu_seconds": cpu})
+                                "epoch_cpu_seconds": cpu, "peak_bytes": so_far})
             if run.enabled:
                 run.save_checkpoint(self._state(epoch + 1, best, best_state, bad,
                                                 times))
@@ -292,7 +297,7 @@ class Trainer:
                 break
         bar.close()
         peak = meter.stop()
-        peak.peak_bytes = self._prev_peak = max(peak.peak_bytes, self._prev_peak)
+        peak.peak_bytes = self._prev_peak = max(peak.peak_bytes, so_far)
         self._meter = None
         saved = self._saved_bytes()
         self._release_heap()  # the test pass below would land on top otherwise

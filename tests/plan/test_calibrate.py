@@ -110,3 +110,51 @@ def test_calibration_runs_cover_each_op_mix_on_both_graph_kinds():
     for fam in ("offload-gcn", "offload-sage", "gsr-gat", "res-gcn", "gat", "gcn",
                 "sage", "res-sage", "gsr-sage", "gsr-gcn"):
         assert kinds.get(fam) == {"csbm", "circuit"}, fam
+
+
+def test_long_runs_add_their_scales_to_the_stored_calibration(tmp_path, monkeypatch,
+                                                              capsys):
+    # the runs are stubbed: checked is what is trained (every calibration run
+    # for the epochs asked, every epoch: patience off), what is stored, and
+    # the usage errors
+    import pytest
+
+    import leangnn.plan.calibrate as cmod
+    import leangnn.plan.measure
+    from leangnn.plan.calibration import Calibration, load_calibration
+
+    monkeypatch.setenv("LEANGNN_CACHE", str(tmp_path))
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
+    runs = [dict(strategy="reversible", model="gsr", conv="sage", num_layers=8,
+                 hidden_channels=8, dataset="csbm:100"),
+            dict(strategy="full", model="sage", num_layers=2, hidden_channels=8,
+                 dataset="csbm:100"),
+            dict(strategy="full", model="gat", num_layers=2, hidden_channels=8,
+                 dataset="csbm:100")]
+    monkeypatch.setattr(cmod, "CALIBRATION_RUNS", runs)
+    calls = []
+
+    def fake_trainer(cfg, epochs, threads, mmap, timeout):
+        calls.append((cfg["model"], epochs, cfg["patience"]))
+        if cfg["model"] == "gat":
+            raise RuntimeError("training full/gat failed: out of memory")
+        top = {"gsr": 13, "sage": 11}[cfg["model"]]
+        return {"epoch_peak_bytes": [10, 10, 10] + [top] * (epochs - 3)}
+
+    monkeypatch.setattr(leangnn.plan.measure, "measure_trainer", fake_trainer)
+    base = Calibration(load_calibration("cpu").kind, "glibc-default",
+                       calibrated=True, budget_scale=1.1)
+    base.save()
+    cal = cmod.calibrate_long_runs("cpu", epochs=6, progress=False)
+    assert calls == [("gsr", 6, 0), ("sage", 6, 0), ("gat", 6, 0)]
+    assert "full/gat L2 csbm:100: left out (RuntimeError" in capsys.readouterr().err
+    assert cal.long_run_scales["gsr-sage"] == pytest.approx(1.3)
+    assert cal.long_run_scales["sage"] == pytest.approx(1.1)
+    stored = load_calibration("cpu")
+    assert stored.long_run_scales == cal.long_run_scales
+    assert stored.budget_scale == 1.1  # the rest as it was
+    for argv, msg in ((["--long-runs", "3"], "more than 3 epochs, got 3"),
+                      (["--long-runs", "--device", "cuda"], "CPU only")):
+        with pytest.raises(SystemExit) as e:
+            cmod.main(argv)
+        assert e.value.code == 2 and msg in capsys.readouterr().err

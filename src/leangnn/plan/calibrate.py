@@ -23,18 +23,22 @@ import torch
 
 from leangnn.plan.calibration import (
     REFERENCE_DIR,
+    SHORT_RUN_EPOCHS,
     Calibration,
     allocator_mode,
     calibration_path,
     fit_calibration,
+    fit_long_runs,
     heap_families,
     kind_path,
     load_calibration,
+    long_run_families,
     machine_kind,
 )
 from leangnn.utils import atomic_write_text, cache_root, format_bytes
 
-__all__ = ["measurements_path", "calibrate", "CALIBRATION_RUNS", "main"]
+__all__ = ["measurements_path", "calibrate", "calibrate_long_runs",
+           "CALIBRATION_RUNS", "main"]
 
 _SMALL = "epfl/priority,iscas85/c3540,epfl/cavlc"
 #: a mid-size circuit none of the benchmark rows trains on
@@ -44,7 +48,10 @@ _SQUARE = dict(dataset="epfl/square", val_dataset="iscas85/c17",
 _S38417 = dict(dataset="iscas89/s38417", val_dataset="iscas85/c17",
                test_dataset="iscas85/c432")
 #: epochs of a calibration run (the Trainer's peak covers later epochs too)
-CALIBRATION_EPOCHS = 3
+CALIBRATION_EPOCHS = SHORT_RUN_EPOCHS
+#: epochs of a long calibration run (:func:`calibrate_long_runs`): measured,
+#: a run's peak stops creeping up by ~13 epochs
+LONG_RUN_EPOCHS = 20
 
 #: small runs measured by :func:`calibrate` (quick: the first four), each
 #: through the Trainer (:func:`leangnn.plan.measure.measure_trainer`)
@@ -296,6 +303,58 @@ def calibrate(device: str = "cpu", quick: bool = False, mmap: bool | None = None
     return cal
 
 
+def calibrate_long_runs(device: str = "cpu", epochs: int = LONG_RUN_EPOCHS,
+                        quick: bool = False, timeout: float | None = 1800,
+                        save: bool = True, progress: bool = True) -> Calibration:
+    """Train :data:`CALIBRATION_RUNS` for ``epochs`` epochs each (once, fresh
+    interpreters, through the Trainer) and add their long-run scales
+    (:func:`~leangnn.plan.calibration.fit_long_runs`) to this machine's
+    calibration (the stored one, else the reference), stored by default.
+
+    CPU only: CUDA's caching allocator does not creep the way glibc's heap
+    does (its plans use reserved over allocated bytes instead).
+    """
+    from leangnn.plan.measure import measure_trainer
+
+    if torch.device(device).type != "cpu":
+        raise ValueError(f"--long-runs: CPU only, got device {device!r}")
+    if epochs <= SHORT_RUN_EPOCHS:
+        raise ValueError(f"--long-runs: more than {SHORT_RUN_EPOCHS} epochs, "
+                         f"got {epochs}")
+    cal = load_calibration(device)
+    if not cal.calibrated:
+        raise ValueError("--long-runs: no measured calibration to add to; run "
+                         "python -m leangnn.plan.calibrate first")
+    mmap = cal.allocator == "glibc-mmap"
+    runs = []
+    for run in CALIBRATION_RUNS[:4] if quick else CALIBRATION_RUNS:
+        what = (f"{run['strategy']}/{run['model']} L{run['num_layers']} "
+                f"{run['dataset']}")
+        # patience 0: every epoch runs, whatever the validation loss does
+        cfg = {**run, "device": device, "patience": 0}
+        try:
+            m = measure_trainer(cfg, epochs=epochs, threads=1, mmap=mmap,
+                                timeout=timeout)
+        except Exception as e:  # noqa: BLE001 - one run must not stop the rest
+            print(f"calibrate: {what}: left out ({type(e).__name__}: "
+                  f"{str(e).splitlines()[0][:160] if str(e) else ''})",
+                  file=sys.stderr, flush=True)
+            continue
+        peaks = m["epoch_peak_bytes"]
+        runs.append({"config": run, "epoch_peak_bytes": peaks,
+                     "families": long_run_families(run["strategy"], run)})
+        short = max(peaks[:SHORT_RUN_EPOCHS], default=None)
+        if progress and None not in peaks and short:
+            print(f"calibrate: {what}: {format_bytes(short)} after "
+                  f"{SHORT_RUN_EPOCHS} epochs, {format_bytes(max(peaks))} after "
+                  f"{len(peaks)} (x{max(peaks) / short:.2f})",
+                  file=sys.stderr, flush=True)
+    fit_long_runs(cal, runs)
+    if save:
+        cal.save()
+    return cal
+
+
 def save_reference(device: str = "cpu") -> Path:
     """Write this machine's stored calibration, without its samples, as the
     package's reference for its allocator mode (:data:`REFERENCE_DIR`)."""
@@ -338,6 +397,12 @@ def main(argv: list[str] | None = None) -> int:
                    help="fresh-interpreter runs per configuration, the median "
                         "kept (default 3; glibc's default heap varies by "
                         "+-10%% from process to process)")
+    p.add_argument("--long-runs", type=int, nargs="?", const=LONG_RUN_EPOCHS,
+                   default=None, metavar="EPOCHS",
+                   help="CPU: train the calibration runs for EPOCHS epochs "
+                        f"(default {LONG_RUN_EPOCHS}) and add how much higher "
+                        f"a run peaks than in its first {SHORT_RUN_EPOCHS} to "
+                        "the stored calibration (plans for longer runs need it)")
     p.add_argument("--reuse", action="store_true",
                    help="reuse the runs measured before; measure only the "
                         "missing ones (estimates are always made anew)")
@@ -351,6 +416,17 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.show:
         print(json.dumps(load_calibration(args.device).to_dict(), indent=1))
+        return 0
+    if args.long_runs is not None:
+        try:
+            cal = calibrate_long_runs(args.device, args.long_runs,
+                                      quick=args.quick)
+        except ValueError as e:
+            p.error(str(e))
+        scales = ", ".join(f"{k} x{v:.2f}" for k, v in
+                           sorted(cal.long_run_scales.items()))
+        print(f"{cal.kind}: long-run scales ({cal.long_run_epochs} epochs): "
+              f"{scales}; stored in {kind_path(cal.kind)}")
         return 0
     mmap = None if args.allocator is None else args.allocator == "mmap"
     if args.repeat < 1:

@@ -49,7 +49,8 @@ from leangnn.utils import atomic_write_text, cache_root
 
 __all__ = ["Calibration", "heap_families", "machine_kind", "allocator_mode",
            "calibration_path", "kind_path", "load_calibration", "fit_calibration",
-           "reference_calibration", "calibration_label", "REFERENCE_DIR"]
+           "reference_calibration", "calibration_label", "REFERENCE_DIR",
+           "long_run_families", "fit_long_runs", "SHORT_RUN_EPOCHS"]
 
 #: the calibrations shipped with the package, one per CPU allocator mode
 #: (``glibc-default.json``, ...; written by ``python -m leangnn.plan.calibrate
@@ -132,6 +133,11 @@ def heap_families(strategy: str | None, knobs: dict[str, Any] | None
     return fams
 
 
+#: epochs of the calibration runs: a plan for a longer run adds the
+#: long-run scale (:meth:`Calibration.long_run_scale`)
+SHORT_RUN_EPOCHS = 3
+
+
 @dataclass
 class Calibration:
     """Allocator overhead and time coefficients of one machine kind.
@@ -180,6 +186,18 @@ class Calibration:
             whose fragmentation depends on the model (x1.4 for GAT to x2.5
             for residual GCN stacks), each the factor of least relative error
             over its calibration runs; ``heap_scale`` for the rest.
+        long_run_epochs (int): epochs of the long calibration runs that
+            measured :attr:`long_run_scales` (``0``: not measured), and the
+            epochs of a run past which they apply
+            (:data:`SHORT_RUN_EPOCHS`: the other figures come from 3-epoch
+            runs).
+        long_run_scales (dict): CPU: a long run's peak over the peak of its
+            first :data:`SHORT_RUN_EPOCHS` epochs, per run family
+            (:func:`long_run_families`; ``"*"``: the
+            :data:`SPREAD_QUANTILE` quantile over all). Under glibc's default
+            heap a run's peak creeps up for ~10 epochs (itc99/b22, GSR-16:
+            33 MiB after 3 epochs, 43 MiB from epoch 13 on, measured through
+            the Trainer); a plan for a longer run multiplies its need by it.
         calibrated (bool): measured (``False``: defaults).
         reference (str): for a shipped reference calibration, the machine it
             was measured on; empty when measured on this machine.
@@ -203,6 +221,8 @@ class Calibration:
     heap_scales: dict[str, float] = field(default_factory=dict)
     offload_scales: dict[str, float] = field(default_factory=dict)
     offload_device_scales: dict[str, float] = field(default_factory=dict)
+    long_run_epochs: int = 0
+    long_run_scales: dict[str, float] = field(default_factory=dict)
     calibrated: bool = False
     reference: str = ""
     measured_at: str = ""
@@ -261,6 +281,20 @@ class Calibration:
         if "jobs" in work:
             t = self.offload_scale * t + self.per_job * work["jobs"]
         return float(t)
+
+    def long_run_scale(self, families: list[str] | tuple[str, ...] = (),
+                       epochs: int | None = None) -> float:
+        """What a run of ``epochs`` epochs (``None``: unknown, taken as long)
+        peaks at over its first :data:`SHORT_RUN_EPOCHS`: the most specific
+        of ``families`` measured (:func:`long_run_families`), else ``"*"``;
+        1 for a short run or without long calibration runs."""
+        if not self.long_run_scales or (
+                epochs is not None and epochs <= SHORT_RUN_EPOCHS):
+            return 1.0
+        for fam in [*families, "*"]:
+            if fam in self.long_run_scales:
+                return max(1.0, float(self.long_run_scales[fam]))
+        return 1.0
 
     def apply(self, est) -> None:
         """Fill ``est``'s allocator overhead and epoch time in place."""
@@ -327,7 +361,20 @@ def calibration_label(cal: Calibration) -> str:
     label = f"reference {cal.kind}" if cal.reference else cal.kind
     if cal.budget_scale != 1.0:
         label += f"; need = estimate x{cal.budget_scale:.2f}"
+    if cal.long_run_scales:
+        scales = [max(1.0, v) for v in cal.long_run_scales.values()]
+        label += (f", x{min(scales):.2f}-{max(scales):.2f} more for runs over "
+                  f"{SHORT_RUN_EPOCHS} epochs")
     return label
+
+
+def long_run_families(strategy: str | None, knobs: dict[str, Any] | None
+                      ) -> list[str]:
+    """The families whose long-run scale applies to a run, most specific
+    first: :func:`heap_families`, with ``offload-`` before each for offload
+    (its blocks are the engine's, not a full-batch step's)."""
+    fams = heap_families(strategy, knobs)
+    return [f"offload-{f}" for f in fams] if strategy == "offload" else fams
 
 
 def reference_calibration(device: torch.device | str = "cpu") -> Calibration | None:
@@ -488,6 +535,41 @@ def fit_calibration(samples: list[dict[str, Any]], device="cpu") -> Calibration:
 
 #: the share of calibration runs whose highest process a plan's need covers
 SPREAD_QUANTILE = 0.9
+
+
+def fit_long_runs(cal: Calibration, runs: list[dict[str, Any]]) -> dict[str, float]:
+    """Set ``cal``'s long-run scales from long runs ``runs`` (each
+    ``{"families": long_run_families(...), "epoch_peak_bytes": [...]}``, the
+    run's peak after each epoch) and return them.
+
+    A run's ratio is its peak over the peak of its first
+    :data:`SHORT_RUN_EPOCHS` epochs; a family's scale is the largest ratio of
+    the runs in it (few runs per family: the safe side), ``"*"`` the
+    :data:`SPREAD_QUANTILE` quantile over all runs.
+    """
+    ratios: list[tuple[list[str], float]] = []
+    epochs = 0
+    for r in runs:
+        peaks = list(r.get("epoch_peak_bytes") or ())
+        # an epoch's peak can be missing (None: an older run directory)
+        short = max((p for p in peaks[:SHORT_RUN_EPOCHS] if p is not None),
+                    default=0)
+        if len(peaks) <= SHORT_RUN_EPOCHS or short <= 0:
+            continue
+        ratios.append((list(r.get("families") or ()),
+                       max(p for p in peaks if p is not None) / short))
+        epochs = max(epochs, len(peaks))
+    if not ratios:
+        raise ValueError("fit_long_runs: no run longer than "
+                         f"{SHORT_RUN_EPOCHS} epochs with its peaks recorded")
+    scales: dict[str, float] = {}
+    for fams, ratio in ratios:
+        for fam in fams:
+            scales[fam] = max(scales.get(fam, 1.0), ratio)
+    scales["*"] = max(1.0, float(np.quantile([r for _, r in ratios],
+                                             SPREAD_QUANTILE)))
+    cal.long_run_scales, cal.long_run_epochs = scales, epochs
+    return scales
 
 
 def _spread_margin(samples: list[dict[str, Any]]) -> float:

@@ -184,7 +184,8 @@ def measure_trainer(cfg, epochs: int = 3, threads: int | None = 1,
 
     Returns:
         ``{"run_bytes", "method", "baseline_bytes", "epoch_seconds": [...],
-        "epoch_cpu_seconds": [...]}`` (every epoch's wall and CPU seconds,
+        "epoch_cpu_seconds": [...], "epoch_peak_bytes": [...]}`` (every
+        epoch's wall and CPU seconds and the run's peak after it,
         in order; with one thread the CPU time is what an idle machine's
         wall time would be).
 
@@ -215,4 +216,5 @@ def measure_trainer(cfg, epochs: int = 3, threads: int | None = 1,
     mem = summary["memory"]
     return {"run_bytes": mem["peak_bytes"], "method": mem["method"],
             "baseline_bytes": mem["baseline_bytes"], "epoch_seconds": times,
-            "epoch_cpu_seconds": cpu}
+            "epoch_cpu_seconds": cpu,
+            "epoch_peak_bytes": [r.get("peak_bytes") for r in records]}

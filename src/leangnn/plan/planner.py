@@ -28,7 +28,12 @@ from typing import Any
 
 import torch
 
-from leangnn.plan.calibration import Calibration, calibration_label, load_calibration
+from leangnn.plan.calibration import (
+    Calibration,
+    calibration_label,
+    load_calibration,
+    long_run_families,
+)
 from leangnn.plan.estimate import (
     Estimate,
     estimate_config,
@@ -315,7 +320,9 @@ def resolve_budget(memory_budget, device: torch.device) -> int:
 
 def estimate_row(strategy: str, est: Estimate, cal: Calibration, kind: str,
          config: dict) -> PlanRow:
-    need = math.ceil(est.peak_bytes * cal.budget_scale)
+    # a run longer than the calibration's peaks higher (glibc's heap creeps)
+    need = math.ceil(est.peak_bytes * cal.budget_scale * cal.long_run_scale(
+        long_run_families(est.strategy, est.knobs), est.epochs))
     short = ""
     if est.method == "analytic":
         # a lower bound only (measured ~8x under for the dag model): a pick

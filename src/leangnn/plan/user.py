@@ -64,7 +64,8 @@ def _is_layerwise(model: torch.nn.Module) -> str | None:
 def plan(model: torch.nn.Module, data: Data, memory_budget=None, loss_fn=None,
          device="cpu", lr: float = 1e-3, clip_norm: float | None = 1.0,
          calibration: Calibration | None = None,
-         strategies: tuple[str, ...] | None = None) -> PlanTable:
+         strategies: tuple[str, ...] | None = None,
+         epochs: int | None = None) -> PlanTable:
     """Plan training ``model`` on ``data`` (any PyG model) under a budget.
 
     Rows: full batch; offload (PyG ``BasicGNN`` models) under the budget; the
@@ -84,6 +85,9 @@ def plan(model: torch.nn.Module, data: Data, memory_budget=None, loss_fn=None,
         calibration (Calibration, optional): default: this machine's.
         strategies (tuple of str, optional): only these strategies' rows
             (``full`` stands for the model's own full-batch training).
+        epochs (int, optional): the run's epochs; ``None`` (unknown) plans
+            for a long run (a CPU run's peak creeps up over its first ~10
+            epochs: :meth:`~leangnn.plan.calibration.Calibration.long_run_scale`).
 
     Example:
         >>> table = plan(GraphSAGE(64, 128, 3, 8), data, "2GiB")
@@ -116,6 +120,7 @@ def plan(model: torch.nn.Module, data: Data, memory_budget=None, loss_fn=None,
                 f"{int(data.num_edges or 0)} edges): {type(e).__name__}: "
                 f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}"
             ) from e
+        est.epochs = epochs
         rows.append(estimate_row(strategy, est, cal, "exact",
                                  {"strategy": strategy}))
     why = _is_layerwise(model) if "offload" in wanted else "not requested"
@@ -130,6 +135,7 @@ def plan(model: torch.nn.Module, data: Data, memory_budget=None, loss_fn=None,
             if full is None:
                 full = estimate_model(model, data, loss_fn, dev)
             est = _offload_model(model, data, dev, dev_budget, cal, knobs, full)
+            est.epochs = epochs
             rows.append(estimate_row("offload", est, cal, "exact",
                                      {"strategy": "offload",
                                       "device_budget": dev_budget,
@@ -144,6 +150,7 @@ def plan(model: torch.nn.Module, data: Data, memory_budget=None, loss_fn=None,
                              knobs={"model": name, "budget_ratio": ratio,
                                     "core_nodes": int(core.num_nodes)})
         est.note = note
+        est.epochs = epochs
         rows.append(estimate_row("prune", est, cal, "approximate",
                                  {"strategy": "prune", "budget_ratio": ratio}))
     table = PlanTable(rows, budget, str(dev),
@@ -211,7 +218,8 @@ def fit(model: torch.nn.Module, data: Data, loss_fn=None, strategy: str = "auto"
     if strategy not in known:
         raise ValueError(f"strategy: expected one of {known}, got {strategy!r}")
     table = plan(model, data, memory_budget, loss_fn, device, lr, clip_norm,
-                 strategies=None if strategy == "auto" else (strategy,))
+                 strategies=None if strategy == "auto" else (strategy,),
+                 epochs=epochs)
     if strategy == "auto":
         row = choose(table)
     else:
