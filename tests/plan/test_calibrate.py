@@ -152,6 +152,9 @@ def test_long_runs_add_their_scales_to_the_stored_calibration(tmp_path, monkeypa
     assert cal.long_run_scales["sage"] == pytest.approx(1.1)
     stored = load_calibration("cpu")
     assert stored.long_run_scales == cal.long_run_scales
+    kept = json.loads(cmod.measurements_path("cpu", False).with_suffix(
+        ".long.json").read_text())  # the runs, for a refit
+    assert [r["config"]["model"] for r in kept] == ["gsr", "sage"]
     assert stored.budget_scale == 1.1  # the rest as it was
     for argv, msg in ((["--long-runs", "3"], "more than 3 epochs, got 3"),
                       (["--long-runs", "--device", "cuda"], "CPU only")):

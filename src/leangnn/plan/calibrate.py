@@ -351,6 +351,9 @@ def calibrate_long_runs(device: str = "cpu", epochs: int = LONG_RUN_EPOCHS,
                   file=sys.stderr, flush=True)
     fit_long_runs(cal, runs)
     if save:
+        # the runs themselves too: a refit needs no retraining
+        path = measurements_path(device, mmap).with_suffix(".long.json")
+        atomic_write_text(path, json.dumps(runs, indent=1) + "\n")
         cal.save()
     return cal
 
