@@ -377,9 +377,10 @@ def test_long_runs_scale_the_need_of_runs_longer_than_the_calibration():
     need = {}
     for epochs in (3, 60):
         est = Estimate("reversible", {"model": "gsr", "conv": "sage"}, "cpu",
-                       step_bytes=1000, epochs=epochs)
+                       step_bytes=1000)
         cal.apply(est)
-        need[epochs] = estimate_row("reversible", est, cal, "exact", {}).need_bytes
+        need[epochs] = estimate_row("reversible", est, cal, "exact", {},
+                                    epochs).need_bytes
     assert need[3] == math.ceil(1000 * 1.1)
     assert need[60] == math.ceil(1000 * 1.1 * 1.1)
     # it travels with the stored calibration; older files load without it

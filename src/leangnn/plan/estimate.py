@@ -95,10 +95,6 @@ class Estimate:
             the first (Adam's moments and every graph's heap already there);
             ``later_run_bytes`` with the overhead. The figures above are the
             first epoch's, what ``leangnn train --epochs 1`` reports.
-        epochs (int, optional): the run's epochs (``None``: unknown); a
-            plan's need for a run longer than the calibration's adds the
-            calibrated long-run scale
-            (:meth:`~leangnn.plan.calibration.Calibration.long_run_scale`).
     """
 
     strategy: str
@@ -119,7 +115,6 @@ class Estimate:
     heap_bytes: int = 0
     later: tuple[int, int, int] | None = None
     later_run_bytes: int | None = None
-    epochs: int | None = None
 
     @property
     def run_bytes(self) -> int:
@@ -347,12 +342,6 @@ def estimate_config(cfg, splits, device: torch.device | str | None = None,
     Falls back to the analytic lower bound of :mod:`leangnn.plan.fits` (and
     says so in ``note``) when the model runs an op a dry run cannot follow.
     """
-    est = _estimate_config(cfg, splits, device, calibration, loss_fn)
-    est.epochs = cfg.epochs
-    return est
-
-
-def _estimate_config(cfg, splits, device, calibration, loss_fn) -> Estimate:
     t0 = time.perf_counter()
     dev = torch.device(device or cfg.device)
     big = largest_graph(splits.train)

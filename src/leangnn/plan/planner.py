@@ -319,10 +319,12 @@ def resolve_budget(memory_budget, device: torch.device) -> int:
 
 
 def estimate_row(strategy: str, est: Estimate, cal: Calibration, kind: str,
-         config: dict) -> PlanRow:
-    # a run longer than the calibration's peaks higher (glibc's heap creeps)
+                 config: dict, epochs: int | None = None) -> PlanRow:
+    """The row of ``est`` for a run of ``epochs`` epochs (``None``: unknown,
+    planned as long): a run longer than the calibration's peaks higher
+    (:meth:`~leangnn.plan.calibration.Calibration.long_run_scale`)."""
     need = math.ceil(est.peak_bytes * cal.budget_scale * cal.long_run_scale(
-        long_run_families(est.strategy, est.knobs), est.epochs))
+        long_run_families(est.strategy, est.knobs), epochs))
     short = ""
     if est.method == "analytic":
         # a lower bound only (measured ~8x under for the dag model): a pick
@@ -526,4 +528,4 @@ def _row(cfg, strategy: str, fields: dict, kind: str, dev: torch.device, splits,
         knobs = {k: v for k, v in fields.items() if k != "strategy"}
         return unavailable_row(strategy, knobs,
                                f"not possible: {str(e).splitlines()[0]}", kind)
-    return estimate_row(strategy, est, cal, kind, fields)
+    return estimate_row(strategy, est, cal, kind, fields, cfg.epochs)

@@ -120,9 +120,8 @@ def plan(model: torch.nn.Module, data: Data, memory_budget=None, loss_fn=None,
                 f"{int(data.num_edges or 0)} edges): {type(e).__name__}: "
                 f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}"
             ) from e
-        est.epochs = epochs
         rows.append(estimate_row(strategy, est, cal, "exact",
-                                 {"strategy": strategy}))
+                                 {"strategy": strategy}, epochs))
     why = _is_layerwise(model) if "offload" in wanted else "not requested"
     full = None
     tries = [(b, p) for b in offload_budgets(budget, dev) for p in OFFLOAD_PARTS]
@@ -135,11 +134,10 @@ def plan(model: torch.nn.Module, data: Data, memory_budget=None, loss_fn=None,
             if full is None:
                 full = estimate_model(model, data, loss_fn, dev)
             est = _offload_model(model, data, dev, dev_budget, cal, knobs, full)
-            est.epochs = epochs
             rows.append(estimate_row("offload", est, cal, "exact",
                                      {"strategy": "offload",
                                       "device_budget": dev_budget,
-                                      "num_parts": parts}))
+                                      "num_parts": parts}, epochs))
         except (ValueError, RuntimeError) as e:
             rows.append(unavailable_row("offload", knobs, "not possible: "
                                         + str(e).splitlines()[0]))
@@ -150,9 +148,9 @@ def plan(model: torch.nn.Module, data: Data, memory_budget=None, loss_fn=None,
                              knobs={"model": name, "budget_ratio": ratio,
                                     "core_nodes": int(core.num_nodes)})
         est.note = note
-        est.epochs = epochs
         rows.append(estimate_row("prune", est, cal, "approximate",
-                                 {"strategy": "prune", "budget_ratio": ratio}))
+                                 {"strategy": "prune", "budget_ratio": ratio},
+                                 epochs))
     table = PlanTable(rows, budget, str(dev),
                       calibration_label(cal))
     mark_table(table)
