@@ -151,8 +151,7 @@ def _train(args) -> int:
             return relaunch_cli(args.argv, args.nproc)
         die_with_launcher()
 
-    given = {field: getattr(args, flag) for flag, field in _TRAIN_FLAGS.items()
-             if getattr(args, flag) is not None}
+    given = _given(args)
     if args.resume and args.force:
         raise ValueError("--resume continues the run in --out and --force starts "
                          "it over; pass one of them")
@@ -174,7 +173,7 @@ def _train(args) -> int:
     check_datasets(cfg)
     splits, extra = None, {}
     if cfg.strategy == AUTO:
-        cfg, splits, extra = _planned(cfg, args)
+        cfg, splits, extra = _planned(cfg, args, _pinned(given))
     else:
         check_fits(cfg)
 
@@ -205,7 +204,7 @@ def _budget_note(cfg, budget) -> None:
               f"of {cfg.device} now, {format_bytes(budget)}", file=sys.stderr)
 
 
-def _planned(cfg, args):
+def _planned(cfg, args, pinned: dict):
     """Plan ``cfg`` (strategy ``auto``), print the table (stderr) and return
     the pick's configuration, the loaded graphs and the summary's plan."""
     import torch
@@ -222,7 +221,6 @@ def _planned(cfg, args):
     from .utils import get_rng_state, set_rng_state
 
     budget = resolve_budget(cfg.memory_budget, torch.device(cfg.device))
-    pinned = _pinned(args)
     plan_candidates(cfg, budget, None, None, pinned)  # before loading
     _budget_note(cfg, budget)
     if args.model is None and not str(cfg.dataset or "") \
@@ -247,12 +245,18 @@ def _planned(cfg, args):
     return TrainConfig.from_dict(d), splits, {"plan": plan_summary(table)}
 
 
-def _pinned(args) -> dict:
-    """The knobs of the command line that pin the planner's grid."""
+def _given(args) -> dict:
+    """The configuration fields the command line sets (``leangnn plan`` has
+    no flags for some)."""
+    return {field: getattr(args, flag) for flag, field in _TRAIN_FLAGS.items()
+            if getattr(args, flag, None) is not None}
+
+
+def _pinned(given: dict) -> dict:
+    """The fields of ``given`` that pin the planner's grid."""
     from .plan.planner import PINNABLE
 
-    return {field: getattr(args, flag) for flag, field in _TRAIN_FLAGS.items()
-            if field in PINNABLE and getattr(args, flag, None) is not None}
+    return {k: v for k, v in given.items() if k in PINNABLE}
 
 
 def _plan_line(summary: dict) -> str:
@@ -284,11 +288,10 @@ def _plan(args) -> int:
     )
 
     budget = None if args.memory_budget is None else _budget(args.memory_budget)
-    given = {field: getattr(args, flag) for flag, field in _TRAIN_FLAGS.items()
-             if getattr(args, flag, None) is not None}
+    given = _given(args)
     only = given.pop("strategy", None)
     given.pop("memory_budget", None)
-    pinned = _pinned(args)
+    pinned = _pinned(given)
     # offload's device budget is a row's knob, which the base configuration
     # of a plan (strategy auto) refuses; the other pinned knobs it checks
     given.pop("device_budget", None)
