@@ -164,6 +164,16 @@ def _measure(cfg, device: str, mmap: bool, timeout: float | None
     return measure_fresh(cfg, epochs=2, mmap=mmap, timeout=timeout)
 
 
+def _what(run: dict[str, Any]) -> str:
+    return f"{run['strategy']}/{run['model']} L{run['num_layers']} {run['dataset']}"
+
+
+def _left_out(what: str, e: Exception) -> None:
+    print(f"calibrate: {what}: left out ({type(e).__name__}: "
+          f"{str(e).splitlines()[0][:160] if str(e) else ''})",
+          file=sys.stderr, flush=True)
+
+
 def _run_key(run: dict[str, Any]) -> str:
     return json.dumps(run, sort_keys=True)
 
@@ -276,15 +286,12 @@ def calibrate(device: str = "cpu", quick: bool = False, mmap: bool | None = None
     samples = []
     for run in runs:
         key = _run_key(run)
-        what = (f"{run['strategy']}/{run['model']} L{run['num_layers']} "
-                f"{run['dataset']}")
+        what = _what(run)
         try:
             s = _sample(run, device, mmap, timeout, store.get(key), repeat,
                         keep(key))
         except Exception as e:  # noqa: BLE001 - one run must not stop the rest
-            print(f"calibrate: {what}: left out ({type(e).__name__}: "
-                  f"{str(e).splitlines()[0][:160] if str(e) else ''})",
-                  file=sys.stderr, flush=True)
+            _left_out(what, e)
             continue
         samples.append(s)
         if progress:
@@ -328,17 +335,14 @@ def calibrate_long_runs(device: str = "cpu", epochs: int = LONG_RUN_EPOCHS,
     mmap = cal.allocator == "glibc-mmap"
     runs = []
     for run in CALIBRATION_RUNS[:4] if quick else CALIBRATION_RUNS:
-        what = (f"{run['strategy']}/{run['model']} L{run['num_layers']} "
-                f"{run['dataset']}")
+        what = _what(run)
         # patience 0: every epoch runs, whatever the validation loss does
         cfg = {**run, "device": device, "patience": 0}
         try:
             m = measure_trainer(cfg, epochs=epochs, threads=1, mmap=mmap,
                                 timeout=timeout)
         except Exception as e:  # noqa: BLE001 - one run must not stop the rest
-            print(f"calibrate: {what}: left out ({type(e).__name__}: "
-                  f"{str(e).splitlines()[0][:160] if str(e) else ''})",
-                  file=sys.stderr, flush=True)
+            _left_out(what, e)
             continue
         peaks = m["epoch_peak_bytes"]
         runs.append({"config": run, "epoch_peak_bytes": peaks,
