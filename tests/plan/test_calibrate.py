@@ -155,6 +155,16 @@ def test_long_runs_add_their_scales_to_the_stored_calibration(tmp_path, monkeypa
     kept = json.loads(cmod.measurements_path("cpu", False).with_suffix(
         ".long.json").read_text())  # the runs, for a refit
     assert [r["config"]["model"] for r in kept] == ["gsr", "sage"]
+    # a refit of the kept runs trains nothing; a truncated file is said and
+    # measured anew
+    again = cmod.calibrate_long_runs("cpu", epochs=6, progress=False, reuse=True)
+    assert len(calls) == 3 and again.long_run_scales == cal.long_run_scales
+    path = cmod.long_runs_path("cpu", False)
+    path.write_text(path.read_text()[:30])
+    capsys.readouterr()
+    cmod.calibrate_long_runs("cpu", epochs=6, progress=False, reuse=True)
+    assert "unreadable" in capsys.readouterr().err and len(calls) == 6
+    assert json.loads(path.read_text()) == kept
     assert stored.budget_scale == 1.1  # the rest as it was
     for argv, msg in ((["--long-runs", "3"], "more than 3 epochs, got 3"),
                       (["--long-runs", "--device", "cuda"], "CPU only")):

@@ -37,8 +37,8 @@ from leangnn.plan.calibration import (
 )
 from leangnn.utils import atomic_write_text, cache_root, format_bytes
 
-__all__ = ["measurements_path", "calibrate", "calibrate_long_runs",
-           "CALIBRATION_RUNS", "main"]
+__all__ = ["measurements_path", "long_runs_path", "calibrate",
+           "calibrate_long_runs", "CALIBRATION_RUNS", "main"]
 
 _SMALL = "epfl/priority,iscas85/c3540,epfl/cavlc"
 #: a mid-size circuit none of the benchmark rows trains on
@@ -312,11 +312,17 @@ def calibrate(device: str = "cpu", quick: bool = False, mmap: bool | None = None
 
 def calibrate_long_runs(device: str = "cpu", epochs: int = LONG_RUN_EPOCHS,
                         quick: bool = False, timeout: float | None = 1800,
-                        save: bool = True, progress: bool = True) -> Calibration:
+                        save: bool = True, progress: bool = True,
+                        reuse: bool = False) -> Calibration:
     """Train :data:`CALIBRATION_RUNS` for ``epochs`` epochs each (once, fresh
     interpreters, through the Trainer) and add their long-run scales
     (:func:`~leangnn.plan.calibration.fit_long_runs`) to this machine's
-    calibration (the stored one, else the reference), stored by default.
+    calibration (the stored one, else the reference), stored by default
+    with the runs themselves (:func:`long_runs_path`).
+
+    With ``reuse`` the stored runs are fitted again, nothing is trained
+    (e.g. after the fit changed); an unreadable file is said and measured
+    anew.
 
     CPU only: CUDA's caching allocator does not creep the way glibc's heap
     does (its plans use reserved over allocated bytes instead).
@@ -333,6 +339,13 @@ def calibrate_long_runs(device: str = "cpu", epochs: int = LONG_RUN_EPOCHS,
         raise ValueError("--long-runs: no measured calibration to add to; run "
                          "python -m leangnn.plan.calibrate first")
     mmap = cal.allocator == "glibc-mmap"
+    path = long_runs_path(device, mmap)
+    runs = _read_long_runs(path) if reuse else None
+    if runs is not None:
+        fit_long_runs(cal, runs)
+        if save:
+            cal.save()
+        return cal
     runs = []
     for run in CALIBRATION_RUNS[:4] if quick else CALIBRATION_RUNS:
         what = _what(run)
@@ -355,11 +368,33 @@ def calibrate_long_runs(device: str = "cpu", epochs: int = LONG_RUN_EPOCHS,
                   file=sys.stderr, flush=True)
     fit_long_runs(cal, runs)
     if save:
-        # the runs themselves too: a refit needs no retraining
-        path = measurements_path(device, mmap).with_suffix(".long.json")
+        # the runs themselves too: a refit (reuse) needs no retraining
+        path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(path, json.dumps(runs, indent=1) + "\n")
         cal.save()
     return cal
+
+
+def long_runs_path(device: str = "cpu", mmap: bool | None = None) -> Path:
+    """Where :func:`calibrate_long_runs` keeps its runs (per machine kind)."""
+    return measurements_path(device, mmap).with_suffix(".long.json")
+
+
+def _read_long_runs(path: Path) -> list[dict[str, Any]] | None:
+    try:
+        runs = json.loads(path.read_text())
+        if not isinstance(runs, list) or not all(
+                isinstance(r, dict) and isinstance(r.get("epoch_peak_bytes"), list)
+                for r in runs):
+            raise ValueError("not a list of runs with their epoch peaks")
+        return runs
+    except FileNotFoundError:
+        print(f"calibrate: {path}: no long runs stored; measuring",
+              file=sys.stderr, flush=True)
+    except (OSError, ValueError) as e:
+        print(f"calibrate: {path}: unreadable ({e}); measuring anew",
+              file=sys.stderr, flush=True)
+    return None
 
 
 def save_reference(device: str = "cpu") -> Path:
@@ -412,7 +447,8 @@ def main(argv: list[str] | None = None) -> int:
                         "the stored calibration (plans for longer runs need it)")
     p.add_argument("--reuse", action="store_true",
                    help="reuse the runs measured before; measure only the "
-                        "missing ones (estimates are always made anew)")
+                        "missing ones (estimates are always made anew; with "
+                        "--long-runs: fit the stored long runs again)")
     args = p.parse_args(argv)
     if args.save_reference:
         try:
@@ -427,7 +463,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.long_runs is not None:
         try:
             cal = calibrate_long_runs(args.device, args.long_runs,
-                                      quick=args.quick)
+                                      quick=args.quick, reuse=args.reuse)
         except ValueError as e:
             p.error(str(e))
         scales = ", ".join(f"{k} x{v:.2f}" for k, v in

@@ -187,10 +187,9 @@ class Calibration:
             for residual GCN stacks), each the factor of least relative error
             over its calibration runs; ``heap_scale`` for the rest.
         long_run_epochs (int): epochs of the long calibration runs that
-            measured :attr:`long_run_scales` (``0``: not measured), and the
-            epochs of a run past which they apply
-            (:data:`SHORT_RUN_EPOCHS`: the other figures come from 3-epoch
-            runs).
+            measured :attr:`long_run_scales` (``0``: not measured). The
+            scales apply to runs over :data:`SHORT_RUN_EPOCHS` epochs, those
+            of the calibration runs the other figures come from.
         long_run_scales (dict): CPU: a long run's peak over the peak of its
             first :data:`SHORT_RUN_EPOCHS` epochs, per run family
             (:func:`long_run_families`; ``"*"``: all runs), the median
