@@ -463,7 +463,6 @@ PLAN_BAD = [
     ([*_T, "--strategy", "auto", "--memory-budget", "nan"],
      "--memory-budget: cannot read 'nan'"),
     ([*_T, "--memory-budget", "4GiB"], "--memory-budget: only with --strategy auto"),
-    ([*_T, "--strategy", "auto", "--model", "dag"], "cannot plan 'dag'"),
     ([*_T, "--strategy", "auto", "--device-budget", "1GiB"],
      "device_budget: strategy 'auto' sets it from memory_budget"),
     ([*_P, "--layers", "0"], "num_layers: expected a positive integer, got 0"),
@@ -614,6 +613,26 @@ def test_train_auto_records_the_plan_and_resumes(tmp_path, capsys):
     assert main(["train", *_C17, "--out", str(run), "--force", "--epochs", "1"]) == 0
     assert not (run / "plan.json").exists()
     assert "plan" not in json.loads((run / "summary.json").read_text())
+
+
+def test_auto_plans_and_trains_the_dag_model(tmp_path, capsys):
+    """The DAG model (the default of --strategy full) is planned from a dry
+    run of a few of its levels: one full-batch row (DPR's core keeps no
+    levels), and --strategy auto trains it with the estimate recorded; a
+    budget below it is one error line naming its need."""
+    argv = ["plan", *_C17, "--model", "dag", "--dataset", "iscas85/c880,iscas85/c432"]
+    assert main([*argv, "--memory-budget", "1GiB", "--json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)["rows"]
+    assert (row["strategy"], row["fits"], row["chosen"]) == ("full", True, True)
+    assert row["knobs"]["model"] == "dag" and row["epoch_seconds"] > 0
+    assert main([*argv, "--memory-budget", str(row["need_bytes"] - 1)]) == 2
+    _assert_one_error_line(capsys.readouterr().err, "needs")
+    run = tmp_path / "run"
+    assert main(["train", *_C17, "--model", "dag", "--strategy", "auto",
+                 "--memory-budget", "1GiB", "--epochs", "1", "--out", str(run)]) == 0
+    s = json.loads((run / "summary.json").read_text())
+    assert (s["strategy"], s["model"]) == ("full", "dag")
+    assert s["plan"]["estimated_peak_bytes"] > 0
 
 
 def test_only_rank_0_checks_a_fresh_out(tmp_path, monkeypatch, capsys):

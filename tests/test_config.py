@@ -246,8 +246,8 @@ def test_auto_strategy_and_memory_budget():
                      (4.0, "memory_budget: expected a string")):
         with pytest.raises(ConfigError, match=msg):
             TrainConfig(strategy="auto", memory_budget=bad)
-    with pytest.raises(ConfigError, match="cannot plan 'dag'"):
-        TrainConfig(strategy="auto", model="dag")
+    # planned from a dry run of a few of its levels (leangnn.plan.dag)
+    assert TrainConfig(strategy="auto", model="dag").model == "dag"
     with pytest.raises(ConfigError, match="device_budget: strategy 'auto' sets it"):
         TrainConfig(strategy="auto", device_budget="1GiB")
     resolved = TrainConfig(strategy="offload", model="sage", device_budget="4GiB",

@@ -294,11 +294,6 @@ class TrainConfig:
         for name in sorted(constrained & {f.name for f in fields(self)}):
             _choose(name, getattr(self, name), option_choices(name) or ())
         if self.strategy == AUTO:
-            if "dag" in MODELS[self.model].capabilities:
-                raise ConfigError(
-                    f"model: strategy 'auto' cannot plan {self.model!r} (a dry run "
-                    "cannot follow its level-by-level propagation); choose a "
-                    f"strategy, or another model (default {AUTO_MODEL!r})")
             return
         if self.strategy == "prune" and "dag" in MODELS[self.model].capabilities:
             # DPR hands the model its core's sparse adjacency, not the fanin

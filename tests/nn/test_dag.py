@@ -17,7 +17,7 @@ from leangnn.circuits import (
 )
 from leangnn.circuits.dataset import resolve
 from leangnn.nn.dag import AGGRS, DAGNN
-from leangnn.nn.levels import level_plan, max_plus
+from leangnn.nn.levels import level_plan, max_plus, plan_in_use
 from leangnn.profile import SavedTensorsMeter
 
 pytestmark = pytest.mark.filterwarnings("ignore:index_reduce")
@@ -66,6 +66,21 @@ def test_level_plan_is_cached_per_edge_index():
     assert level_plan(ei.clone(), data.num_nodes) is not first
     ei[0, 0] = ei[0, 0]  # an in-place write bumps the version: rebuilt
     assert level_plan(ei, data.num_nodes) is not first
+
+
+def test_plan_in_use_answers_for_its_tensor_alone():
+    data = load_circuit("iscas85/c432", "arrival")
+    ei, other = data.edge_index.clone(), data.edge_index.clone()
+    real = level_plan(ei, data.num_nodes)
+    few = level_plan(torch.tensor([[0], [1]]), 2, cache=False)
+    with plan_in_use(ei, few):
+        assert level_plan(ei, data.num_nodes) is few
+        assert level_plan(ei, data.num_nodes, level=data.level) is few
+        assert level_plan(other, data.num_nodes) is not few
+        with plan_in_use(ei, real):  # nested: the inner one, then back
+            assert level_plan(ei, data.num_nodes) is real
+        assert level_plan(ei, data.num_nodes) is few
+    assert level_plan(ei, data.num_nodes) is real
 
 
 def test_cycles_and_bad_levels_are_named():

@@ -171,3 +171,54 @@ def test_long_runs_add_their_scales_to_the_stored_calibration(tmp_path, monkeypa
         with pytest.raises(SystemExit) as e:
             cmod.main(argv)
         assert e.value.code == 2 and msg in capsys.readouterr().err
+
+
+def test_calibrate_families_fits_one_family_and_keeps_the_rest(tmp_path,
+                                                                monkeypatch):
+    # the runs are stubbed: what is checked is which runs are measured and
+    # that the one family's factor is the one its runs imply, beside the
+    # stored calibration's other factors, constant and time left as they are
+    import pytest
+
+    import leangnn.data
+    import leangnn.plan.calibrate as cmod
+    import leangnn.plan.estimate
+    from leangnn.plan.calibration import load_calibration
+
+    monkeypatch.setenv("LEANGNN_CACHE", str(tmp_path))
+    before = load_calibration("cpu")  # the shipped reference here
+    runs = [dict(strategy="full", model="gcn", num_layers=2, dataset="csbm:100"),
+            dict(strategy="full", model="dag", dataset="iscas85/c17"),
+            dict(strategy="full", model="dag", rounds=2, dataset="iscas85/c432")]
+    monkeypatch.setattr(cmod, "CALIBRATION_RUNS", runs)
+    monkeypatch.setattr(leangnn.data, "load_graphs", lambda cfg, progress: None)
+    heap = {1: 20 << 20, 2: 40 << 20}
+
+    def fake_estimate(cfg, splits):
+        return Estimate(cfg.strategy, {"model": cfg.model}, "cpu",
+                        step_bytes=heap[cfg.rounds], big_bytes=0,
+                        heap_bytes=heap[cfg.rounds],
+                        work={"ops": 10, "written": 1e6, "flops": 1e6, "graphs": 1})
+
+    monkeypatch.setattr(leangnn.plan.estimate, "estimate_config", fake_estimate)
+    measured = []
+
+    def fake_measure(cfg, device, mmap, timeout):
+        measured.append(cfg.model)
+        # resident = 1.7 x heap + the calibration's constant
+        return {"run_bytes": 1.7 * heap[cfg.rounds] + before.const,
+                "epoch_seconds": [0.5], "epoch_cpu_seconds": [0.4],
+                "baseline_bytes": 0}
+
+    monkeypatch.setattr(cmod, "_measure", fake_measure)
+    cal = cmod.calibrate_families(["dag"], "cpu", mmap=False, progress=False)
+    assert measured == ["dag", "dag"]  # gcn's run is not measured again
+    assert cal.heap_scales["dag"] == pytest.approx(1.7)
+    assert {k: v for k, v in cal.heap_scales.items() if k != "dag"} == \
+        {k: v for k, v in before.heap_scales.items() if k != "dag"}
+    assert (cal.const, cal.per_op, cal.heap_scale) == \
+        (before.const, before.per_op, before.heap_scale)
+    assert load_calibration("cpu").heap_scales["dag"] == pytest.approx(1.7)
+    with pytest.raises(ValueError, match=r"no calibration run of \['nope'\]"):
+        cmod.calibrate_families(["nope"], "cpu")
+    assert cmod.main(["--family", "dag", "--repeat", "1", "--reuse"]) == 0

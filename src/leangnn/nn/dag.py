@@ -735,7 +735,9 @@ class DAGNN(torch.nn.Module):
         prob = None
         for _ in range(self.rounds):
             inp = torch.cat([h, r], 1) if self.reverse else h
-            fixed = [self._estimate(onehot, edge_index, plan)] \
+            # from x itself, whose values a dry run keeps (the encoder's
+            # dtype would hand it a tensor without values)
+            fixed = [self._estimate(self._onehot(x), edge_index, plan).to(onehot)] \
                 if self.cop_input and self.estimator != "cop" else []
             out = cell_sweep(self.cells["fwd"], plan.forward,
                              [s, self.x_proj["fwd"](inp), onehot, deg_in, *fixed],

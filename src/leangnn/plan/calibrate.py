@@ -22,11 +22,13 @@ import numpy as np
 import torch
 
 from leangnn.plan.calibration import (
+    HEAVY_HEAP_BYTES,
     REFERENCE_DIR,
     SHORT_RUN_EPOCHS,
     Calibration,
     allocator_mode,
     calibration_path,
+    family_heap_factor,
     fit_calibration,
     fit_long_runs,
     heap_families,
@@ -38,7 +40,7 @@ from leangnn.plan.calibration import (
 from leangnn.utils import atomic_write_text, cache_root, format_bytes
 
 __all__ = ["measurements_path", "long_runs_path", "calibrate",
-           "calibrate_long_runs", "CALIBRATION_RUNS", "main"]
+           "calibrate_families", "calibrate_long_runs", "CALIBRATION_RUNS", "main"]
 
 _SMALL = "epfl/priority,iscas85/c3540,epfl/cavlc"
 #: a mid-size circuit none of the benchmark rows trains on
@@ -138,6 +140,14 @@ CALIBRATION_RUNS: list[dict[str, Any]] = [
          device_budget="60MiB", num_parts=4, dataset="csbm:20000"),
     dict(strategy="offload", model="gcn", num_layers=2, hidden_channels=32,
          device_budget="48MiB", num_parts=4, **_S38417),
+    # the DAG model (added in session 22, measured alone: --family dag): its
+    # level sweeps churn small blocks level after level (not signal_prob:
+    # its cut estimate's numpy peak is measured, not fitted)
+    dict(strategy="full", model="dag", **_SQUARE),
+    dict(strategy="full", model="dag", rounds=2, aggr="sum", **_S38417),
+    dict(strategy="full", model="dag", hidden_channels=64, aggr="attention",
+         dataset="itc99/b20", val_dataset="iscas85/c17",
+         test_dataset="iscas85/c432"),
     # a second circuit for the plain convs: circuits differ among themselves
     # as much as from csbm graphs (GCN x1.4 on epfl/square, x2.0 on s38417,
     # x1.8 on csbm:20000)
@@ -165,7 +175,8 @@ def _measure(cfg, device: str, mmap: bool, timeout: float | None
 
 
 def _what(run: dict[str, Any]) -> str:
-    return f"{run['strategy']}/{run['model']} L{run['num_layers']} {run['dataset']}"
+    layers = f" L{run['num_layers']}" if "num_layers" in run else ""
+    return f"{run['strategy']}/{run['model']}{layers} {run['dataset']}"
 
 
 def _left_out(what: str, e: Exception) -> None:
@@ -236,29 +247,11 @@ def measurements_path(device: str = "cpu", mmap: bool | None = None) -> Path:
     return cache_root("calibration") / f"{_kind(device, mmap)}.runs.json"
 
 
-def calibrate(device: str = "cpu", quick: bool = False, mmap: bool | None = None,
-              timeout: float | None = 900, save: bool = True,
-              progress: bool = True, repeat: int = 1,
-              reuse: bool = False) -> Calibration:
-    """Measure :data:`CALIBRATION_RUNS` here, fit and (by default) store them.
-
-    Args:
-        device (str, optional): ``cpu`` or ``cuda[:i]``. (default: ``"cpu"``)
-        quick (bool, optional): the first four runs only. (default: ``False``)
-        mmap (bool, optional): measure CPU runs with glibc's fixed mmap
-            threshold; default: as this process is set up.
-        timeout (float, optional): seconds per run. (default: ``900``)
-        save (bool, optional): store it for this machine kind.
-        repeat (int, optional): fresh-interpreter runs per configuration,
-            the median kept (glibc's default heap varies by +-10% from
-            process to process). (default: ``1``)
-        reuse (bool, optional): take the runs measured before (kept in
-            :func:`measurements_path`) and measure only what is missing; the
-            estimates are always made anew. (default: ``False``)
-
-    A run whose estimate or measurement fails is left out (said on stderr).
-    """
-    runs = CALIBRATION_RUNS[:4] if quick else CALIBRATION_RUNS
+def _measure_runs(runs: list[dict[str, Any]], device: str, mmap: bool | None,
+                  timeout: float | None, repeat: int, reuse: bool,
+                  progress: bool) -> list[dict[str, Any]]:
+    """The samples of ``runs`` (see :func:`calibrate`); a run that fails is
+    left out, said on stderr."""
     store_path = measurements_path(device, mmap)
     try:
         store = json.loads(store_path.read_text())
@@ -299,12 +292,83 @@ def calibrate(device: str = "cpu", quick: bool = False, mmap: bool | None = None
                   f"measured {format_bytes(s['run_bytes'])} (of "
                   f"{len(s['run_bytes_all'])}), {s['epoch_seconds']:.2f} s/epoch",
                   file=sys.stderr, flush=True)
+    return samples
+
+
+def calibrate(device: str = "cpu", quick: bool = False, mmap: bool | None = None,
+              timeout: float | None = 900, save: bool = True,
+              progress: bool = True, repeat: int = 1,
+              reuse: bool = False) -> Calibration:
+    """Measure :data:`CALIBRATION_RUNS` here, fit and (by default) store them.
+
+    Args:
+        device (str, optional): ``cpu`` or ``cuda[:i]``. (default: ``"cpu"``)
+        quick (bool, optional): the first four runs only. (default: ``False``)
+        mmap (bool, optional): measure CPU runs with glibc's fixed mmap
+            threshold; default: as this process is set up.
+        timeout (float, optional): seconds per run. (default: ``900``)
+        save (bool, optional): store it for this machine kind.
+        repeat (int, optional): fresh-interpreter runs per configuration,
+            the median kept (glibc's default heap varies by +-10% from
+            process to process). (default: ``1``)
+        reuse (bool, optional): take the runs measured before (kept in
+            :func:`measurements_path`) and measure only what is missing; the
+            estimates are always made anew. (default: ``False``)
+
+    A run whose estimate or measurement fails is left out (said on stderr).
+    """
+    runs = CALIBRATION_RUNS[:4] if quick else CALIBRATION_RUNS
+    samples = _measure_runs(runs, device, mmap, timeout, repeat, reuse, progress)
     if not samples:
         raise RuntimeError("calibrate: every calibration run failed")
     cal = fit_calibration(samples, device)
     if mmap is not None and torch.device(device).type == "cpu":
         cal.allocator = "glibc-mmap" if mmap else "glibc-default"
         cal.kind = _kind(device, mmap)
+    if save:
+        cal.save()
+    return cal
+
+
+def calibrate_families(families: list[str], device: str = "cpu",
+                       mmap: bool | None = None, timeout: float | None = 900,
+                       save: bool = True, progress: bool = True, repeat: int = 1,
+                       reuse: bool = False) -> Calibration:
+    """Measure the :data:`CALIBRATION_RUNS` of the op mixes ``families``
+    alone (:func:`~leangnn.plan.calibration.heap_families`, e.g. ``["dag"]``)
+    and fit their heap factors into this machine's calibration (the stored
+    one, else the shipped reference), keeping everything else: a model added
+    after a calibration gets its factor without the other runs measured
+    again. Arguments as for :func:`calibrate`.
+
+    Raises:
+        ValueError: a family no calibration run has, or a calibration that
+            has no heap factors (a CPU one with glibc's default heap).
+    """
+    runs = [r for r in CALIBRATION_RUNS
+            if set(families) & set(heap_families(r.get("strategy"), r))]
+    known = sorted({f for r in CALIBRATION_RUNS
+                    for f in heap_families(r.get("strategy"), r)})
+    missing = sorted(set(families) - set(known))
+    if missing or not families:
+        raise ValueError(f"--family: no calibration run of {missing or families}; "
+                         f"the families with runs: {known}")
+    cal = load_calibration(device)
+    if cal.heap_scale is None or not cal.calibrated:
+        raise ValueError(f"--family: the calibration of {device} ({cal.kind}) has "
+                         "no heap factors to add to; run the whole calibration")
+    samples = _measure_runs(runs, device, mmap, timeout, repeat, reuse, progress)
+    heavy = [s for s in samples if s.get("heap_bytes") and
+             s["heap_bytes"] >= HEAVY_HEAP_BYTES]
+    for fam in families:
+        mine = [s for s in heavy if fam in s["families"]]
+        if not mine:
+            raise RuntimeError(f"calibrate: no run of family {fam!r} measured with "
+                               f"a heap of at least {format_bytes(HEAVY_HEAP_BYTES)}")
+        cal.heap_scales[fam] = family_heap_factor(mine, cal.const)
+    keys = {json.dumps(s["config"], sort_keys=True) for s in samples}
+    cal.samples = [s for s in cal.samples
+                   if json.dumps(s.get("config"), sort_keys=True) not in keys] + samples
     if save:
         cal.save()
     return cal
@@ -449,6 +513,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="reuse the runs measured before; measure only the "
                         "missing ones (estimates are always made anew; with "
                         "--long-runs: fit the stored long runs again)")
+    p.add_argument("--family", action="append", default=None, metavar="NAME",
+                   help="measure only the runs of this op mix (e.g. dag; "
+                        "repeatable) and fit its heap factor into the stored "
+                        "calibration, else the shipped reference, keeping the "
+                        "rest")
     args = p.parse_args(argv)
     if args.save_reference:
         try:
@@ -474,6 +543,15 @@ def main(argv: list[str] | None = None) -> int:
     mmap = None if args.allocator is None else args.allocator == "mmap"
     if args.repeat < 1:
         p.error(f"--repeat: at least 1, got {args.repeat}")
+    if args.family:
+        try:
+            cal = calibrate_families(args.family, args.device, mmap,
+                                     repeat=args.repeat, reuse=args.reuse)
+        except (ValueError, RuntimeError) as e:
+            p.error(str(e))
+        factors = ", ".join(f"{f} x{cal.heap_scales[f]:.2f}" for f in args.family)
+        print(f"{cal.kind}: heap factors {factors}; stored in {kind_path(cal.kind)}")
+        return 0
     cal = calibrate(args.device, args.quick, mmap, repeat=args.repeat,
                     reuse=args.reuse)
     mem = (f"big blocks + {cal.heap_scale:.2f} x heap high-water"

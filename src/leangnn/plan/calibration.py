@@ -50,7 +50,8 @@ from leangnn.utils import atomic_write_text, cache_root
 __all__ = ["Calibration", "heap_families", "machine_kind", "allocator_mode",
            "calibration_path", "kind_path", "load_calibration", "fit_calibration",
            "reference_calibration", "calibration_label", "REFERENCE_DIR",
-           "long_run_families", "fit_long_runs", "SHORT_RUN_EPOCHS"]
+           "long_run_families", "fit_long_runs", "SHORT_RUN_EPOCHS",
+           "family_heap_factor", "HEAVY_HEAP_BYTES"]
 
 #: the calibrations shipped with the package, one per CPU allocator mode
 #: (``glibc-default.json``, ...; written by ``python -m leangnn.plan.calibrate
@@ -305,6 +306,12 @@ class Calibration:
             fams = heap_families(est.strategy, est.knobs)
             est.overhead_bytes = self.overhead(est.step_bytes, est.big_bytes,
                                                est.heap_bytes, fams)
+            # a precomputation outside torch (numpy) peaks before the step's
+            # tensors do; its large arrays are pages of their own
+            pre = getattr(est, "precompute_bytes", 0)
+            if pre:
+                est.overhead_bytes = max(est.overhead_bytes,
+                                         round(pre + self.const) - est.step_bytes)
             if est.later is not None:
                 step, big, heap = est.later
                 est.later_run_bytes = step + self.overhead(step, big, heap, fams)
@@ -439,6 +446,21 @@ def _errors(pred: np.ndarray, y: np.ndarray) -> dict[str, float]:
     return {"median": float(np.median(rel)), "worst": float(rel.max())}
 
 
+#: a calibration run's heap high-water from which its heap factor is fitted
+#: (below, the first-run constant and the spread between processes hide it)
+HEAVY_HEAP_BYTES = 8 << 20
+
+
+def family_heap_factor(samples: list[dict[str, Any]], const: float) -> float:
+    """The heap factor of one op mix's calibration ``samples`` (each with
+    ``run_bytes``, ``big_bytes`` and ``heap_bytes``) under the first-run
+    constant ``const``: the one of least relative error over them."""
+    return max(_MIN_HEAP_FACTOR, _relative_factor(
+        [s["heap_bytes"] for s in samples],
+        [s["run_bytes"] - s["big_bytes"] - const for s in samples],
+        [s["run_bytes"] for s in samples]))
+
+
 def fit_calibration(samples: list[dict[str, Any]], device="cpu") -> Calibration:
     """Fit a :class:`Calibration` to measured ``samples`` (each with
     ``tensor_bytes``, ``run_bytes``, ``work``, ``epoch_seconds`` and, on
@@ -451,7 +473,7 @@ def fit_calibration(samples: list[dict[str, Any]], device="cpu") -> Calibration:
     x = np.array([s["tensor_bytes"] for s in plain], dtype=float)
     y = np.array([s["run_bytes"] for s in plain], dtype=float)
     heap = [s for s in plain if s.get("heap_bytes") is not None]
-    heavy = [s for s in heap if s["heap_bytes"] >= 8 << 20]
+    heavy = [s for s in heap if s["heap_bytes"] >= HEAVY_HEAP_BYTES]
     if cal.allocator == "glibc-default" and heavy:
         # What a run's meter sees with no tensors to speak of (a tiny
         # circuit: first calls of kernels, validation, checkpoint writing;
@@ -481,12 +503,8 @@ def fit_calibration(samples: list[dict[str, Any]], device="cpu") -> Calibration:
         for s in heavy:
             for fam in _sample_families(s):
                 by_fam.setdefault(fam, []).append(s)
-        cal.heap_scales = {
-            fam: max(_MIN_HEAP_FACTOR, _relative_factor(
-                [s["heap_bytes"] for s in runs],
-                [s["run_bytes"] - s["big_bytes"] - cal.const for s in runs],
-                [s["run_bytes"] for s in runs]))
-            for fam, runs in sorted(by_fam.items())}
+        cal.heap_scales = {fam: family_heap_factor(runs, cal.const)
+                           for fam, runs in sorted(by_fam.items())}
     elif cal.allocator.startswith("glibc") and len(heap) >= 2 and \
             len(heap) == len(plain):
         # resident = big blocks + heap_scale x heap high-water + const; the

@@ -47,6 +47,12 @@ import torch
 from torch import Tensor
 from torch_geometric.data import Data
 
+from leangnn.plan.dag import (
+    concrete_limit,
+    host_peak_bytes,
+    sweep_work,
+    trace_levels,
+)
 from leangnn.plan.dryrun import trace_step
 from leangnn.plan.fake import (
     StepTrace,
@@ -95,6 +101,10 @@ class Estimate:
             the first (Adam's moments and every graph's heap already there);
             ``later_run_bytes`` with the overhead. The figures above are the
             first epoch's, what ``leangnn train --epochs 1`` reports.
+        precompute_bytes (int): host bytes the model's own precomputation
+            outside torch peaks at in the first step (the DAG model's cut
+            estimate: :func:`~leangnn.plan.dag.host_peak_bytes`); the run
+            needs the larger of it and the step.
     """
 
     strategy: str
@@ -115,6 +125,7 @@ class Estimate:
     heap_bytes: int = 0
     later: tuple[int, int, int] | None = None
     later_run_bytes: int | None = None
+    precompute_bytes: int = 0
 
     @property
     def run_bytes(self) -> int:
@@ -257,14 +268,27 @@ def estimate_model(model: torch.nn.Module, data: Data, loss_fn: Callable | None 
     if step is None and data.get("adj_t", None) is not None and \
             data.get("edge_index", None) is None:
         step = _adj_step  # e.g. DPR's core, trained through its adjacency
-    trace = trace_step(model, data, loss_fn or default_loss(data), step, lr=lr,
-                       clip_norm=clip_norm, device=dev,
-                       round_to=512 if dev.type == "cuda" else 1)
+    levels = _sweeps_levels(model) and data.get("edge_index", None) is not None
+
+    def run():
+        return trace_step(model, data, loss_fn or default_loss(data), step, lr=lr,
+                          clip_norm=clip_norm, device=dev,
+                          round_to=512 if dev.type == "cuda" else 1,
+                          concrete_limit=concrete_limit(data) if levels else None)
+
+    sweeps, host = None, 0
+    if levels:
+        host = host_peak_bytes(model, data)
+        trace, sweeps = trace_levels(run, data)
+    else:
+        trace = run()
     c = _combine({0: trace}, 0, {0: _model_bytes(model)})
+    work = {**c["work"], "graphs": 1} if sweeps is None else \
+        sweep_work(sweeps, data, [data])
     est = Estimate(strategy, dict(knobs or {}), str(dev), c["peak"], c["model_bytes"],
-                   _resident_graph_bytes(data, dev), work={**c["work"], "graphs": 1},
+                   _resident_graph_bytes(data, dev), work=work,
                    phases=c["phases"], big_bytes=c["heap"][0],
-                   heap_bytes=c["heap"][1])
+                   heap_bytes=c["heap"][1], precompute_bytes=host)
     return _finish(est, calibration, t0)
 
 
@@ -294,7 +318,10 @@ def _knobs(cfg) -> dict[str, Any]:
 
 def _scale_work(work: dict[str, float], big: Data, graphs: list[Data]) -> dict:
     """Work of an epoch over ``graphs`` from the traced step on ``big``: ops
-    repeat per graph, bytes and FLOPs scale with the graph's size."""
+    repeat per graph, bytes and FLOPs scale with the graph's size (a DAG
+    model's sweeps: :func:`~leangnn.plan.dag.sweep_work`)."""
+    if "sweep" in work:
+        return sweep_work(work, big, graphs)
     size = int(big.num_nodes) + int(big.num_edges)
     share = sum(int(g.num_nodes) + int(g.num_edges) for g in graphs) / max(1, size)
     return {"ops": work["ops"] * len(graphs), "written": work["written"] * share,
@@ -323,15 +350,38 @@ def _trace_depths(cfg, data: Data, in_channels: int, out_channels: int, loss_fn,
     traces, model_bytes = {}, {}
     step = _adj_step if data.get("adj_t", None) is not None and \
         data.get("edge_index", None) is None else None
+    sweeps, host = None, 0
     for depth in depths:
         model = _build(cfg, in_channels, out_channels, depth)
         model_bytes[depth] = _model_bytes(model)
-        traces[depth] = trace_step(model, data, loss_fn, step, lr=cfg.lr,
-                                   weight_decay=cfg.weight_decay,
-                                   clip_norm=cfg.clip_norm, device=device,
-                                   round_to=512 if device.type == "cuda" else 1)
+
+        levels = _sweeps_levels(model)
+
+        def run(model=model, levels=levels):
+            return trace_step(model, data, loss_fn, step, lr=cfg.lr,
+                              weight_decay=cfg.weight_decay, clip_norm=cfg.clip_norm,
+                              device=device,
+                              round_to=512 if device.type == "cuda" else 1,
+                              concrete_limit=concrete_limit(data) if levels else None)
+
+        if levels:
+            # a few key levels stand for all (leangnn.plan.dag)
+            host = max(host, host_peak_bytes(model, data))
+            traces[depth], sweeps = trace_levels(run, data)
+        else:
+            traces[depth] = run()
         del model
-    return _combine(traces, cfg.num_layers, model_bytes), len(traces) > 1
+    c = _combine(traces, cfg.num_layers, model_bytes)
+    if sweeps is not None:
+        c["work"] = sweeps
+    c["host_peak"] = host
+    return c, len(traces) > 1
+
+
+def _sweeps_levels(model: torch.nn.Module) -> bool:
+    from leangnn.nn.dag import DAGNN
+
+    return isinstance(model, DAGNN)
 
 
 def estimate_config(cfg, splits, device: torch.device | str | None = None,
@@ -381,7 +431,8 @@ def estimate_config(cfg, splits, device: torch.device | str | None = None,
     est = Estimate(cfg.strategy, knobs, str(dev), first_fig[0], c["model_bytes"],
                    graph_bytes, method="fake+extrapolated" if extrapolated else "fake",
                    note=note, work=_scale_work(c["work"], data, graphs),
-                   phases=c["phases"], big_bytes=first_fig[1], heap_bytes=first_fig[2])
+                   phases=c["phases"], big_bytes=first_fig[1], heap_bytes=first_fig[2],
+                   precompute_bytes=c["host_peak"])
     if cfg.epochs > 1:
         est.later = _with_history(c, cfg, splits, [g for g in train if g is not big],
                                   True, loss_fn, dev, traced, best_state=True,

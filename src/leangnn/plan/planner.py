@@ -400,9 +400,11 @@ def candidates(cfg, budget_bytes: int, device: torch.device | str | None = None,
                 out.append(("offload", {"strategy": "offload", "model": cfg.model,
                                         "device_budget": str(dev_budget),
                                         "num_parts": parts}, "exact"))
-    for ratio in ratios:
-        out.append(("prune", {"strategy": "prune", "model": cfg.model,
-                              "budget_ratio": ratio}, "approximate"))
+    if "dag" not in entry.capabilities:
+        # DPR's core keeps no circuit levels to sweep (see TrainConfig)
+        for ratio in ratios:
+            out.append(("prune", {"strategy": "prune", "model": cfg.model,
+                                  "budget_ratio": ratio}, "approximate"))
     return out
 
 

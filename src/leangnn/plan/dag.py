@@ -1,0 +1,230 @@
+"""Dry runs of level-by-level DAG models on a few of a circuit's levels.
+
+A topological-order model (:class:`~leangnn.nn.dag.DAGNN`) runs a handful of
+small ops per logic level and sweep: ~166,000 ops in one training step of
+``epfl/priority`` (1,944 nodes), whose dry run took 16.6 s against a 0.8 s
+real step. Its memory does not need them all: a sweep keeps ``O(N x C)``
+buffers for the whole graph and frees each level's temporaries before the
+next level (:func:`~leangnn.nn.levels.cell_sweep` saves nothing per level),
+so a step's peak is the whole-graph tensors plus the largest level's
+temporaries (and what the level before it returned, still referenced while
+the next level runs: the sliced sweep puts wide levels next to each other,
+so its peak can only be a little higher, +0.3% on ``iscas85/c1908``).
+Those are linear in the level's node and edge counts, so the level that
+maximises them is one of the extreme points of the levels' ``(nodes, edges)``
+cloud: :func:`key_levels` picks the level that maximises
+each of a few positive mixes of the two, per sweep direction.
+
+The dry run then traces the step over those levels only
+(:func:`~leangnn.nn.levels.plan_in_use`), over those and a few narrow ones,
+and over none, and extrapolates the work (each of ops, bytes written and
+FLOPs as so much per level plus so much per node and edge swept) to every
+level of every training graph (:func:`sweep_work`).
+The peak is the traced one; the per-level churn glibc's heap sees over all
+levels is the ``dag`` family's calibrated heap factor.
+"""
+
+from __future__ import annotations
+
+import math
+import tracemalloc
+from collections.abc import Callable
+
+from torch import Tensor
+from torch_geometric.data import Data
+
+from leangnn.nn.levels import EdgeIndexCache, LevelPlan, level_plan, plan_in_use
+
+__all__ = ["KEY_MIXES", "NARROW_LEVELS", "key_levels", "sliced_plan", "trace_levels",
+           "sweep_work", "concrete_limit", "host_peak_bytes"]
+
+#: directions ``(cos t, sin t)`` in the (nodes, edges) plane, both scaled to
+#: their largest level, whose maximising levels :func:`key_levels` keeps
+KEY_MIXES = 6
+
+
+def concrete_limit(data: Data) -> int:
+    """The dry run's ``concrete_limit`` for a DAG model on ``data``: the
+    model groups each level's nodes by gate type, read from the features, so
+    those (and the one-hot read from them) keep their values, however large
+    the circuit (``epfl/square``'s features passed the default limit)."""
+    n, e = int(data.num_nodes), int(data.num_edges)
+    x = data.get("x", None)
+    return 4 * (n + e) + 4096 + 2 * (0 if x is None else int(x.numel()))
+
+
+# edge_index -> host bytes its cut estimate peaked at when computed here
+_HOST_PEAKS = EdgeIndexCache(64)
+
+
+def host_peak_bytes(model, data: Data) -> int:
+    """Host bytes the model's own precomputation on ``data`` peaks at:
+    outside torch, so no dry run sees it; measured (``tracemalloc``, which
+    numpy reports its buffers to) as it runs for real, once per graph.
+
+    The DAG model's exact 8-leaf cut estimate (``cop_input`` with the
+    ``cut`` estimator, the ``signal_prob`` default) peaked at 9-59 MiB of
+    numpy arrays on seven circuits (``iscas89/s38417``: 59 MiB beside a
+    29 MiB step), computed in the first step and cached for the run. 0 for
+    other models, or when it was computed earlier in this process (then
+    the run reuses it too).
+    """
+    if not (getattr(model, "cop_input", False) and
+            getattr(model, "estimator", None) == "cut"):
+        return 0
+    ei = data.edge_index
+    stamp = (ei._version, tuple(ei.shape))
+    known = _HOST_PEAKS.get(ei, stamp)
+    if known is not None:
+        return known
+    plan = level_plan(ei, int(data.num_nodes))
+    tracing = tracemalloc.is_tracing()
+    if not tracing:
+        tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    tracemalloc.reset_peak()
+    try:
+        model._estimate(model._onehot(data.x), ei, plan)
+        peak = max(0, tracemalloc.get_traced_memory()[1] - before)
+    finally:
+        if not tracing:
+            tracemalloc.stop()
+    _HOST_PEAKS.put(ei, stamp, peak)
+    return peak
+
+
+def _sweep_sizes(plan: LevelPlan) -> tuple[list[int], list[int], list[int]]:
+    depth = len(plan.forward)
+    nodes = [s.size for s in plan.forward]
+    fan_in = [int(s.src.numel()) for s in plan.forward]
+    # plan.reverse runs highest level first
+    fan_out = [int(plan.reverse[depth - 1 - i].src.numel()) if plan.reverse else 0
+               for i in range(depth)]
+    return nodes, fan_in, fan_out
+
+
+def key_levels(plan: LevelPlan, mixes: int = KEY_MIXES) -> list[int]:
+    """Levels whose temporaries can be a sweep's largest, ascending.
+
+    For each sweep direction (edges over fanins, over fanouts) and each of
+    ``mixes`` weightings ``a x nodes + b x edges`` (``a, b >= 0``, from nodes
+    alone to edges alone), the level that maximises it (the first on ties);
+    and the lowest and highest levels.
+
+    Args:
+        plan (LevelPlan): the graph's plan.
+        mixes (int, optional): weightings per direction. (default: ``6``)
+    """
+    nodes, fan_in, fan_out = _sweep_sizes(plan)
+    if not nodes:
+        return []
+    # and the first and last levels: a sweep's last level's temporaries
+    # outlive its loop (in both directions and in backward), and are part
+    # of the peak when what follows is larger
+    keep: set[int] = {0, len(nodes) - 1}
+    n_top = max(1, max(nodes))
+    for edges in (fan_in, fan_out):
+        e_top = max(1, max(edges))
+        for k in range(max(2, mixes)):
+            t = (math.pi / 2) * k / (max(2, mixes) - 1)
+            a, b = math.cos(t) / n_top, math.sin(t) / e_top
+            keep.add(max(range(len(nodes)), key=lambda i: a * nodes[i] + b * edges[i]))
+    return sorted(keep)
+
+
+def sliced_plan(plan: LevelPlan, levels: list[int]) -> LevelPlan:
+    """``plan`` with its sweeps cut to ``levels`` (kept in sweep order); the
+    whole graph's degrees and levels stay."""
+    depth = len(plan.forward)
+    keep = sorted(set(levels))
+    rev = tuple(plan.reverse[depth - 1 - i] for i in reversed(keep)) \
+        if plan.reverse else ()
+    return LevelPlan(plan.num_nodes, plan.level, plan.in_degree, plan.out_degree,
+                     tuple(plan.forward[i] for i in keep), rev)
+
+
+def _units(plan: LevelPlan, levels) -> int:
+    nodes, fan_in, fan_out = _sweep_sizes(plan)
+    return sum(2 * nodes[i] + fan_in[i] + fan_out[i] for i in levels)
+
+
+def _narrowest(plan: LevelPlan, skip: list[int], count: int) -> list[int]:
+    nodes, fan_in, fan_out = _sweep_sizes(plan)
+    rest = sorted((2 * nodes[i] + fan_in[i] + fan_out[i], i)
+                  for i in range(len(nodes)) if i not in set(skip))
+    return [i for _, i in rest[:count]]
+
+
+def _split(d_key: float, n_key: int, u_key: int, d_more: float, n_more: int,
+           u_more: int) -> tuple[float, float]:
+    """``(per level, per unit)`` with ``per level x n + per unit x u = d`` for
+    the key levels and for the narrow ones added to them, both >= 0."""
+    det = n_key * u_more - n_more * u_key
+    if n_more and det:
+        f = (d_key * u_more - d_more * u_key) / det
+        u = (n_key * d_more - n_more * d_key) / det
+        if f >= 0 and u >= 0:
+            return f, u
+    d, n, u = d_key + d_more, n_key + n_more, u_key + u_more
+    if n_more and det:
+        # one of the two came out negative: the best of either alone
+        cands = [(0.0, max(0.0, d / max(1, u))), (max(0.0, d / max(1, n)), 0.0)]
+        return min(cands, key=lambda c: abs(c[0] * n_key + c[1] * u_key - d_key)
+                   + abs(c[0] * n_more + c[1] * u_more - d_more))
+    return 0.0, max(0.0, d_key / max(1, u_key))
+
+
+#: narrow levels traced besides the key ones, to tell a level's fixed work
+#: (its share of the parameters' gradients: written per level whatever its
+#: size) from the work per node and edge it sweeps
+NARROW_LEVELS = 4
+
+
+def trace_levels(run: Callable[[], object], data: Data):
+    """``run()`` (a dry run of one training step on ``data``) over the
+    :func:`key_levels` of ``data``, over those and a few narrow levels, and
+    over no level.
+
+    Returns:
+        ``(trace, work)``: the trace of the key levels (its peak is the
+        step's) and the work of the step as :func:`sweep_work` takes it: the
+        levelless run's ``ops``, ``written`` and ``flops`` plus ``"sweep"``:
+        each of them per level and per node and edge swept.
+    """
+    ei: Tensor = data.edge_index
+    plan = level_plan(ei, int(data.num_nodes))
+    key = key_levels(plan)
+    more = _narrowest(plan, key, NARROW_LEVELS)
+    traces = []
+    for levels in (key, key + more, []):
+        with plan_in_use(ei, sliced_plan(plan, levels)):
+            traces.append(run())
+    full, wider, bare = traces
+    n_key, u_key = len(key), _units(plan, key)
+    n_more, u_more = len(more), _units(plan, more)
+    per = {}
+    for k in ("ops", "written", "flops"):
+        b, f, w = getattr(bare, k), getattr(full, k), getattr(wider, k)
+        per[k] = _split(f - b, n_key, u_key, w - f, n_more, u_more)
+    work = {"ops": bare.ops, "written": bare.written, "flops": bare.flops,
+            "sweep": per}
+    return max(full, wider, key=lambda t: t.peak_bytes), work
+
+
+def sweep_work(work: dict, big: Data, graphs: list[Data]) -> dict:
+    """An epoch's work over ``graphs`` from :func:`trace_levels`' ``work`` of
+    a step on ``big``: the levelless part as for any model (ops per graph,
+    bytes and FLOPs by size), the sweeps' by each graph's levels and by the
+    nodes and edges they visit."""
+    size = int(big.num_nodes) + int(big.num_edges)
+    share = sum(int(g.num_nodes) + int(g.num_edges) for g in graphs) / max(1, size)
+    levels = units = 0
+    for g in graphs:
+        n = int(g.num_nodes)
+        levels += len(level_plan(g.edge_index, n).forward)
+        units += 2 * (n + int(g.num_edges))
+    out = {"ops": work["ops"] * len(graphs), "written": work["written"] * share,
+           "flops": work["flops"] * share}
+    for k, (per_level, per_unit) in work["sweep"].items():
+        out[k] += per_level * levels + per_unit * units
+    return {**out, "graphs": len(graphs)}
