@@ -637,6 +637,19 @@ HOLDOUT_ROWS = [
          "--device-budget 64MiB --parts 4"),
     dict(name="h-csbm30k-auto-sage2", args="--dataset csbm:30000 --strategy auto "
          "--model sage --layers 2 --hidden 32 --memory-budget 64MiB"),
+    # the DAG model (planned from session 22 on, from a few key levels; its
+    # heap factor from epfl/square, iscas89/s38417 and itc99/b20 runs)
+    dict(name="h-default-dag", args="--strategy full --model dag"),
+    dict(name="h-arbiter-dag", args=f"--dataset epfl/arbiter {_VAL} --strategy "
+         "full --model dag"),
+    dict(name="h-b17-dag-critical", args=f"--dataset itc99/b17 {_VAL} --task "
+         "critical --strategy full --model dag"),
+    dict(name="h-sin-dag-sigprob", args=f"--dataset epfl/sin {_VAL} --task "
+         "signal_prob --strategy full --model dag"),
+    dict(name="h-b18-dag-attention", args=f"--dataset itc99/b18 {_VAL} --strategy "
+         "full --model dag --aggr attention --hidden 16"),
+    dict(name="h-b22-auto-dag", args=f"--dataset itc99/b22 {_VAL} --strategy auto "
+         "--model dag --memory-budget 256MiB"),
 ]
 for _r in HOLDOUT_ROWS:
     _r["holdout"] = True

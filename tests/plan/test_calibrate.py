@@ -213,11 +213,16 @@ def test_calibrate_families_fits_one_family_and_keeps_the_rest(tmp_path,
     monkeypatch.setattr(cmod, "_measure", fake_measure)
     cal = cmod.calibrate_families(["dag"], "cpu", mmap=False, progress=False)
     assert measured == ["dag", "dag"]  # gcn's run is not measured again
+    # the family and its finer op mix (both runs have 32 channels: wide)
     assert cal.heap_scales["dag"] == pytest.approx(1.7)
-    assert {k: v for k, v in cal.heap_scales.items() if k != "dag"} == \
-        {k: v for k, v in before.heap_scales.items() if k != "dag"}
+    assert cal.heap_scales["dag-wide"] == pytest.approx(1.7)
+    assert {k: v for k, v in cal.heap_scales.items() if not k.startswith("dag")} \
+        == {k: v for k, v in before.heap_scales.items() if not k.startswith("dag")}
     assert (cal.const, cal.per_op, cal.heap_scale) == \
         (before.const, before.per_op, before.heap_scale)
+    # its epoch time: 0.4 s CPU measured against what the work estimates
+    assert cal.time_scales["dag"] == pytest.approx(0.4 / before.seconds(
+        {"ops": 10, "written": 1e6, "flops": 1e6}))
     assert load_calibration("cpu").heap_scales["dag"] == pytest.approx(1.7)
     with pytest.raises(ValueError, match=r"no calibration run of \['nope'\]"):
         cmod.calibrate_families(["nope"], "cpu")

@@ -167,6 +167,29 @@ def test_heap_families_most_specific_first():
     assert heap_families("prune", {"model": "res", "conv": "sage"}) == \
         ["prune-res-sage", "prune-res", "prune"]
     assert heap_families("full", {}) == []  # a user's own module: the fallback
+    # the DAG model by its state width
+    assert heap_families("full", {"model": "dag", "hidden_channels": 8}) == \
+        ["dag-narrow", "dag"]
+    assert heap_families("full", {"model": "dag", "hidden_channels": 32}) == \
+        ["dag-wide", "dag"]
+
+
+def test_time_scales_apply_to_their_family_alone():
+    from leangnn.plan.calibration import Calibration
+
+    cal = Calibration("k", "glibc-default", per_op=1e-3, per_byte=0.0, per_flop=0.0,
+                      time_scales={"dag": 2.0})
+    work = {"ops": 100, "written": 0, "flops": 0}
+    assert cal.seconds(work) == pytest.approx(0.1)
+    assert cal.seconds(work, ["dag-wide", "dag"]) == pytest.approx(0.2)
+    assert cal.seconds(work, ["sage"]) == pytest.approx(0.1)
+    # fitted as the median measured / estimated of the family's runs
+    cal.time_scales = {}
+    runs = [{"work": work, "epoch_seconds": t, "families": ["dag-wide", "dag"]}
+            for t in (0.15, 0.3, 0.2)] + [
+        {"work": work, "epoch_seconds": 9.0, "families": ["sage"]}]
+    cal.fit_time_scales(runs)
+    assert cal.time_scales == {"dag": pytest.approx(2.0)}
 
 
 def _lstsq_factor(runs, const):

@@ -36,6 +36,7 @@ from leangnn.plan.calibration import (
     load_calibration,
     long_run_families,
     machine_kind,
+    sample_families,
 )
 from leangnn.utils import atomic_write_text, cache_root, format_bytes
 
@@ -147,6 +148,13 @@ CALIBRATION_RUNS: list[dict[str, Any]] = [
     dict(strategy="full", model="dag", rounds=2, aggr="sum", **_S38417),
     dict(strategy="full", model="dag", hidden_channels=64, aggr="attention",
          dataset="itc99/b20", val_dataset="iscas85/c17",
+         test_dataset="iscas85/c432"),
+    # narrow states (critical's default 8 channels, 16): small per-level
+    # blocks, which fragment the heap more per byte
+    dict(strategy="full", model="dag", task="critical", dataset="epfl/voter",
+         val_dataset="iscas85/c17", test_dataset="iscas85/c432"),
+    dict(strategy="full", model="dag", hidden_channels=16,
+         dataset="iscas89/s38584", val_dataset="iscas85/c17",
          test_dataset="iscas85/c432"),
     # a second circuit for the plain convs: circuits differ among themselves
     # as much as from csbm graphs (GCN x1.4 on epfl/square, x2.0 on s38417,
@@ -341,6 +349,9 @@ def calibrate_families(families: list[str], device: str = "cpu",
     after a calibration gets its factor without the other runs measured
     again. Arguments as for :func:`calibrate`.
 
+    The families' epoch-time scales are fitted too where they have one
+    (:data:`~leangnn.plan.calibration.TIMED_FAMILIES`).
+
     Raises:
         ValueError: a family no calibration run has, or a calibration that
             has no heap factors (a CPU one with glibc's default heap).
@@ -365,10 +376,16 @@ def calibrate_families(families: list[str], device: str = "cpu",
         if not mine:
             raise RuntimeError(f"calibrate: no run of family {fam!r} measured with "
                                f"a heap of at least {format_bytes(HEAVY_HEAP_BYTES)}")
-        cal.heap_scales[fam] = family_heap_factor(mine, cal.const)
-    keys = {json.dumps(s["config"], sort_keys=True) for s in samples}
-    cal.samples = [s for s in cal.samples
-                   if json.dumps(s.get("config"), sort_keys=True) not in keys] + samples
+        # and its finer op mixes (dag-narrow, dag-wide)
+        finer = sorted({f for s in mine for f in s["families"]
+                        if f.startswith(f"{fam}-")})
+        for f in [fam, *finer]:
+            cal.heap_scales[f] = family_heap_factor(
+                [s for s in mine if f in s["families"]], cal.const)
+    # the families' earlier runs are superseded (a run may have changed)
+    cal.samples = [s for s in cal.samples if not set(families) & set(
+        sample_families(s))] + samples
+    cal.fit_time_scales(samples)
     if save:
         cal.save()
     return cal

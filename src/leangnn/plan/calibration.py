@@ -51,7 +51,8 @@ __all__ = ["Calibration", "heap_families", "machine_kind", "allocator_mode",
            "calibration_path", "kind_path", "load_calibration", "fit_calibration",
            "reference_calibration", "calibration_label", "REFERENCE_DIR",
            "long_run_families", "fit_long_runs", "SHORT_RUN_EPOCHS",
-           "family_heap_factor", "HEAVY_HEAP_BYTES"]
+           "family_heap_factor", "HEAVY_HEAP_BYTES", "TIMED_FAMILIES",
+           "DAG_NARROW", "sample_families"]
 
 #: the calibrations shipped with the package, one per CPU allocator mode
 #: (``glibc-default.json``, ...; written by ``python -m leangnn.plan.calibrate
@@ -108,6 +109,10 @@ def kind_path(kind: str) -> Path:
     return cache_root("calibration") / f"{kind}.json"
 
 
+#: the widest DAG state (hidden channels) of the ``dag-narrow`` heap family
+DAG_NARROW = 16
+
+
 def heap_families(strategy: str | None, knobs: dict[str, Any] | None
                   ) -> list[str]:
     """The op mixes whose heap factor applies to a run, most specific first.
@@ -118,7 +123,9 @@ def heap_families(strategy: str | None, knobs: dict[str, Any] | None
     for GSR, x2.2 for residual SAGE, x2.4 for plain SAGE and x2.5 for residual
     GCN stacks. Keys: the model
     (``sage``, ``gcn``, ``gat``, ...), for the deep models with their conv
-    (``res-sage``, ``gsr-gcn``, then ``res``), and ``prune-`` before each for
+    (``res-sage``, ``gsr-gcn``, then ``res``), for the DAG model its state
+    width (``dag-narrow`` up to :data:`DAG_NARROW` channels, else
+    ``dag-wide``; then ``dag``), and ``prune-`` before each for
     DPR's core (trained through a sparse adjacency: another op mix), then
     ``prune``. Empty without a model (a user's own module).
     """
@@ -129,6 +136,12 @@ def heap_families(strategy: str | None, knobs: dict[str, Any] | None
     fams = [model]
     if model in ("res", "gsr"):
         fams.insert(0, f"{model}-{knobs.get('conv') or 'sage'}")
+    if model == "dag":
+        # its per-level blocks are level width x channels: narrow states
+        # fragment the heap more per byte (measured x1.54-1.72 at 8-16
+        # channels, x1.29-1.40 at 32-64)
+        narrow = int(knobs.get("hidden_channels") or 32) <= DAG_NARROW
+        fams.insert(0, "dag-narrow" if narrow else "dag-wide")
     if strategy == "prune":
         fams = [f"prune-{f}" for f in fams] + ["prune"]
     return fams
@@ -198,6 +211,11 @@ class Calibration:
             heap a run's peak creeps up for ~10 epochs (itc99/b22, GSR-16:
             33 MiB after 3 epochs, 43 MiB from epoch 13 on, measured through
             the Trainer); a plan for a longer run multiplies its need by it.
+        time_scales (dict): measured over estimated epoch time of the op
+            mixes in :data:`TIMED_FAMILIES`, the median over their runs: the
+            DAG model's level loop runs Python between its ops (x1.4-2.1 on
+            its calibration runs), which per-op, per-byte and per-FLOP costs
+            fitted on the other models do not see.
         calibrated (bool): measured (``False``: defaults).
         reference (str): for a shipped reference calibration, the machine it
             was measured on; empty when measured on this machine.
@@ -223,6 +241,7 @@ class Calibration:
     offload_device_scales: dict[str, float] = field(default_factory=dict)
     long_run_epochs: int = 0
     long_run_scales: dict[str, float] = field(default_factory=dict)
+    time_scales: dict[str, float] = field(default_factory=dict)
     calibrated: bool = False
     reference: str = ""
     measured_at: str = ""
@@ -272,15 +291,29 @@ class Calibration:
             "device_bytes", 0)
         return self.offload_scales[fam] * step_bytes + device + self.const
 
-    def seconds(self, work: dict[str, float]) -> float | None:
-        """Epoch seconds of traced ``work`` (``None`` without any)."""
+    def seconds(self, work: dict[str, float],
+                families: list[str] | tuple[str, ...] = ()) -> float | None:
+        """Epoch seconds of traced ``work`` (``None`` without any), times the
+        time scale of the first of ``families`` that has one."""
         if not work or "ops" not in work:
             return None
         t = (self.per_op * work["ops"] + self.per_byte * work["written"]
              + self.per_flop * work["flops"])
         if "jobs" in work:
             t = self.offload_scale * t + self.per_job * work["jobs"]
-        return float(t)
+        scale = next((self.time_scales[f] for f in families
+                      if f in self.time_scales), 1.0)
+        return float(t * scale)
+
+    def fit_time_scales(self, samples: list[dict[str, Any]]) -> None:
+        """:attr:`time_scales` of the :data:`TIMED_FAMILIES` with runs among
+        ``samples`` (with their ``work`` and ``epoch_seconds``)."""
+        for fam in TIMED_FAMILIES:
+            ratios = [s["epoch_seconds"] / t for s in samples
+                      if fam in sample_families(s)
+                      and (t := self.seconds(s["work"])) and s.get("epoch_seconds")]
+            if ratios:
+                self.time_scales[fam] = float(np.median(ratios))
 
     def long_run_scale(self, families: list[str] | tuple[str, ...] = (),
                        epochs: int | None = None) -> float:
@@ -315,7 +348,8 @@ class Calibration:
             if est.later is not None:
                 step, big, heap = est.later
                 est.later_run_bytes = step + self.overhead(step, big, heap, fams)
-        est.epoch_seconds = self.seconds(est.work)
+        est.epoch_seconds = self.seconds(est.work, heap_families(est.strategy,
+                                                                 est.knobs))
         hint = ""
         if not self.calibrated:
             hint = (f"uncalibrated ({self.kind}): run python -m "
@@ -409,7 +443,9 @@ _MIN_HEAP_FACTOR = 0.5
 _MIN_OFFLOAD_PAIR = 4
 
 
-def _sample_families(s: dict[str, Any]) -> list[str]:
+def sample_families(s: dict[str, Any]) -> list[str]:
+    """The heap families of a calibration sample: as stored, else its
+    configuration's."""
     if "families" in s:
         return list(s["families"])
     c = s.get("config") or {}
@@ -445,6 +481,10 @@ def _errors(pred: np.ndarray, y: np.ndarray) -> dict[str, float]:
     rel = np.abs(pred - y) / np.maximum(y, 1)
     return {"median": float(np.median(rel)), "worst": float(rel.max())}
 
+
+#: op mixes whose epoch time gets a scale of its own (:attr:`Calibration.
+#: time_scales`): the DAG model's Python level loop
+TIMED_FAMILIES = ("dag",)
 
 #: a calibration run's heap high-water from which its heap factor is fitted
 #: (below, the first-run constant and the spread between processes hide it)
@@ -501,7 +541,7 @@ def fit_calibration(samples: list[dict[str, Any]], device="cpu") -> Calibration:
         # fitted x1.6).
         by_fam: dict[str, list[dict[str, Any]]] = {}
         for s in heavy:
-            for fam in _sample_families(s):
+            for fam in sample_families(s):
                 by_fam.setdefault(fam, []).append(s)
         cal.heap_scales = {fam: family_heap_factor(runs, cal.const)
                            for fam, runs in sorted(by_fam.items())}
@@ -534,9 +574,9 @@ def fit_calibration(samples: list[dict[str, Any]], device="cpu") -> Calibration:
         _fit_offload(cal, off)
     pred = [s["tensor_bytes"] + cal.overhead(
         int(s["tensor_bytes"]), int(s.get("big_bytes") or 0),
-        int(s.get("heap_bytes") or 0), _sample_families(s))
+        int(s.get("heap_bytes") or 0), sample_families(s))
         if "jobs" not in s["work"] else cal.offload_bytes(
-            s["tensor_bytes"], s["work"], _sample_families(s))
+            s["tensor_bytes"], s["work"], sample_families(s))
         for s in samples]
     cal.error = _errors(np.array(pred), np.array([s["run_bytes"] for s in samples],
                                                  dtype=float))
@@ -547,6 +587,7 @@ def fit_calibration(samples: list[dict[str, Any]], device="cpu") -> Calibration:
     elif torch.device(device).type == "cpu":
         cal.budget_scale = _spread_margin(samples)
     _fit_time(cal, samples)
+    cal.fit_time_scales(samples)
     return cal
 
 
@@ -626,7 +667,7 @@ def _fit_offload(cal: Calibration, off: list[dict[str, Any]]) -> None:
     # scale of least relative error over its runs, as for heap factors
     off_fam: dict[str, list[dict[str, Any]]] = {}
     for s in off:
-        for fam in _sample_families(s):
+        for fam in sample_families(s):
             off_fam.setdefault(f"offload-{fam}", []).append(s)
     cal.offload_scales, cal.offload_device_scales = {}, {}
     for k, runs in sorted(off_fam.items()):
