@@ -154,3 +154,31 @@ def test_plan_names_the_model_that_fails_on_the_data(data):
     assert len(offload) == 1 and not offload[0].fits
     assert "aggr='lstm' is not supported" in offload[0].why
     assert table.pick is not None and table.pick.strategy == "full"
+
+
+def test_plan_and_fit_our_dag_model_on_a_circuit():
+    """A DAGNN from Python: its full row is traced on key levels with the
+    dag heap family (not the largest factor of an unknown model); offload and
+    DPR's core are rows that say why not; fit trains the pick."""
+    from leangnn.circuits import load_circuit
+    from leangnn.nn.dag import DAGNN
+    from leangnn.plan.calibration import load_calibration
+
+    data = load_circuit("iscas85/c880", "arrival")
+    torch.manual_seed(0)
+    model = DAGNN(data.num_features, 16, 1)
+    cal = load_calibration("cpu")
+    table = leangnn.plan(model, data, memory_budget="1GiB", calibration=cal,
+                         epochs=3)
+    full = table.pick
+    assert full is not None and full.strategy == "full"
+    assert full.knobs["model"] == "dag"
+    est = full.estimate
+    want = est.big_bytes + cal.heap_factor(["dag-narrow"]) * est.heap_bytes \
+        + cal.const
+    assert est.run_bytes == pytest.approx(want, abs=1)
+    why = {r.strategy: r.why for r in table.rows if r is not full}
+    assert "DPR's core keeps no circuit levels" in why["prune"]
+    assert "offload supports PyG BasicGNN models" in why["offload"]
+    out = leangnn.fit(model, data, memory_budget="1GiB", epochs=2)
+    assert out["row"].strategy == "full" and len(out["losses"]) == 2

@@ -83,11 +83,11 @@ def test_key_level_trace_equals_the_whole_trace(task, kw):
     trace, work = trace_levels(lambda: run(big), big)
     whole = run(big)
     # the sweeps free each level's temporaries: the key levels hold the
-    # peak; a level's results outlive it into the next level's, which is a
-    # wider one when only key levels run: a little over, never under
-    assert whole.peak_bytes <= trace.peak_bytes <= 1.01 * whole.peak_bytes
+    # peak; a level's results outlive it into the next level's, and the
+    # sliced sweep pairs other levels: within 1% either way
+    assert trace.peak_bytes == pytest.approx(whole.peak_bytes, rel=0.01)
     for mine, real in zip(trace.heap_point(), whole.heap_point()):
-        assert real <= mine <= 1.01 * real
+        assert mine == pytest.approx(real, rel=0.01)
     assert trace.ops < whole.ops / 2
     other = run(small)
     epoch = sweep_work(work, big, [big, small])
@@ -118,7 +118,7 @@ def test_estimate_of_a_dag_model_traces_key_levels_only(monkeypatch):
     whole = trace_step(model, big, default_loss(big), max_ops=1 << 40,
                        concrete_limit=concrete_limit(big))
     mine = estimate_model(model, big)
-    assert whole.peak_bytes <= mine.step_bytes <= 1.01 * whole.peak_bytes
+    assert mine.step_bytes == pytest.approx(whole.peak_bytes, rel=0.01)
     assert mine.work["ops"] == pytest.approx(whole.ops, rel=0.06)
 
 

@@ -7,9 +7,10 @@ real step. Its memory does not need them all: a sweep keeps ``O(N x C)``
 buffers for the whole graph and frees each level's temporaries before the
 next level (:func:`~leangnn.nn.levels.cell_sweep` saves nothing per level),
 so a step's peak is the whole-graph tensors plus the largest level's
-temporaries (and what the level before it returned, still referenced while
-the next level runs: the sliced sweep puts wide levels next to each other,
-so its peak can only be a little higher, +0.3% on ``iscas85/c1908``).
+temporaries, and what the level before it returned, still referenced while
+the next level runs: the sliced sweep pairs other levels, so its peak moves a
+little either way (-0.65% to +0.27% on five circuits,
+``benchmarks/plan_dag.py``).
 Those are linear in the level's node and edge counts, so the level that
 maximises them is one of the extreme points of the levels' ``(nodes, edges)``
 cloud: :func:`key_levels` picks the level that maximises
@@ -36,11 +37,19 @@ from torch_geometric.data import Data
 from leangnn.nn.levels import EdgeIndexCache, LevelPlan, level_plan, plan_in_use
 
 __all__ = ["KEY_MIXES", "NARROW_LEVELS", "key_levels", "sliced_plan", "trace_levels",
-           "sweep_work", "concrete_limit", "host_peak_bytes"]
+           "sweep_work", "concrete_limit", "host_peak_bytes", "is_dag_model"]
 
 #: directions ``(cos t, sin t)`` in the (nodes, edges) plane, both scaled to
 #: their largest level, whose maximising levels :func:`key_levels` keeps
 KEY_MIXES = 6
+
+
+def is_dag_model(model) -> bool:
+    """Whether ``model`` sweeps a circuit's levels (a dry run of it goes
+    through :func:`trace_levels`)."""
+    from leangnn.nn.dag import DAGNN
+
+    return isinstance(model, DAGNN)
 
 
 def concrete_limit(data: Data) -> int:

@@ -50,6 +50,7 @@ from torch_geometric.data import Data
 from leangnn.plan.dag import (
     concrete_limit,
     host_peak_bytes,
+    is_dag_model,
     sweep_work,
     trace_levels,
 )
@@ -268,7 +269,7 @@ def estimate_model(model: torch.nn.Module, data: Data, loss_fn: Callable | None 
     if step is None and data.get("adj_t", None) is not None and \
             data.get("edge_index", None) is None:
         step = _adj_step  # e.g. DPR's core, trained through its adjacency
-    levels = _sweeps_levels(model) and data.get("edge_index", None) is not None
+    levels = is_dag_model(model) and data.get("edge_index", None) is not None
 
     def run():
         return trace_step(model, data, loss_fn or default_loss(data), step, lr=lr,
@@ -355,7 +356,7 @@ def _trace_depths(cfg, data: Data, in_channels: int, out_channels: int, loss_fn,
         model = _build(cfg, in_channels, out_channels, depth)
         model_bytes[depth] = _model_bytes(model)
 
-        levels = _sweeps_levels(model)
+        levels = is_dag_model(model)
 
         def run(model=model, levels=levels):
             return trace_step(model, data, loss_fn, step, lr=cfg.lr,
@@ -378,10 +379,6 @@ def _trace_depths(cfg, data: Data, in_channels: int, out_channels: int, loss_fn,
     return c, len(traces) > 1
 
 
-def _sweeps_levels(model: torch.nn.Module) -> bool:
-    from leangnn.nn.dag import DAGNN
-
-    return isinstance(model, DAGNN)
 
 
 def estimate_config(cfg, splits, device: torch.device | str | None = None,

@@ -26,6 +26,7 @@ from torch_geometric.data import Data
 
 from leangnn.data import check_graph
 from leangnn.plan.calibration import Calibration, calibration_label, load_calibration
+from leangnn.plan.dag import is_dag_model
 from leangnn.plan.estimate import (
     Estimate,
     core_of,
@@ -105,11 +106,14 @@ def plan(model: torch.nn.Module, data: Data, memory_budget=None, loss_fn=None,
     strategy = "reversible" if reversible else "full"
     wanted = set(strategies or ("full", "reversible", "offload", "prune"))
     rows = []
+    # our DAG model's calibrated heap family (a model of its own otherwise
+    # gets the largest factor measured)
+    own = {"model": "dag", "hidden_channels": model.hidden_channels} \
+        if is_dag_model(model) else {"model": name}
     if strategy in wanted or "full" in wanted:
         try:
             est = estimate_model(model, data, loss_fn, dev, strategy, lr=lr,
-                                 clip_norm=clip_norm, calibration=cal,
-                                 knobs={"model": name})
+                                 clip_norm=clip_norm, calibration=cal, knobs=own)
         except UnsupportedOpError:
             raise
         except (ValueError, RuntimeError, TypeError, IndexError) as e:
@@ -141,7 +145,15 @@ def plan(model: torch.nn.Module, data: Data, memory_budget=None, loss_fn=None,
         except (ValueError, RuntimeError) as e:
             rows.append(unavailable_row("offload", knobs, "not possible: "
                                         + str(e).splitlines()[0]))
+    levels = own["model"] == "dag"
     for ratio in CORE_RATIOS if "prune" in wanted else ():
+        if levels:
+            # DPR's core is an adjacency without the circuit's levels
+            rows.append(unavailable_row(
+                "prune", {"model": name, "budget_ratio": ratio}, "not possible: "
+                "DPR's core keeps no circuit levels for a DAG model to sweep",
+                "approximate"))
+            continue
         core, note = _core(data, ratio)
         est = estimate_model(model, core, loss_fn, dev, "prune", lr=lr,
                              clip_norm=clip_norm, calibration=cal,
