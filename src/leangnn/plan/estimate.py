@@ -41,6 +41,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from typing import Any
 
 import torch
@@ -269,20 +270,9 @@ def estimate_model(model: torch.nn.Module, data: Data, loss_fn: Callable | None 
     if step is None and data.get("adj_t", None) is not None and \
             data.get("edge_index", None) is None:
         step = _adj_step  # e.g. DPR's core, trained through its adjacency
-    levels = is_dag_model(model) and data.get("edge_index", None) is not None
-
-    def run():
-        return trace_step(model, data, loss_fn or default_loss(data), step, lr=lr,
-                          clip_norm=clip_norm, device=dev,
-                          round_to=512 if dev.type == "cuda" else 1,
-                          concrete_limit=concrete_limit(data) if levels else None)
-
-    sweeps, host = None, 0
-    if levels:
-        host = host_peak_bytes(model, data)
-        trace, sweeps = trace_levels(run, data)
-    else:
-        trace = run()
+    trace, sweeps, host = _dry_run(model, data, partial(
+        trace_step, model, data, loss_fn or default_loss(data), step, lr=lr,
+        clip_norm=clip_norm, device=dev, round_to=512 if dev.type == "cuda" else 1))
     c = _combine({0: trace}, 0, {0: _model_bytes(model)})
     work = {**c["work"], "graphs": 1} if sweeps is None else \
         sweep_work(sweeps, data, [data])
@@ -315,6 +305,19 @@ def _knobs(cfg) -> dict[str, Any]:
         k.update(device_budget=cfg.device_budget, num_parts=cfg.num_parts,
                  cache=cfg.cache)
     return k
+
+
+def _dry_run(model: torch.nn.Module, data: Data, run: Callable
+             ) -> tuple[StepTrace, dict | None, int]:
+    """``run(**trace_step options)``'s trace of ``model``'s step on ``data``;
+    for a DAG model on a few key levels (:mod:`leangnn.plan.dag`), with the
+    sweeps' work (else ``None``) and its precomputation's host bytes."""
+    if not is_dag_model(model) or data.get("edge_index", None) is None:
+        return run(), None, 0
+    host = host_peak_bytes(model, data)
+    trace, sweeps = trace_levels(lambda: run(concrete_limit=concrete_limit(data)),
+                                 data)
+    return trace, sweeps, host
 
 
 def _scale_work(work: dict[str, float], big: Data, graphs: list[Data]) -> dict:
@@ -355,22 +358,11 @@ def _trace_depths(cfg, data: Data, in_channels: int, out_channels: int, loss_fn,
     for depth in depths:
         model = _build(cfg, in_channels, out_channels, depth)
         model_bytes[depth] = _model_bytes(model)
-
-        levels = is_dag_model(model)
-
-        def run(model=model, levels=levels):
-            return trace_step(model, data, loss_fn, step, lr=cfg.lr,
-                              weight_decay=cfg.weight_decay, clip_norm=cfg.clip_norm,
-                              device=device,
-                              round_to=512 if device.type == "cuda" else 1,
-                              concrete_limit=concrete_limit(data) if levels else None)
-
-        if levels:
-            # a few key levels stand for all (leangnn.plan.dag)
-            host = max(host, host_peak_bytes(model, data))
-            traces[depth], sweeps = trace_levels(run, data)
-        else:
-            traces[depth] = run()
+        traces[depth], swept, pre = _dry_run(model, data, partial(
+            trace_step, model, data, loss_fn, step, lr=cfg.lr,
+            weight_decay=cfg.weight_decay, clip_norm=cfg.clip_norm, device=device,
+            round_to=512 if device.type == "cuda" else 1))
+        sweeps, host = swept or sweeps, max(host, pre)
         del model
     c = _combine(traces, cfg.num_layers, model_bytes)
     if sweeps is not None:
