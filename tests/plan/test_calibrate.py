@@ -138,7 +138,7 @@ def test_long_runs_add_their_scales_to_the_stored_calibration(tmp_path, monkeypa
         calls.append((cfg["model"], epochs, cfg["patience"]))
         if cfg["model"] == "gat":
             raise RuntimeError("training full/gat failed: out of memory")
-        top = {"gsr": 13, "sage": 11}[cfg["model"]]
+        top = {"gsr": 13, "sage": 11 if epochs < 8 else 12}[cfg["model"]]
         return {"epoch_peak_bytes": [10, 10, 10] + [top] * (epochs - 3)}
 
     monkeypatch.setattr(leangnn.plan.measure, "measure_trainer", fake_trainer)
@@ -166,6 +166,18 @@ def test_long_runs_add_their_scales_to_the_stored_calibration(tmp_path, monkeypa
     assert "unreadable" in capsys.readouterr().err and len(calls) == 6
     assert json.loads(path.read_text()) == kept
     assert stored.budget_scale == 1.1  # the rest as it was
+    # one family alone: its runs trained, its scales changed, the others' kept
+    # (scales and stored runs)
+    before = dict(load_calibration("cpu").long_run_scales)
+    fam = cmod.calibrate_long_runs("cpu", epochs=8, progress=False,
+                                   families=["sage"])
+    assert calls[6:] == [("sage", 8, 0)]
+    assert before["sage"] == pytest.approx(1.1)
+    assert fam.long_run_scales == {**before, "sage": pytest.approx(1.2)}
+    assert [r["config"]["model"] for r in json.loads(path.read_text())] == \
+        ["gsr", "sage"]
+    with pytest.raises(ValueError, match="no calibration run of"):
+        cmod.calibrate_long_runs("cpu", families=["nope"])
     for argv, msg in ((["--long-runs", "3"], "more than 3 epochs, got 3"),
                       (["--long-runs", "--device", "cuda"], "CPU only")):
         with pytest.raises(SystemExit) as e:

@@ -394,7 +394,8 @@ def calibrate_families(families: list[str], device: str = "cpu",
 def calibrate_long_runs(device: str = "cpu", epochs: int = LONG_RUN_EPOCHS,
                         quick: bool = False, timeout: float | None = 1800,
                         save: bool = True, progress: bool = True,
-                        reuse: bool = False) -> Calibration:
+                        reuse: bool = False,
+                        families: list[str] | None = None) -> Calibration:
     """Train :data:`CALIBRATION_RUNS` for ``epochs`` epochs each (once, fresh
     interpreters, through the Trainer) and add their long-run scales
     (:func:`~leangnn.plan.calibration.fit_long_runs`) to this machine's
@@ -403,7 +404,9 @@ def calibrate_long_runs(device: str = "cpu", epochs: int = LONG_RUN_EPOCHS,
 
     With ``reuse`` the stored runs are fitted again, nothing is trained
     (e.g. after the fit changed); an unreadable file is said and measured
-    anew.
+    anew. With ``families`` (e.g. ``["dag"]``) only the runs of those op
+    mixes are trained, and only their families' scales change (the stored
+    runs of the others are kept beside them).
 
     CPU only: CUDA's caching allocator does not creep the way glibc's heap
     does (its plans use reserved over allocated bytes instead).
@@ -423,12 +426,19 @@ def calibrate_long_runs(device: str = "cpu", epochs: int = LONG_RUN_EPOCHS,
     path = long_runs_path(device, mmap)
     runs = _read_long_runs(path) if reuse else None
     if runs is not None:
-        fit_long_runs(cal, runs)
+        _fit_long(cal, runs, families)
         if save:
             cal.save()
         return cal
+    todo = CALIBRATION_RUNS[:4] if quick else CALIBRATION_RUNS
+    if families:
+        todo = [r for r in todo
+                if set(families) & set(long_run_families(r["strategy"], r))]
+        if not todo:
+            raise ValueError(f"--long-runs --family: no calibration run of "
+                             f"{families}")
     runs = []
-    for run in CALIBRATION_RUNS[:4] if quick else CALIBRATION_RUNS:
+    for run in todo:
         what = _what(run)
         # patience 0: every epoch runs, whatever the validation loss does
         cfg = {**run, "device": device, "patience": 0}
@@ -447,7 +457,10 @@ def calibrate_long_runs(device: str = "cpu", epochs: int = LONG_RUN_EPOCHS,
                   f"{SHORT_RUN_EPOCHS} epochs, {format_bytes(max(peaks))} after "
                   f"{len(peaks)} (x{max(peaks) / short:.2f})",
                   file=sys.stderr, flush=True)
-    fit_long_runs(cal, runs)
+    _fit_long(cal, runs, families)
+    if families:
+        runs = [r for r in (_read_long_runs(path, quiet=True) or [])
+                if not set(families) & set(r.get("families") or ())] + runs
     if save:
         # the runs themselves too: a refit (reuse) needs no retraining
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -456,12 +469,26 @@ def calibrate_long_runs(device: str = "cpu", epochs: int = LONG_RUN_EPOCHS,
     return cal
 
 
+def _fit_long(cal: Calibration, runs: list[dict[str, Any]],
+              families: list[str] | None) -> None:
+    """All of ``cal``'s long-run scales from ``runs``, or with ``families``
+    only theirs, from their runs among ``runs``."""
+    if not families:
+        fit_long_runs(cal, runs)
+        return
+    mine = Calibration(cal.kind, cal.allocator)
+    fit_long_runs(mine, [r for r in runs
+                         if set(families) & set(r.get("families") or ())])
+    cal.long_run_scales.update({f: v for f, v in mine.long_run_scales.items()
+                                if f != "*"})
+
+
 def long_runs_path(device: str = "cpu", mmap: bool | None = None) -> Path:
     """Where :func:`calibrate_long_runs` keeps its runs (per machine kind)."""
     return measurements_path(device, mmap).with_suffix(".long.json")
 
 
-def _read_long_runs(path: Path) -> list[dict[str, Any]] | None:
+def _read_long_runs(path: Path, quiet: bool = False) -> list[dict[str, Any]] | None:
     try:
         runs = json.loads(path.read_text())
         if not isinstance(runs, list) or not all(
@@ -470,8 +497,9 @@ def _read_long_runs(path: Path) -> list[dict[str, Any]] | None:
             raise ValueError("not a list of runs with their epoch peaks")
         return runs
     except FileNotFoundError:
-        print(f"calibrate: {path}: no long runs stored; measuring",
-              file=sys.stderr, flush=True)
+        if not quiet:
+            print(f"calibrate: {path}: no long runs stored; measuring",
+                  file=sys.stderr, flush=True)
     except (OSError, ValueError) as e:
         print(f"calibrate: {path}: unreadable ({e}); measuring anew",
               file=sys.stderr, flush=True)
@@ -532,7 +560,8 @@ def main(argv: list[str] | None = None) -> int:
                         "--long-runs: fit the stored long runs again)")
     p.add_argument("--family", action="append", default=None, metavar="NAME",
                    help="measure only the runs of this op mix (e.g. dag; "
-                        "repeatable) and fit its heap factor into the stored "
+                        "repeatable) and fit its heap factor (with "
+                        "--long-runs: its long-run scale) into the stored "
                         "calibration, else the shipped reference, keeping the "
                         "rest")
     args = p.parse_args(argv)
@@ -549,7 +578,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.long_runs is not None:
         try:
             cal = calibrate_long_runs(args.device, args.long_runs,
-                                      quick=args.quick, reuse=args.reuse)
+                                      quick=args.quick, reuse=args.reuse,
+                                      families=args.family)
         except ValueError as e:
             p.error(str(e))
         scales = ", ".join(f"{k} x{v:.2f}" for k, v in
