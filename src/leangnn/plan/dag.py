@@ -102,14 +102,13 @@ def host_peak_bytes(model, data: Data) -> int:
     return peak
 
 
-def _sweep_sizes(plan: LevelPlan) -> tuple[list[int], list[int], list[int]]:
+def _sweep_sizes(plan: LevelPlan) -> list[tuple[int, int, int]]:
+    """Per level, ascending: its nodes, fanin edges and fanout edges."""
     depth = len(plan.forward)
-    nodes = [s.size for s in plan.forward]
-    fan_in = [int(s.src.numel()) for s in plan.forward]
     # plan.reverse runs highest level first
-    fan_out = [int(plan.reverse[depth - 1 - i].src.numel()) if plan.reverse else 0
-               for i in range(depth)]
-    return nodes, fan_in, fan_out
+    return [(plan.forward[i].size, int(plan.forward[i].src.numel()),
+             int(plan.reverse[depth - 1 - i].src.numel()) if plan.reverse else 0)
+            for i in range(depth)]
 
 
 def key_levels(plan: LevelPlan, mixes: int = KEY_MIXES) -> list[int]:
@@ -124,9 +123,13 @@ def key_levels(plan: LevelPlan, mixes: int = KEY_MIXES) -> list[int]:
         plan (LevelPlan): the graph's plan.
         mixes (int, optional): weightings per direction. (default: ``6``)
     """
-    nodes, fan_in, fan_out = _sweep_sizes(plan)
-    if not nodes:
+    return _key_levels(_sweep_sizes(plan), mixes)
+
+
+def _key_levels(sizes: list[tuple[int, int, int]], mixes: int) -> list[int]:
+    if not sizes:
         return []
+    nodes, fan_in, fan_out = (list(c) for c in zip(*sizes))
     # and the first and last levels: a sweep's last level's temporaries
     # outlive its loop (in both directions and in backward), and are part
     # of the peak when what follows is larger
@@ -152,15 +155,15 @@ def sliced_plan(plan: LevelPlan, levels: list[int]) -> LevelPlan:
                      tuple(plan.forward[i] for i in keep), rev)
 
 
-def _units(plan: LevelPlan, levels) -> int:
-    nodes, fan_in, fan_out = _sweep_sizes(plan)
-    return sum(2 * nodes[i] + fan_in[i] + fan_out[i] for i in levels)
+def _units(sizes: list[tuple[int, int, int]], levels) -> int:
+    """Nodes and edges the sweeps visit on ``levels`` (each node twice)."""
+    return sum(2 * sizes[i][0] + sizes[i][1] + sizes[i][2] for i in levels)
 
 
-def _narrowest(plan: LevelPlan, skip: list[int], count: int) -> list[int]:
-    nodes, fan_in, fan_out = _sweep_sizes(plan)
-    rest = sorted((2 * nodes[i] + fan_in[i] + fan_out[i], i)
-                  for i in range(len(nodes)) if i not in set(skip))
+def _narrowest(sizes: list[tuple[int, int, int]], skip: list[int],
+               count: int) -> list[int]:
+    rest = sorted((_units(sizes, [i]), i) for i in range(len(sizes))
+                  if i not in set(skip))
     return [i for _, i in rest[:count]]
 
 
@@ -202,15 +205,16 @@ def trace_levels(run: Callable[[], object], data: Data):
     """
     ei: Tensor = data.edge_index
     plan = level_plan(ei, int(data.num_nodes))
-    key = key_levels(plan)
-    more = _narrowest(plan, key, NARROW_LEVELS)
+    sizes = _sweep_sizes(plan)
+    key = _key_levels(sizes, KEY_MIXES)
+    more = _narrowest(sizes, key, NARROW_LEVELS)
     traces = []
     for levels in (key, key + more, []):
         with plan_in_use(ei, sliced_plan(plan, levels)):
             traces.append(run())
     full, wider, bare = traces
-    n_key, u_key = len(key), _units(plan, key)
-    n_more, u_more = len(more), _units(plan, more)
+    n_key, u_key = len(key), _units(sizes, key)
+    n_more, u_more = len(more), _units(sizes, more)
     per = {}
     for k in ("ops", "written", "flops"):
         b, f, w = getattr(bare, k), getattr(full, k), getattr(wider, k)
