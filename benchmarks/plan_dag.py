@@ -57,9 +57,9 @@ def measure(name: str, task: str, rounds: int) -> dict:
         t = time.process_time()
         keyed, work = trace_levels(run, data)
         keys_s.append(time.process_time() - t)
-    from leangnn.plan.dag import sweep_work
+    from leangnn.plan.estimate import _scale_work
 
-    ext = sweep_work(work, data, [data])
+    ext = _scale_work(work, data, [data])
     return {"circuit": name, "task": task, "hidden": hidden,
             "nodes": int(data.num_nodes), "levels": len(plan.forward),
             "key_levels": len(key_levels(plan)),

@@ -16,11 +16,10 @@ from leangnn.plan.dag import (
     concrete_limit,
     key_levels,
     sliced_plan,
-    sweep_work,
     trace_levels,
 )
 from leangnn.plan.dryrun import trace_step
-from leangnn.plan.estimate import default_loss
+from leangnn.plan.estimate import _scale_work, default_loss
 
 pytestmark = pytest.mark.filterwarnings("ignore:index_reduce")
 
@@ -90,7 +89,7 @@ def test_key_level_trace_equals_the_whole_trace(task, kw):
         assert mine == pytest.approx(real, rel=0.01)
     assert trace.ops < whole.ops / 2
     other = run(small)
-    epoch = sweep_work(work, big, [big, small])
+    epoch = _scale_work(work, big, [big, small])
     assert epoch["graphs"] == 2
     for k in ("ops", "written", "flops"):
         want = getattr(whole, k) + getattr(other, k)

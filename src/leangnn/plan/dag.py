@@ -20,7 +20,8 @@ The dry run then traces the step over those levels only
 (:func:`~leangnn.nn.levels.plan_in_use`), over those and a few narrow ones,
 and over none, and extrapolates the work (each of ops, bytes written and
 FLOPs as so much per level plus so much per node and edge swept) to every
-level of every training graph (:func:`sweep_work`).
+level of every training graph (:func:`sweep_work`; the planner's epoch
+work adds it to the rest of the step's).
 The peak is the traced one; the per-level churn glibc's heap sees over all
 levels is the ``dag`` family's calibrated heap factor.
 """
@@ -199,8 +200,8 @@ def trace_levels(run: Callable[[], object], data: Data):
 
     Returns:
         ``(trace, work)``: the trace of the key levels (its peak is the
-        step's) and the work of the step as :func:`sweep_work` takes it: the
-        levelless run's ``ops``, ``written`` and ``flops`` plus ``"sweep"``:
+        step's) and the work of the step: the levelless run's ``ops``,
+        ``written`` and ``flops``, and under ``"sweep"`` (:func:`sweep_work`)
         each of them per level and per node and edge swept.
     """
     ei: Tensor = data.edge_index
@@ -224,20 +225,15 @@ def trace_levels(run: Callable[[], object], data: Data):
     return max(full, wider, key=lambda t: t.peak_bytes), work
 
 
-def sweep_work(work: dict, big: Data, graphs: list[Data]) -> dict:
-    """An epoch's work over ``graphs`` from :func:`trace_levels`' ``work`` of
-    a step on ``big``: the levelless part as for any model (ops per graph,
-    bytes and FLOPs by size), the sweeps' by each graph's levels and by the
-    nodes and edges they visit."""
-    size = int(big.num_nodes) + int(big.num_edges)
-    share = sum(int(g.num_nodes) + int(g.num_edges) for g in graphs) / max(1, size)
+def sweep_work(sweep: dict, graphs: list[Data]) -> dict[str, float]:
+    """The sweeps' ops, bytes written and FLOPs in an epoch over ``graphs``,
+    from :func:`trace_levels`' ``work["sweep"]``: so much per level of each
+    graph, so much per node and edge its sweeps visit (the rest of a step's
+    work scales as any model's)."""
     levels = units = 0
     for g in graphs:
         n = int(g.num_nodes)
         levels += len(level_plan(g.edge_index, n).forward)
         units += 2 * (n + int(g.num_edges))
-    out = {"ops": work["ops"] * len(graphs), "written": work["written"] * share,
-           "flops": work["flops"] * share}
-    for k, (per_level, per_unit) in work["sweep"].items():
-        out[k] += per_level * levels + per_unit * units
-    return {**out, "graphs": len(graphs)}
+    return {k: per_level * levels + per_unit * units
+            for k, (per_level, per_unit) in sweep.items()}

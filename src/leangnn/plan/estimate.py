@@ -274,10 +274,9 @@ def estimate_model(model: torch.nn.Module, data: Data, loss_fn: Callable | None 
         trace_step, model, data, loss_fn or default_loss(data), step, lr=lr,
         clip_norm=clip_norm, device=dev, round_to=512 if dev.type == "cuda" else 1))
     c = _combine({0: trace}, 0, {0: _model_bytes(model)})
-    work = {**c["work"], "graphs": 1} if sweeps is None else \
-        sweep_work(sweeps, data, [data])
     est = Estimate(strategy, dict(knobs or {}), str(dev), c["peak"], c["model_bytes"],
-                   _resident_graph_bytes(data, dev), work=work,
+                   _resident_graph_bytes(data, dev),
+                   work=_scale_work(sweeps or c["work"], data, [data]),
                    phases=c["phases"], big_bytes=c["heap"][0],
                    heap_bytes=c["heap"][1], precompute_bytes=host)
     return _finish(est, calibration, t0)
@@ -322,14 +321,16 @@ def _dry_run(model: torch.nn.Module, data: Data, run: Callable
 
 def _scale_work(work: dict[str, float], big: Data, graphs: list[Data]) -> dict:
     """Work of an epoch over ``graphs`` from the traced step on ``big``: ops
-    repeat per graph, bytes and FLOPs scale with the graph's size (a DAG
-    model's sweeps: :func:`~leangnn.plan.dag.sweep_work`)."""
-    if "sweep" in work:
-        return sweep_work(work, big, graphs)
+    repeat per graph, bytes and FLOPs scale with the graph's size; a DAG
+    model's sweeps add theirs by each graph's levels
+    (:func:`~leangnn.plan.dag.sweep_work`)."""
     size = int(big.num_nodes) + int(big.num_edges)
     share = sum(int(g.num_nodes) + int(g.num_edges) for g in graphs) / max(1, size)
-    return {"ops": work["ops"] * len(graphs), "written": work["written"] * share,
-            "flops": work["flops"] * share, "graphs": len(graphs)}
+    out = {"ops": work["ops"] * len(graphs), "written": work["written"] * share,
+           "flops": work["flops"] * share}
+    for k, v in (sweep_work(work["sweep"], graphs) if "sweep" in work else {}).items():
+        out[k] += v
+    return {**out, "graphs": len(graphs)}
 
 
 def _trace_config(cfg, data: Data, in_channels: int, out_channels: int, loss_fn,
