@@ -338,6 +338,18 @@ def calibrate(device: str = "cpu", quick: bool = False, mmap: bool | None = None
     return cal
 
 
+def _runs_of(families: list[str], runs: list[dict[str, Any]], fams_of
+             ) -> list[dict[str, Any]]:
+    """The runs of ``families`` (by ``fams_of(strategy, run)``); a
+    ``ValueError`` naming the families with runs when one has none."""
+    known = sorted({f for r in runs for f in fams_of(r.get("strategy"), r)})
+    missing = sorted(set(families) - set(known))
+    if missing or not families:
+        raise ValueError(f"--family: no calibration run of {missing or families}; "
+                         f"the families with runs: {known}")
+    return [r for r in runs if set(families) & set(fams_of(r.get("strategy"), r))]
+
+
 def calibrate_families(families: list[str], device: str = "cpu",
                        mmap: bool | None = None, timeout: float | None = 900,
                        save: bool = True, progress: bool = True, repeat: int = 1,
@@ -356,14 +368,7 @@ def calibrate_families(families: list[str], device: str = "cpu",
         ValueError: a family no calibration run has, or a calibration that
             has no heap factors (a CPU one with glibc's default heap).
     """
-    runs = [r for r in CALIBRATION_RUNS
-            if set(families) & set(heap_families(r.get("strategy"), r))]
-    known = sorted({f for r in CALIBRATION_RUNS
-                    for f in heap_families(r.get("strategy"), r)})
-    missing = sorted(set(families) - set(known))
-    if missing or not families:
-        raise ValueError(f"--family: no calibration run of {missing or families}; "
-                         f"the families with runs: {known}")
+    runs = _runs_of(families, CALIBRATION_RUNS, heap_families)
     cal = load_calibration(device)
     if cal.heap_scale is None or not cal.calibrated:
         raise ValueError(f"--family: the calibration of {device} ({cal.kind}) has "
@@ -426,17 +431,13 @@ def calibrate_long_runs(device: str = "cpu", epochs: int = LONG_RUN_EPOCHS,
     path = long_runs_path(device, mmap)
     runs = _read_long_runs(path) if reuse else None
     if runs is not None:
-        _fit_long(cal, runs, families)
+        fit_long_runs(cal, runs, families)
         if save:
             cal.save()
         return cal
     todo = CALIBRATION_RUNS[:4] if quick else CALIBRATION_RUNS
     if families:
-        todo = [r for r in todo
-                if set(families) & set(long_run_families(r["strategy"], r))]
-        if not todo:
-            raise ValueError(f"--long-runs --family: no calibration run of "
-                             f"{families}")
+        todo = _runs_of(families, todo, long_run_families)
     runs = []
     for run in todo:
         what = _what(run)
@@ -457,7 +458,7 @@ def calibrate_long_runs(device: str = "cpu", epochs: int = LONG_RUN_EPOCHS,
                   f"{SHORT_RUN_EPOCHS} epochs, {format_bytes(max(peaks))} after "
                   f"{len(peaks)} (x{max(peaks) / short:.2f})",
                   file=sys.stderr, flush=True)
-    _fit_long(cal, runs, families)
+    fit_long_runs(cal, runs, families)
     if families:
         runs = [r for r in (_read_long_runs(path, quiet=True) or [])
                 if not set(families) & set(r.get("families") or ())] + runs
@@ -467,20 +468,6 @@ def calibrate_long_runs(device: str = "cpu", epochs: int = LONG_RUN_EPOCHS,
         atomic_write_text(path, json.dumps(runs, indent=1) + "\n")
         cal.save()
     return cal
-
-
-def _fit_long(cal: Calibration, runs: list[dict[str, Any]],
-              families: list[str] | None) -> None:
-    """All of ``cal``'s long-run scales from ``runs``, or with ``families``
-    only theirs, from their runs among ``runs``."""
-    if not families:
-        fit_long_runs(cal, runs)
-        return
-    mine = Calibration(cal.kind, cal.allocator)
-    fit_long_runs(mine, [r for r in runs
-                         if set(families) & set(r.get("families") or ())])
-    cal.long_run_scales.update({f: v for f, v in mine.long_run_scales.items()
-                                if f != "*"})
 
 
 def long_runs_path(device: str = "cpu", mmap: bool | None = None) -> Path:

@@ -595,10 +595,13 @@ def fit_calibration(samples: list[dict[str, Any]], device="cpu") -> Calibration:
 SPREAD_QUANTILE = 0.9
 
 
-def fit_long_runs(cal: Calibration, runs: list[dict[str, Any]]) -> dict[str, float]:
+def fit_long_runs(cal: Calibration, runs: list[dict[str, Any]],
+                  families: list[str] | None = None) -> dict[str, float]:
     """Set ``cal``'s long-run scales from long runs ``runs`` (each
     ``{"families": long_run_families(...), "epoch_peak_bytes": [...]}``, the
-    run's peak after each epoch) and return them.
+    run's peak after each epoch) and return them; with ``families``, only
+    the scales of those op mixes (and their finer ones) from their runs, the
+    others' kept.
 
     A run's ratio is its peak over the peak of its first
     :data:`SHORT_RUN_EPOCHS` epochs; a family's scale is the median ratio of
@@ -609,6 +612,8 @@ def fit_long_runs(cal: Calibration, runs: list[dict[str, Any]]) -> dict[str, flo
     epochs three of twelve ``--strategy auto`` cases then gave up an exact
     pick that fits with 7-44% to spare for DPR's approximate core.)
     """
+    if families:
+        runs = [r for r in runs if set(families) & set(r.get("families") or ())]
     ratios: list[tuple[list[str], float]] = []
     epochs = 0
     for r in runs:
@@ -629,6 +634,9 @@ def fit_long_runs(cal: Calibration, runs: list[dict[str, Any]]) -> dict[str, flo
         for fam in fams:
             per.setdefault(fam, []).append(ratio)
     scales = {fam: max(1.0, float(np.median(v))) for fam, v in per.items()}
+    if families:
+        cal.long_run_scales.update(scales)
+        return scales
     scales["*"] = max(1.0, float(np.median([r for _, r in ratios])))
     cal.long_run_scales, cal.long_run_epochs = scales, epochs
     return scales
