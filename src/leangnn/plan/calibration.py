@@ -331,25 +331,22 @@ class Calibration:
 
     def apply(self, est) -> None:
         """Fill ``est``'s allocator overhead and epoch time in place."""
+        fams = heap_families(est.strategy, est.knobs)
         if est.method == "offload-accounting":
             est.overhead_bytes = round(self.offload_bytes(
-                est.step_bytes, est.work, heap_families(est.strategy, est.knobs))
-                - est.step_bytes)
+                est.step_bytes, est.work, fams) - est.step_bytes)
         else:
-            fams = heap_families(est.strategy, est.knobs)
             est.overhead_bytes = self.overhead(est.step_bytes, est.big_bytes,
                                                est.heap_bytes, fams)
             # a precomputation outside torch (numpy) peaks before the step's
             # tensors do; its large arrays are pages of their own
-            pre = getattr(est, "precompute_bytes", 0)
-            if pre:
-                est.overhead_bytes = max(est.overhead_bytes,
-                                         round(pre + self.const) - est.step_bytes)
+            if est.precompute_bytes:
+                est.overhead_bytes = max(est.overhead_bytes, round(
+                    est.precompute_bytes + self.const) - est.step_bytes)
             if est.later is not None:
                 step, big, heap = est.later
                 est.later_run_bytes = step + self.overhead(step, big, heap, fams)
-        est.epoch_seconds = self.seconds(est.work, heap_families(est.strategy,
-                                                                 est.knobs))
+        est.epoch_seconds = self.seconds(est.work, fams)
         hint = ""
         if not self.calibrated:
             hint = (f"uncalibrated ({self.kind}): run python -m "
