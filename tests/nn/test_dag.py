@@ -403,7 +403,7 @@ def test_cut_input_starts_as_the_cut_estimate(name, monkeypatch):
         assert not torch.equal(model(x, data.edge_index).view(-1), out)
         plan = model._plan(x, data.edge_index, None, None)
         torch.testing.assert_close(
-            model._estimate(model._onehot(x), data.edge_index, plan).view(-1),
+            model.cut_estimate(x, data.edge_index, plan).view(-1),
             want, rtol=0, atol=1e-12)
     assert len(calls) == 1
     # the output is the estimate plus correction_gain times the correction

@@ -695,10 +695,13 @@ class DAGNN(torch.nn.Module):
             offs.index_copy_(0, sel, _quantile_offsets(f.index_select(0, sel), q))
         return torch.cat([f, offs], 1)
 
-    def _estimate(self, onehot: Tensor, edge_index: Tensor, plan: LevelPlan
-                  ) -> Tensor:
-        """``[N, 1]`` cut estimate of the graph (types from the one-hot)."""
-        return _cut_estimate(onehot, edge_index, plan).to(onehot)
+    def cut_estimate(self, x: Tensor, edge_index: Tensor,
+                     plan: LevelPlan | None = None) -> Tensor:
+        """``[N, 1]`` cut estimate of the graph (``estimator="cut"``), gate
+        types read from ``x``'s one-hot columns, in ``x``'s dtype; computed
+        with numpy once per graph and cached."""
+        plan = self._plan(x, edge_index, None, plan)
+        return _cut_estimate(self._onehot(x), edge_index, plan).to(x)
 
     def _params(self, d: str) -> list[Tensor]:
         empty = self.w_p.new_zeros(0)
@@ -737,7 +740,7 @@ class DAGNN(torch.nn.Module):
             inp = torch.cat([h, r], 1) if self.reverse else h
             # from x itself, whose values a dry run keeps (the encoder's
             # dtype would hand it a tensor without values)
-            fixed = [self._estimate(self._onehot(x), edge_index, plan).to(onehot)] \
+            fixed = [self.cut_estimate(x, edge_index, plan).to(onehot)] \
                 if self.cop_input and self.estimator != "cop" else []
             out = cell_sweep(self.cells["fwd"], plan.forward,
                              [s, self.x_proj["fwd"](inp), onehot, deg_in, *fixed],
