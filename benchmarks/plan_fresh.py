@@ -56,16 +56,13 @@ def cases(with_cli_auto: bool = False) -> list[tuple[str, str, str]]:
     out = [(name, f"{args} --strategy auto --memory-budget {budget}", budget)
            for name, args, budget in FRESH]
     if with_cli_auto:
-        from plan import CLI_ROWS, HOLDOUT_ROWS
+        from plan import CLI_ROWS  # the held-out rows included
 
-        seen = set()
-        for row in CLI_ROWS + HOLDOUT_ROWS:
+        for row in CLI_ROWS:
             argv = row["args"].split()
-            if "auto" not in argv or row["name"] in seen:
-                continue
-            seen.add(row["name"])
-            out.append((row["name"], row["args"],
-                        argv[argv.index("--memory-budget") + 1]))
+            if "auto" in argv:
+                out.append((row["name"], row["args"],
+                            argv[argv.index("--memory-budget") + 1]))
     return out
 
 
