@@ -118,9 +118,16 @@ class GraphParallel:
             root = dist.get_global_rank(group, 0) if group is not None else 0
             dist.broadcast(part, src=root, group=group)
             part = part.cpu()
-        self.part = _part_vector(part if partition is None else partition, n,
-                                 self.world_size)
-        self.num_nodes = n
+        comm = self.device if dist.get_backend(group) == "nccl" else None
+        self._attach(data, _part_vector(part if partition is None else partition,
+                                        n, self.world_size), executor, comm)
+
+    def _attach(self, data: Data, part: Tensor, executor: Executor | None,
+                comm_device: torch.device | None) -> None:
+        """Keep this rank's part of ``data`` under ``part`` (no collective;
+        the planner's :class:`~leangnn.plan.distributed.PlannedRank` builds a
+        rank's part through it, without a process group)."""
+        self.part, self.num_nodes = part, int(data.num_nodes)
         plan = HaloPlan.build(data.edge_index, self.part, self.rank, self.world_size)
         self._owned_cpu = plan.owned
         self.executor = executor
@@ -129,8 +136,7 @@ class GraphParallel:
         where = (torch.device("cpu") if getattr(executor, "host_resident", False)
                  else self.device)
         self.data_device = where
-        self.comm_device = self.device if dist.get_backend(group) == "nccl" else (
-            torch.device("cpu"))
+        self.comm_device = comm_device or torch.device("cpu")
         self.plan = plan.to(where)
         self.x = data.x[plan.owned].to(where)
         ew, ea = data.get("edge_weight", None), data.get("edge_attr", None)
@@ -211,9 +217,16 @@ class GraphParallel:
                                  f"{type(out).__name__}, expected a tensor")
             return out[: self.plan.num_owned]
 
+        # A reversible GSR stack's CSR kernels compute its SAGE and GAT group
+        # functions without calling the convs, i.e. past these hooks, on the
+        # owned rows alone: its PyG path (exact to rounding) runs instead.
+        stacks = [(m, m.kernels) for m in model.modules()
+                  if isinstance(getattr(m, "kernels", None), bool)]
         handles = []
         self._hooked_model = model
         try:
+            for m, _ in stacks:
+                m.kernels = False
             for c in convs:
                 handles.append(c.register_forward_pre_hook(pre, with_kwargs=True))
                 handles.append(c.register_forward_hook(post))
@@ -224,6 +237,8 @@ class GraphParallel:
             yield
         finally:
             self._hooked_model = None
+            for m, on in stacks:
+                m.kernels = on
             for h in handles:
                 h.remove()
             for c in convs:
@@ -270,6 +285,17 @@ class GraphParallel:
             return out.sum() * 0.0, n_global
         return loss_fn(out, local) * (n_local / n_global), n_global
 
+    def local_backward(self, model: torch.nn.Module, data: Data, loss_fn: LossFn
+                       ) -> Tensor:
+        """Forward, this rank's share of the loss and its backward (collective:
+        halo exchanges); the gradients are not summed yet."""
+        # An executor runs the layers itself: the conv hooks must stay off.
+        with self.hooked(model) if self.executor is None else nullcontext():
+            out = self.forward(model)
+            loss, _ = self.local_loss(out, data, loss_fn)
+            loss.backward()
+        return loss
+
     def train_step(self, model: torch.nn.Module, data: Data, loss_fn: LossFn
                    ) -> tuple[float, int]:
         """Forward, global-mean loss, backward and gradient sum (collective).
@@ -278,11 +304,7 @@ class GraphParallel:
             The global loss (identical on every rank) and the bytes of the
             gradient all-reduce.
         """
-        # An executor runs the layers itself: the conv hooks must stay off.
-        with self.hooked(model) if self.executor is None else nullcontext():
-            out = self.forward(model)
-            loss, _ = self.local_loss(out, data, loss_fn)
-            loss.backward()
+        loss = self.local_backward(model, data, loss_fn)
         nbytes = all_reduce_gradients(model.parameters(), self.group)
         value = loss.detach().reshape(1).to(self.comm_device, copy=True)
         all_reduce_sum(value, self.group)

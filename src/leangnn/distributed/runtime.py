@@ -28,6 +28,8 @@ __all__ = [
     "current_context",
     "all_reduce_gradients",
     "all_reduce_sum",
+    "flat_gradients",
+    "unflatten_gradients",
     "broadcast_parameters",
     "group_rank",
     "group_size",
@@ -183,28 +185,41 @@ def all_reduce_gradients(params: Iterable[torch.nn.Parameter], group=None,
     for p in params:
         by_dtype.setdefault((p.dtype, p.device), []).append(p)
     nbytes = 0
-    for (dtype, device), ps in by_dtype.items():
-        # The trailing flags count the ranks holding a gradient per parameter.
-        flat = torch.cat([
-            (p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
-            for p in ps] + [torch.tensor([float(p.grad is not None) for p in ps],
-                                         dtype=dtype, device=device)])
+    for ps in by_dtype.values():
+        flat = flat_gradients(ps)
         all_reduce_sum(flat, group)
         nbytes += flat.numel() * flat.element_size()
         if scale is not None:
             flat[: flat.numel() - len(ps)] *= scale
-        flags = flat[flat.numel() - len(ps):].tolist()
-        offset = 0
-        for p, flag in zip(ps, flags):
-            n = p.numel()
-            if flag > 0:
-                g = flat[offset: offset + n].view_as(p)
-                if p.grad is None:
-                    p.grad = g.clone()
-                else:
-                    p.grad.copy_(g)
-            offset += n
+        unflatten_gradients(flat, ps, flat[flat.numel() - len(ps):].tolist())
     return nbytes
+
+
+def flat_gradients(params: list[torch.nn.Parameter]) -> Tensor:
+    """One buffer of the gradients of ``params`` (one dtype and device; zeros
+    for a missing one), then one flag per parameter: 1 where it has one."""
+    p0 = params[0]
+    # The trailing flags count the ranks holding a gradient per parameter.
+    return torch.cat([
+        (p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
+        for p in params] + [torch.tensor([float(p.grad is not None) for p in params],
+                                         dtype=p0.dtype, device=p0.device)])
+
+
+def unflatten_gradients(flat: Tensor, params: list[torch.nn.Parameter],
+                        flags: list[float]) -> None:
+    """Gradients of ``params`` from ``flat`` (:func:`flat_gradients`' layout)
+    where their summed flag is positive; ``None`` stays where no rank had one."""
+    offset = 0
+    for p, flag in zip(params, flags):
+        n = p.numel()
+        if flag > 0:
+            g = flat[offset: offset + n].view_as(p)
+            if p.grad is None:
+                p.grad = g.clone()
+            else:
+                p.grad.copy_(g)
+        offset += n
 
 
 @torch.no_grad()
