@@ -139,15 +139,14 @@ def _train(args) -> int:
     from .plan.fits import check_fits
 
     if args.nproc is not None:
-        if args.strategy == AUTO:
-            raise ValueError("--nproc: the planner does not plan multi-process "
-                             "runs; pass --strategy distributed, or drop --nproc")
         if args.nproc < 1:
             raise ValueError(f"--nproc: expected a positive number of processes, "
                              f"got {args.nproc}")
         from .distributed.launch import die_with_launcher, relaunch_cli
 
         if "RANK" not in os.environ:  # the launcher itself, not one of its ranks
+            if args.strategy == AUTO:
+                return _planned_ranks(args)
             return relaunch_cli(args.argv, args.nproc)
         die_with_launcher()
 
@@ -161,6 +160,10 @@ def _train(args) -> int:
             raise ValueError(f"--memory-budget: only with --strategy auto (the "
                              f"planner's budget), got {args.memory_budget!r}; "
                              "offload's own budget is --device-budget")
+    extra = {}
+    if os.environ.get(PLAN_FILE_ENV) and "RANK" in os.environ:
+        # a rank of `--strategy auto --nproc P`: the launcher planned the job
+        extra["plan"] = json.loads(Path(os.environ[PLAN_FILE_ENV]).read_text())
     if args.resume:
         cfg = _resumed_config(args, given)
     else:
@@ -171,7 +174,7 @@ def _train(args) -> int:
             _check_out(cfg.out, args.force)
     # Everything that can fail without loading data fails here, in seconds.
     check_datasets(cfg)
-    splits, extra = None, {}
+    splits = None
     if cfg.strategy == AUTO:
         cfg, splits, extra = _planned(cfg, args, _pinned(given))
     else:
@@ -189,6 +192,45 @@ def _train(args) -> int:
     return 0
 
 
+#: the file in which ``train --strategy auto --nproc P`` hands its plan to the
+#: ranks (their ``summary.json`` records it)
+PLAN_FILE_ENV = "LEANGNN_PLAN_FILE"
+
+
+def _planned_ranks(args) -> int:
+    """``train --strategy auto --nproc P``: plan the job here (the
+    distributed rows, each rank's need), print the table, then launch the
+    ranks with the pick; nothing launches when nothing fits."""
+    import gc
+    import tempfile
+
+    from .distributed.launch import relaunch_cli
+    from .profile import release_free_heap
+
+    given = _given(args)
+    if args.resume:
+        raise ValueError("--resume with --strategy auto --nproc: resume the run "
+                         "with the strategy it was planned to (see its config.json: "
+                         "--strategy distributed --dist-mode ...)")
+    if args.memory_budget is not None:
+        _budget(args.memory_budget)
+    cfg = TrainConfig(**given)
+    _check_out(cfg.out, args.force)
+    from .data import check_datasets
+
+    check_datasets(cfg)
+    cfg, splits, extra = _planned(cfg, args, _pinned(given), nproc=args.nproc)
+    mode = cfg.dist_mode
+    del splits  # the ranks load their own graphs; this process only waits
+    gc.collect()
+    release_free_heap()
+    with tempfile.TemporaryDirectory(prefix="leangnn-plan-") as tmp:
+        path = Path(tmp) / "plan.json"
+        path.write_text(json.dumps(extra["plan"]))
+        return relaunch_cli(args.argv, args.nproc, planned=["--dist-mode", mode],
+                            env={PLAN_FILE_ENV: str(path)})
+
+
 def _budget(value) -> int:
     """``--memory-budget`` read, or a one-line error naming it and the value."""
     from .utils import parse_bytes
@@ -204,9 +246,10 @@ def _budget_note(cfg, budget) -> None:
               f"of {cfg.device} now, {format_bytes(budget)}", file=sys.stderr)
 
 
-def _planned(cfg, args, pinned: dict):
-    """Plan ``cfg`` (strategy ``auto``), print the table (stderr) and return
-    the pick's configuration, the loaded graphs and the summary's plan."""
+def _planned(cfg, args, pinned: dict, nproc: int | None = None):
+    """Plan ``cfg`` (strategy ``auto``; a job of ``nproc`` processes), print
+    the table (stderr) and return the pick's configuration, the loaded graphs
+    and the summary's plan."""
     import torch
 
     from .data import load_graphs
@@ -221,7 +264,7 @@ def _planned(cfg, args, pinned: dict):
     from .utils import get_rng_state, set_rng_state
 
     budget = resolve_budget(cfg.memory_budget, torch.device(cfg.device))
-    plan_candidates(cfg, budget, None, None, pinned)  # before loading
+    plan_candidates(cfg, budget, None, None, pinned, nproc)  # before loading
     _budget_note(cfg, budget)
     if args.model is None and not str(cfg.dataset or "") \
             .startswith("csbm:"):
@@ -233,7 +276,8 @@ def _planned(cfg, args, pinned: dict):
     rng = get_rng_state()  # planning must not shift the run's seeded streams
     try:
         # lazy: only the rows the pick needs (12 s -> 0.7 s on the default run)
-        table = plan_config(cfg, splits, budget, lazy=True, pinned=pinned)
+        table = plan_config(cfg, splits, budget, lazy=True, pinned=pinned,
+                            nproc=nproc)
     finally:
         set_rng_state(rng)
     if not args.quiet:
@@ -264,6 +308,11 @@ def _plan_line(summary: dict) -> str:
 
     p = summary["plan"]
     mem, t = summary["memory"]["peak_bytes"], summary["time"]["epoch_seconds_median"]
+    ranks = (summary.get("distributed") or {}).get("records_per_rank")
+    if p.get("ranks") and ranks:
+        # the estimate is the largest rank's: so is the measurement
+        mem = max((r.get("run_peak_bytes", 0) for rec in ranks for r in rec),
+                  default=mem)
     est_t = p.get("estimated_epoch_seconds")
 
     def sec(v):
@@ -301,12 +350,12 @@ def _plan(args) -> int:
     noted = budget is None
     if noted:
         budget = resolve_budget(None, torch.device(cfg.device))
-    plan_candidates(cfg, budget, None, strategies, pinned)  # before loading
+    plan_candidates(cfg, budget, None, strategies, pinned, args.nproc)  # before loading
     if noted:
         _budget_note(cfg, budget)
     splits = load_graphs(cfg, progress=not (args.quiet or args.json))
-    table = plan_config(cfg, splits, budget,
-                        strategies=strategies, pinned=pinned)
+    table = plan_config(cfg, splits, budget, strategies=strategies, pinned=pinned,
+                        nproc=args.nproc)
     print(table.to_json() if args.json else format_table(table))
     choose(table)  # nothing fits: the one-line error, exit 2
     return 0
@@ -543,6 +592,8 @@ def build_parser() -> argparse.ArgumentParser:
     a = pl.add_argument
     _config_options(a, plan=True)
     a("--json", action="store_true", help="print the table as JSON")
+    a("--nproc", type=int, help="plan a job of this many local processes "
+      "(--strategy distributed): each rank's need, summed on a CPU")
     a("--quiet", action="store_true", help="no progress bars")
     pl.set_defaults(func=_plan)
 

@@ -15,9 +15,9 @@ from typing import Any
 import torch
 
 from leangnn.distributed.halo import HaloStats
-from leangnn.profile import peak_rss_bytes
+from leangnn.profile import peak_rss_bytes, rss_bytes
 
-__all__ = ["RankEpochRecord", "EpochMeter", "peak_memory"]
+__all__ = ["RankEpochRecord", "EpochMeter", "peak_memory", "memory_in_use"]
 
 
 def peak_memory(device: torch.device) -> tuple[int, str]:
@@ -29,6 +29,13 @@ def peak_memory(device: torch.device) -> tuple[int, str]:
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device)), "cuda_max_memory_allocated"
     return int(peak_rss_bytes()), "cpu_peak_rss_process"
+
+
+def memory_in_use(device: torch.device) -> int:
+    """This process's memory in use now (CPU resident set, CUDA allocated)."""
+    if device.type == "cuda":
+        return int(torch.cuda.memory_allocated(device))
+    return int(rss_bytes())
 
 
 @dataclass
@@ -45,6 +52,9 @@ class RankEpochRecord:
         halo_rows_per_layer (dict[int, int]): halo rows received per layer
             (forward; the input features' halo moves once, in epoch 1).
         peak_bytes (int): process peak memory at the epoch's end.
+        run_peak_bytes (int): ``peak_bytes`` above the memory in use when the
+            rank's first epoch began (the loaded state, as the Trainer's own
+            meter reports rank 0's; what the planner estimates per rank).
         peak_method (str): how ``peak_bytes`` was measured.
         epoch_seconds (float): wall time of the epoch's training steps.
     """
@@ -58,6 +68,7 @@ class RankEpochRecord:
     allreduce_payload_bytes: int = 0
     halo_rows_per_layer: dict[int, int] = field(default_factory=dict)
     peak_bytes: int = 0
+    run_peak_bytes: int = 0
     peak_method: str = ""
     epoch_seconds: float = 0.0
 
@@ -80,12 +91,15 @@ class EpochMeter:
         self.rank, self.world_size, self.device = rank, world_size, device
         self.records: list[RankEpochRecord] = []
         self._open: tuple[int, float, dict, int] | None = None
+        self.baseline: int | None = None
 
     @property
     def is_open(self) -> bool:
         return self._open is not None
 
     def start(self, epoch: int, stats: list[HaloStats], allreduce_bytes: int) -> None:
+        if self.baseline is None:
+            self.baseline = memory_in_use(self.device)
         self._open = (epoch, time.perf_counter(), self._snapshot(stats),
                       allreduce_bytes)
 
@@ -116,7 +130,8 @@ class EpochMeter:
             halo_bytes_received=now["recv"] - before["recv"],
             allreduce_payload_bytes=ar,
             halo_rows_per_layer={k: v for k, v in rows.items() if v},
-            peak_bytes=peak, peak_method=method,
+            peak_bytes=peak, run_peak_bytes=max(0, peak - (self.baseline or 0)),
+            peak_method=method,
             epoch_seconds=time.perf_counter() - t0)
         self.records.append(rec)
         return rec

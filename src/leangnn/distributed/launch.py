@@ -154,36 +154,43 @@ def launch_processes(cmd: Sequence[str], nproc: int, env: dict[str, str] | None 
         raise
 
 
-def relaunch_cli(argv: Sequence[str], nproc: int, **kwargs) -> int:
+def relaunch_cli(argv: Sequence[str], nproc: int, planned: Sequence[str] | None = None,
+                 **kwargs) -> int:
     """Run ``leangnn <argv>`` on ``nproc`` local ranks (``leangnn train --nproc P``).
 
     ``--nproc`` is removed from ``argv`` and ``--strategy distributed`` is
-    set; ranks other than 0 run with ``--quiet``.
+    set; ranks other than 0 run with ``--quiet``. With ``planned`` (the
+    planner's pick for ``--strategy auto``, e.g. ``["--dist-mode", "graph"]``)
+    ``--strategy auto`` and ``--memory-budget`` are replaced by those
+    arguments. ``kwargs`` go to :func:`launch_processes` (e.g. ``env``).
     """
+    ok = ("distributed", "auto") if planned is not None else ("distributed",)
+    drop = {"--nproc"} | ({"--memory-budget"} if planned is not None else set())
     args, i = [], 0
     argv = list(argv)
     while i < len(argv):
         a = argv[i]
-        if a == "--nproc":
+        if a in drop:
             i += 2
             continue
-        if a.startswith("--nproc="):
+        if a.split("=", 1)[0] in drop and "=" in a:
             i += 1
             continue
         if a == "--strategy" and i + 1 < len(argv):
-            if argv[i + 1] != "distributed":
+            if argv[i + 1] not in ok:
                 raise ValueError(f"--nproc runs the distributed strategy; got "
                                  f"--strategy {argv[i + 1]}")
             i += 2
             continue
         if a.startswith("--strategy="):
-            if a.split("=", 1)[1] != "distributed":
+            if a.split("=", 1)[1] not in ok:
                 raise ValueError(f"--nproc runs the distributed strategy; got {a}")
             i += 1
             continue
         args.append(a)
         i += 1
-    cmd = [sys.executable, "-m", "leangnn", *args, "--strategy", "distributed"]
+    cmd = [sys.executable, "-m", "leangnn", *args, "--strategy", "distributed",
+           *(planned or ())]
     quiet = "--quiet" in args
     return launch_processes(cmd, nproc, rank_args=lambda r: [] if quiet or r == 0
                             else ["--quiet"], **kwargs)

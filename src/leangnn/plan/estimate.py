@@ -107,6 +107,9 @@ class Estimate:
             outside torch peaks at in the first step (the DAG model's cut
             estimate: :func:`~leangnn.plan.dag.host_peak_bytes`); the run
             needs the larger of it and the step.
+        ranks (list of dict): a distributed row's every rank (part sizes,
+            ``run_bytes``, ``peak_bytes``, ``epoch_seconds``); the figures
+            above are its largest rank's (:mod:`leangnn.plan.distributed`).
     """
 
     strategy: str
@@ -128,6 +131,7 @@ class Estimate:
     later: tuple[int, int, int] | None = None
     later_run_bytes: int | None = None
     precompute_bytes: int = 0
+    ranks: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def run_bytes(self) -> int:
@@ -334,11 +338,14 @@ def _scale_work(work: dict[str, float], big: Data, graphs: list[Data]) -> dict:
 
 
 def _trace_config(cfg, data: Data, in_channels: int, out_channels: int, loss_fn,
-                  device: torch.device):
+                  device: torch.device, step: Callable | None = None):
+    """The step's trace at ``cfg``'s depth (extrapolated for deep models);
+    ``step(model, data, loss_fn)`` replaces the full-batch step (a planned
+    rank's, :mod:`leangnn.plan.distributed`)."""
     depths = depth_points(cfg.num_layers)
     try:
         return _trace_depths(cfg, data, in_channels, out_channels, loss_fn, device,
-                             depths)
+                             depths, step)
     except TooManyOpsError:
         # A shallow stack of many-op layers (GSR's GAT group functions, many
         # groups) passes the op limit at its own depth; its hidden layers
@@ -347,14 +354,16 @@ def _trace_config(cfg, data: Data, in_channels: int, out_channels: int, loss_fn,
         if cfg.model == "dag" or depths == (2, 4) or cfg.num_layers <= 4:
             raise
         return _trace_depths(cfg, data, in_channels, out_channels, loss_fn, device,
-                             (2, 4))
+                             (2, 4), step)
 
 
 def _trace_depths(cfg, data: Data, in_channels: int, out_channels: int, loss_fn,
-                  device: torch.device, depths: tuple[int, ...]):
+                  device: torch.device, depths: tuple[int, ...],
+                  step: Callable | None = None):
     traces, model_bytes = {}, {}
-    step = _adj_step if data.get("adj_t", None) is not None and \
-        data.get("edge_index", None) is None else None
+    if step is None and data.get("adj_t", None) is not None and \
+            data.get("edge_index", None) is None:
+        step = _adj_step
     sweeps, host = None, 0
     for depth in depths:
         model = _build(cfg, in_channels, out_channels, depth)

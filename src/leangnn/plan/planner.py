@@ -49,7 +49,7 @@ __all__ = ["PlanRow", "PlanTable", "plan_config", "choose", "format_table",
            "PINNABLE", "offload_budgets"]
 
 #: the strategies the planner has rows for
-PLANNED = ("full", "reversible", "offload", "prune")
+PLANNED = ("full", "reversible", "offload", "prune", "distributed")
 GROUPS = (2, 4)               #: reversible group counts tried
 CORE_RATIOS = (0.5, 0.3, 0.1)  #: DPR core ratios tried
 OFFLOAD_PARTS = (4, 8, 16)    #: offload METIS part counts tried
@@ -61,7 +61,7 @@ OFFLOAD_PARTS = (4, 8, 16)    #: offload METIS part counts tried
 CPU_DEVICE_SHARES = (1.0, 0.5, 0.25)
 #: knobs a user can pin (``--groups 4`` with ``leangnn plan`` or ``--strategy
 #: auto``): their rows use that value instead of the grid above
-PINNABLE = ("num_groups", "device_budget", "num_parts", "budget_ratio")
+PINNABLE = ("num_groups", "device_budget", "num_parts", "budget_ratio", "dist_mode")
 
 #: preference among fitting rows, then speed: exact, model change, approximate
 _CLASS = {"exact": 0, "model change": 1, "approximate": 2}
@@ -92,6 +92,7 @@ class PlanRow:
         estimate (Estimate | None): the estimate behind it.
         host_short (str): why host memory cannot hold what the row keeps
             there (offload's host store on a GPU run); empty when it can.
+        detail (str): what the need is made of (a distributed row's ranks).
     """
 
     strategy: str
@@ -105,11 +106,13 @@ class PlanRow:
     config: dict[str, Any] = field(default_factory=dict)
     estimate: Estimate | None = None
     host_short: str = ""
+    detail: str = ""
 
     @property
     def label(self) -> str:
         keys = [k for k in ("model", "num_layers", "num_groups", "budget_ratio",
-                            "device_budget", "num_parts") if k in self.knobs]
+                            "device_budget", "num_parts", "nproc", "dist_mode")
+                if k in self.knobs]
         return f"{self.strategy}(" + ", ".join(
             f"{k}={_knob(k, self.knobs[k])}" for k in keys) + ")"
 
@@ -259,7 +262,7 @@ def format_table(table: PlanTable) -> str:
                      "n/a" if r.need_bytes is None else format_bytes(r.need_bytes),
                      "?" if r.need_bytes is None else "yes" if r.fits else "no",
                      "n/a" if r.epoch_seconds is None else f"{r.epoch_seconds:.3g} s",
-                     r.why])
+                     f"{r.why} ({r.detail})" if r.detail else r.why])
     widths = [max([len(h)] + [len(x[i]) for x in rows]) for i, h in enumerate(head)]
     lines = ["  ".join(h.ljust(w) for h, w in zip(head, widths)).rstrip()]
     lines += ["  ".join(c.ljust(w) for c, w in zip(x, widths)).rstrip() for x in rows]
@@ -299,6 +302,9 @@ def plan_summary(table: PlanTable) -> dict[str, Any]:
                        est.run_bytes, est.later_run_bytes or 0),
                    estimated_epoch_seconds=pick.epoch_seconds,
                    method=None if est is None else est.method)
+        if est is not None and est.ranks:
+            # per rank: ``run_bytes`` is what its ``run_peak_bytes`` measures
+            out["ranks"] = [dict(r) for r in est.ranks]
     out["rows"] = [{"label": r.label, "kind": r.kind, "need_bytes": r.need_bytes,
                     "fits": r.fits, "epoch_seconds": r.epoch_seconds, "why": r.why}
                    for r in table.rows]
@@ -323,8 +329,19 @@ def estimate_row(strategy: str, est: Estimate, cal: Calibration, kind: str,
     """The row of ``est`` for a run of ``epochs`` epochs (``None``: unknown,
     planned as long): a run longer than the calibration's peaks higher
     (:meth:`~leangnn.plan.calibration.Calibration.long_run_scale`)."""
-    need = math.ceil(est.peak_bytes * cal.budget_scale * cal.long_run_scale(
-        long_run_families(est.strategy, est.knobs), epochs))
+    scale = cal.budget_scale * cal.long_run_scale(
+        long_run_families(est.strategy, est.knobs), epochs)
+    need = math.ceil(est.peak_bytes * scale)
+    detail = ""
+    if est.ranks:
+        from leangnn.plan.distributed import need_of
+
+        # every local rank is a process of its own, each with this need
+        need = need_of(est, scale, est.device)
+        per = max(math.ceil(r["peak_bytes"] * scale) for r in est.ranks)
+        detail = (f"{len(est.ranks)} ranks, each <= {format_bytes(per)}"
+                  + (" on one host" if torch.device(est.device).type == "cpu"
+                     else " per device"))
     short = ""
     if est.method == "analytic":
         # a lower bound only (measured ~8x under for the dag model): a pick
@@ -338,7 +355,8 @@ def estimate_row(strategy: str, est: Estimate, cal: Calibration, kind: str,
             short = (f"host store needs {format_bytes(est.host_bytes)} > "
                      f"{format_bytes(host)} free host memory")
     return PlanRow(strategy, dict(est.knobs), kind, need, False, est.epoch_seconds,
-                   est.note, config=config, estimate=est, host_short=short)
+                   est.note, config=config, estimate=est, host_short=short,
+                   detail=detail)
 
 
 def unavailable_row(strategy: str, knobs: dict, why: str,
@@ -357,10 +375,14 @@ def offload_budgets(budget_bytes: int, device: torch.device | str | None = None
 
 
 def candidates(cfg, budget_bytes: int, device: torch.device | str | None = None,
-               pinned: dict | None = None) -> list[tuple[str, dict, str]]:
+               pinned: dict | None = None, nproc: int | None = None
+               ) -> list[tuple[str, dict, str]]:
     """``(strategy, config fields, kind)`` of every row tried for ``cfg`` on
     ``device`` (default ``cfg.device``); the knobs in ``pinned``
-    (:data:`PINNABLE`, e.g. ``{"num_groups": 4}``) take that value alone."""
+    (:data:`PINNABLE`, e.g. ``{"num_groups": 4}``) take that value alone.
+    With ``nproc`` above 1, the rows of a job of that many processes: the
+    ``distributed`` strategy in each of its modes
+    (:mod:`leangnn.plan.distributed`)."""
     from leangnn.nn.models import get_model
 
     pinned = dict(pinned or {})
@@ -378,6 +400,17 @@ def candidates(cfg, budget_bytes: int, device: torch.device | str | None = None,
     dev_budgets = ([parse_bytes(pinned["device_budget"], "--device-budget")]
                    if "device_budget" in pinned
                    else offload_budgets(budget_bytes, device or cfg.device))
+    if nproc is not None and (not isinstance(nproc, int) or nproc < 1):
+        raise ValueError(f"--nproc: expected a positive number of processes, got "
+                         f"{nproc!r}")
+    if nproc is not None and nproc > 1:
+        from leangnn.plan.distributed import PLANNED_MODES
+
+        fixed = {k: v for k, v in pinned.items() if k == "num_groups"}
+        mode = pinned.get("dist_mode", "auto")
+        return [("distributed", {"strategy": "distributed", "model": cfg.model,
+                                 "dist_mode": m, **fixed}, "exact")
+                for m in (PLANNED_MODES if mode == "auto" else (mode,))]
     entry = get_model(cfg.model)
     out: list[tuple[str, dict, str]] = []
     if entry.reversible:
@@ -410,13 +443,15 @@ def candidates(cfg, budget_bytes: int, device: torch.device | str | None = None,
 
 def plan_candidates(cfg, budget_bytes: int, device=None,
                     strategies: tuple[str, ...] | None = None,
-                    pinned: dict | None = None) -> list[tuple[str, dict, str]]:
+                    pinned: dict | None = None, nproc: int | None = None
+                    ) -> list[tuple[str, dict, str]]:
     """:func:`candidates` of ``strategies`` alone; a ``ValueError`` naming
     the strategy and the model when none is left (before any graph loads)."""
-    todo = [c for c in candidates(cfg, budget_bytes, device, pinned)
+    todo = [c for c in candidates(cfg, budget_bytes, device, pinned, nproc)
             if strategies is None or c[0] in strategies]
     if not todo:
-        rows = sorted({c[0] for c in candidates(cfg, budget_bytes, device)})
+        rows = sorted({c[0] for c in candidates(cfg, budget_bytes, device,
+                                                nproc=nproc)})
         raise ValueError(f"--strategy {','.join(strategies or ())}: no "
                          f"configuration of model {cfg.model!r} to plan with it "
                          f"(the planner's rows for {cfg.model!r}: {rows})")
@@ -426,7 +461,8 @@ def plan_candidates(cfg, budget_bytes: int, device=None,
 def plan_config(cfg, splits, memory_budget=None, device=None,
                 calibration: Calibration | None = None,
                 strategies: tuple[str, ...] | None = None,
-                lazy: bool = False, pinned: dict | None = None) -> PlanTable:
+                lazy: bool = False, pinned: dict | None = None,
+                nproc: int | None = None) -> PlanTable:
     """Plan ``cfg``'s model (its ``model``, ``num_layers``, ``hidden_channels``
     and options; its ``strategy`` is ignored) on ``splits``' training graphs.
 
@@ -446,6 +482,10 @@ def plan_config(cfg, splits, memory_budget=None, device=None,
         pinned (dict, optional): knobs the user fixed (:data:`PINNABLE`:
             ``--groups``, ``--device-budget``, ``--parts``, ``--budget-ratio``),
             tried at that value alone. (default: ``None``, the whole grid)
+        nproc (int, optional): plan a job of this many local processes: the
+            ``distributed`` rows, each rank's need estimated (summed on a
+            CPU, whose memory the ranks share). (default: ``None``, one
+            process)
 
     Returns:
         PlanTable: rows marked, the pick ``chosen`` (none when nothing fits;
@@ -455,12 +495,12 @@ def plan_config(cfg, splits, memory_budget=None, device=None,
     dev = torch.device(device or cfg.device)
     budget = resolve_budget(memory_budget, dev)
     cal = calibration or load_calibration(dev)
-    todo = plan_candidates(cfg, budget, dev, strategies, pinned)
+    todo = plan_candidates(cfg, budget, dev, strategies, pinned, nproc)
     try:
         # the rows share the graph's hash and adjacency, and offer what they
         # build for training to the pick
         with plan_scope():
-            rows = _estimate_rows(cfg, todo, budget, dev, splits, cal, lazy)
+            rows = _estimate_rows(cfg, todo, budget, dev, splits, cal, lazy, nproc)
     except BaseException:
         forget()  # nothing of a failed plan is kept
         raise
@@ -482,7 +522,8 @@ def plan_config(cfg, splits, memory_budget=None, device=None,
 
 
 def _estimate_rows(cfg, todo: list, budget: int, dev: torch.device, splits,
-                   cal: Calibration, lazy: bool) -> list[PlanRow | None]:
+                   cal: Calibration, lazy: bool, nproc: int | None = None
+                   ) -> list[PlanRow | None]:
     """The rows of ``todo`` (:func:`candidates`), lazily or all."""
     rows: list[PlanRow | None] = [None] * len(todo)
     done = False
@@ -499,7 +540,7 @@ def _estimate_rows(cfg, todo: list, budget: int, dev: torch.device, splits,
                 rows[i] = unavailable_row(strategy, knobs, "not estimated: a "
                                           "preferred row fits (planned lazily)", kind)
                 continue
-            rows[i] = _row(cfg, strategy, fields, kind, dev, splits, cal)
+            rows[i] = _row(cfg, strategy, fields, kind, dev, splits, cal, nproc)
             r = rows[i]
             fits = r.need_bytes is not None and r.need_bytes <= budget and \
                 not r.host_short
@@ -519,15 +560,23 @@ def _estimate_rows(cfg, todo: list, budget: int, dev: torch.device, splits,
 
 
 def _row(cfg, strategy: str, fields: dict, kind: str, dev: torch.device, splits,
-         cal: Calibration) -> PlanRow:
+         cal: Calibration, nproc: int | None = None) -> PlanRow:
     try:
         c = replace(cfg, **fields, device=str(dev))
     except ValueError as e:
         return unavailable_row(strategy, fields, str(e), kind)
     try:
-        est = estimate_config(c, splits, dev, cal)
+        if strategy == "distributed":
+            from leangnn.plan.distributed import estimate_distributed
+
+            est = estimate_distributed(c, splits, nproc, fields["dist_mode"], dev,
+                                       cal)
+        else:
+            est = estimate_config(c, splits, dev, cal)
     except (ValueError, RuntimeError) as e:  # e.g. budget below one job
         knobs = {k: v for k, v in fields.items() if k != "strategy"}
+        if strategy == "distributed":
+            knobs["nproc"] = nproc
         return unavailable_row(strategy, knobs,
                                f"not possible: {str(e).splitlines()[0]}", kind)
     return estimate_row(strategy, est, cal, kind, fields, cfg.epochs)

@@ -1,0 +1,296 @@
+"""Per-rank estimates of the ``distributed`` strategy, without a process group.
+
+The planner's row for ``--nproc P`` (:class:`~leangnn.distributed.strategy.
+DistributedStrategy`): what each rank will need, before any process starts.
+As DistDGL's and BNS-GCN's memory analyses do per partition, but by the same
+dry run as every other row (:mod:`leangnn.plan.dryrun`):
+
+* ``graph`` mode: the largest training graph is partitioned as the strategy
+  partitions it (METIS, its seed; the on-disk partition cache then serves the
+  run), and for every rank a :class:`PlannedRank`, the real
+  :class:`~leangnn.distributed.graph_parallel.GraphParallel` of that part with
+  the halo exchange and the gradient sum replaced by ops that allocate what
+  theirs do (the rows received and sent, their gradients, the flat gradient
+  buffer) and move nothing, runs the Trainer's step under the dry run. The
+  rank's part (its features, local edges, exchange lists) joins the step:
+  the run builds it inside its first step. Each rank gets its own estimate;
+  the largest is the row's.
+* ``data`` mode: every rank runs whole graphs of each batch, one after the
+  other, so any rank may get the largest graph: each rank needs the ``full``
+  row's step plus the flat gradient buffer of the sum, and its epoch is the
+  busiest rank's share of every batch.
+
+Every rank loads every graph (the strategy partitions them itself), so each
+needs the loaded graphs as a ``full`` run does. Halo and all-reduce traffic
+take time the calibration has not measured: epoch times are the ranks'
+compute alone (said in the row's note).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import replace
+
+import torch
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+from torch_geometric.data import Data
+
+from leangnn.distributed.graph_parallel import GraphParallel, _part_vector
+from leangnn.distributed.halo import HaloPlan
+from leangnn.distributed.runtime import flat_gradients, unflatten_gradients
+from leangnn.plan.estimate import (
+    Estimate,
+    _finish,
+    _knobs,
+    _resident_graph_bytes,
+    _scale_work,
+    _trace_config,
+    _with_history,
+    default_loss,
+    estimate_config,
+    largest_graph,
+)
+from leangnn.plan.fake import default_heap_threshold, tensor_bytes
+
+__all__ = ["PlannedRank", "planned_all_reduce", "rank_partition",
+           "estimate_distributed", "batch_share", "need_of", "PLANNED_MODES"]
+
+#: the distributed modes the planner has rows for
+PLANNED_MODES = ("graph", "data")
+
+
+class _PlannedExchange(torch.autograd.Function):
+    """The halo exchange's allocations without its communication: the rows
+    sent and the rows received forward; the gradients received and the
+    owned rows' gradient backward (:func:`~leangnn.distributed.halo.
+    halo_exchange`)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, plan: HaloPlan) -> Tensor:
+        ctx.plan = plan
+        send = x.index_select(0, plan.send_index)
+        out = send.new_empty((plan.num_halo, *x.shape[1:]))
+        del send
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: Tensor):
+        plan = ctx.plan
+        back = grad.new_empty((plan.send_index.numel(), *grad.shape[1:]))
+        gx = grad.new_zeros((plan.num_owned, *grad.shape[1:]))
+        gx.index_add_(0, plan.send_index, back)
+        return gx, None
+
+
+def planned_all_reduce(params) -> None:
+    """The gradient sum's allocations (one flat buffer per dtype, the
+    gradients copied back) without communication; every parameter is taken
+    to have a gradient on some rank."""
+    by_dtype: dict[tuple, list] = {}
+    for p in params:
+        if p.requires_grad:
+            by_dtype.setdefault((p.dtype, p.device), []).append(p)
+    for ps in by_dtype.values():
+        flat = flat_gradients(ps)
+        unflatten_gradients(flat, ps, [1.0] * len(ps))
+        del flat
+
+
+class PlannedRank(GraphParallel):
+    """One rank of :class:`~leangnn.distributed.graph_parallel.GraphParallel`
+    for the planner: the same part, hooks and loss, no process group.
+
+    Args:
+        data (Data): the global graph.
+        part (Tensor): ``[N]`` part (= rank) of every node.
+        rank (int): this rank.
+        world_size (int): the ranks ``P``.
+        device (torch.device or str, optional): the rank's device; the part is
+            built on the host and, for another device, copied there inside
+            each traced step (as the run builds it in its first step).
+            (default: ``"cpu"``)
+    """
+
+    def __init__(self, data: Data, part: Tensor, rank: int, world_size: int,
+                 device: torch.device | str = "cpu"):
+        self.group = None
+        self.rank, self.world_size = int(rank), int(world_size)
+        self.device = torch.device("cpu")
+        self._attach(data, _part_vector(part, int(data.num_nodes), world_size),
+                     None, None)
+        self._host = (self.x, self.plan, self.edge_weight, self.edge_attr)
+        self.device = torch.device(device)
+
+    def exchange(self, h: Tensor, layer: int | None = None) -> Tensor:
+        return _PlannedExchange.apply(h, self.plan)
+
+    def part_tensors(self) -> list[Tensor]:
+        """The part's tensors a rank keeps (features, local edges, lists)."""
+        x, plan, ew, ea = self._host
+        out = [x, plan.owned, plan.halo, plan.send_index, plan.edge_index,
+               plan.edge_ids, self._owned_cpu, self.part]
+        return [t for t in [*out, ew, ea] if t is not None]
+
+    def train_step(self, model: torch.nn.Module, data: Data, loss_fn) -> Tensor:
+        """The rank's first training step: a fresh part on the device (the
+        input halo and GCN's weights cached in it), forward, its share of the
+        loss, backward and the gradient sum."""
+        x, plan, ew, ea = self._host
+        if self.device.type != "cpu":
+            x, plan = x.to(self.device), plan.to(self.device)
+            ew = None if ew is None else ew.to(self.device)
+            ea = None if ea is None else ea.to(self.device)
+        self.x, self.plan, self.edge_weight, self.edge_attr = x, plan, ew, ea
+        self._gcn, self._static_halo = {}, None
+        loss = self.local_backward(model, data, loss_fn)
+        planned_all_reduce(model.parameters())
+        return loss
+
+
+def rank_partition(data: Data, nproc: int, seed: int = 0,
+                   method: str = "auto") -> Tensor:
+    """``[N]`` part per node, as :class:`~leangnn.distributed.graph_parallel.
+    GraphParallel` partitions ``data`` over ``nproc`` ranks."""
+    from leangnn.graphs.partition import partition_graph
+
+    n = int(data.num_nodes)
+    if n < nproc:
+        raise ValueError(f"graph parallel: {n} nodes cannot be split over "
+                         f"{nproc} ranks")
+    return partition_graph(data.edge_index.cpu(), n, nproc, method=method,
+                           seed=seed).part
+
+
+def batch_share(sizes: list[int], nproc: int, batch_size: int | None = None,
+                seed: int = 0) -> float:
+    """The busiest rank's share of an epoch's work in data mode: the graphs
+    (of work ~ ``sizes``) in the Trainer's seeded order, cut into batches of
+    ``batch_size`` (default ``nproc``) dealt round robin; each step waits for
+    its busiest rank."""
+    from leangnn.distributed.data_parallel import epoch_batches
+
+    total = sum(sizes)
+    if not total:
+        return 1.0
+    order = torch.randperm(len(sizes), generator=torch.Generator().manual_seed(
+        seed * 100003)).tolist()
+    busiest = sum(max(sum(sizes[i] for i in batch[r::nproc]) for r in range(nproc))
+                  for batch in epoch_batches(order, batch_size or nproc))
+    return busiest / total
+
+
+def _split_bytes(tensors: list[Tensor], device: torch.device) -> tuple[int, int]:
+    """(bytes in blocks of their own pages, bytes on the C heap) of ``tensors``
+    (:func:`~leangnn.plan.fake.default_heap_threshold`)."""
+    threshold = default_heap_threshold(device)
+    sizes = [tensor_bytes(t) for t in tensors]
+    heap = sum(b for b in sizes if b < threshold)
+    return sum(sizes) - heap, heap
+
+
+def _graph_rank(cfg, splits, big: Data, runner: PlannedRank, loss_fn: Callable,
+                device: torch.device, calibration) -> Estimate:
+    c, extrapolated = _trace_config(cfg, big, splits.in_channels,
+                                    splits.out_channels, loss_fn, device,
+                                    step=runner.train_step)
+    own = runner.part_tensors()
+    part_b = sum(tensor_bytes(t) for t in own) if device.type == "cpu" else 0
+    big_b, heap_b = _split_bytes(own, device) if part_b else (0, 0)
+
+    def with_part(fig: tuple[int, int, int]) -> tuple[int, int, int]:
+        return fig[0] + part_b, fig[1] + big_b, fig[2] + heap_b
+
+    first = with_part(_with_history(c, cfg, splits, [], False, loss_fn, device, {}))
+    knobs = {**_knobs(cfg), "nproc": runner.world_size, "dist_mode": "graph"}
+    est = Estimate("distributed", knobs, str(device), first[0], c["model_bytes"],
+                   _resident_graph_bytes(big, device),
+                   method="fake+extrapolated" if extrapolated else "fake",
+                   work=_scale_work(c["work"], big, splits.train),
+                   phases=c["phases"], big_bytes=first[1], heap_bytes=first[2])
+    if cfg.epochs > 1:
+        est.later = with_part(_with_history(c, cfg, splits, [], True, loss_fn,
+                                            device, {}, best_state=True))
+    return _finish(est, calibration, 0.0)
+
+
+def estimate_distributed(cfg, splits, nproc: int, mode: str = "graph",
+                         device: torch.device | str | None = None,
+                         calibration=None, loss_fn: Callable | None = None
+                         ) -> Estimate:
+    """Estimate ``cfg`` trained by ``--strategy distributed`` on ``nproc``
+    ranks in ``mode`` (``graph`` or ``data``).
+
+    Returns:
+        Estimate: the rank that needs the most (its ``ranks`` lists every
+        rank: part sizes, run bytes, need, epoch seconds).
+    """
+    import time
+
+    t0 = time.perf_counter()
+    if mode not in PLANNED_MODES:
+        raise ValueError(f"mode must be one of {PLANNED_MODES}, got {mode!r}")
+    if not isinstance(nproc, int) or nproc < 2:
+        raise ValueError(f"nproc: expected at least 2 ranks, got {nproc!r}")
+    dev = torch.device(device or cfg.device)
+    big = largest_graph(splits.train)
+    loss_fn = loss_fn or default_loss(big)
+    if mode == "data":
+        est = _data_mode(cfg, splits, nproc, dev, calibration, loss_fn)
+    else:
+        part = rank_partition(big, nproc, cfg.seed)
+        ranks = []
+        for rank in range(nproc):
+            runner = PlannedRank(big, part, rank, nproc, dev)
+            r = _graph_rank(cfg, splits, big, runner, loss_fn, dev, calibration)
+            r.ranks = [{"rank": rank, "owned": runner.plan.num_owned,
+                        "halo": runner.plan.num_halo,
+                        "local_edges": int(runner.plan.edge_ids.numel()),
+                        "run_bytes": max(r.run_bytes, r.later_run_bytes or 0),
+                        "peak_bytes": r.peak_bytes,
+                        "epoch_seconds": r.epoch_seconds}]
+            ranks.append(r)
+        est = max(ranks, key=lambda r: r.peak_bytes)
+        est.ranks = [r.ranks[0] for r in ranks]
+        times = [r.epoch_seconds for r in ranks if r.epoch_seconds is not None]
+        est.epoch_seconds = max(times) if times else None
+    comm = "halo exchange and gradient sum" if mode == "graph" else "gradient sum"
+    est.note = "; ".join(x for x in (f"epoch: ranks' compute, {comm} not timed",
+                                     est.note) if x)
+    est.estimate_seconds = time.perf_counter() - t0
+    return est
+
+
+def _data_mode(cfg, splits, nproc: int, device: torch.device, calibration,
+               loss_fn: Callable) -> Estimate:
+    est = estimate_config(replace(cfg, strategy="full"), splits, device, None,
+                          loss_fn)
+    # the sum's flat buffer lives beside the gradients after the backward
+    # (and, after the first epoch, beside Adam's moments and the best state)
+    flat = est.model_bytes
+    grads = est.model_bytes
+    est.step_bytes = max(est.step_bytes, grads + flat)
+    if est.later is not None:
+        step, big_b, heap_b = est.later
+        est.later = (max(step, 4 * grads + flat), big_b, heap_b)
+    share = batch_share([int(g.num_nodes) + int(g.num_edges) for g in splits.train],
+                        nproc, getattr(cfg, "dist_batch_size", None), cfg.seed)
+    est.work = {k: (v * share if k in ("ops", "written", "flops") else v)
+                for k, v in est.work.items()}
+    est.strategy = "distributed"
+    est.knobs = {**est.knobs, "nproc": nproc, "dist_mode": "data"}
+    _finish(est, calibration, 0.0)
+    est.ranks = [{"rank": r, "run_bytes": max(est.run_bytes, est.later_run_bytes or 0),
+                  "peak_bytes": est.peak_bytes, "epoch_seconds": est.epoch_seconds}
+                 for r in range(nproc)]
+    return est
+
+
+def need_of(est: Estimate, scale: float, device: torch.device | str) -> int:
+    """A distributed row's need: every rank's (``scale`` times its peak)
+    summed on a CPU, where the local ranks share the host's memory, and the
+    largest on CUDA (one device per rank)."""
+    needs = [math.ceil(r["peak_bytes"] * scale) for r in est.ranks]
+    return sum(needs) if torch.device(device).type == "cpu" else max(needs)
