@@ -467,9 +467,11 @@ PLAN_BAD = [
      "device_budget: strategy 'auto' sets it from memory_budget"),
     ([*_P, "--layers", "0"], "num_layers: expected a positive integer, got 0"),
     ([*_P, "--strategy", "auto"], "argument --strategy: invalid choice: 'auto'"),
-    ([*_P, "--strategy", "distributed"], "argument --strategy: invalid choice"),
-    ([*_T, "--strategy", "auto", "--nproc", "2"],
-     "--nproc: the planner does not plan multi-process runs"),
+    ([*_P, "--strategy", "distributed"],
+     "--strategy distributed: plan it with --nproc P (the job's processes)"),
+    ([*_T, "--strategy", "auto", "--nproc", "2", "--resume", "--out", "{run}"],
+     "--resume with --strategy auto --nproc: resume the run with the strategy"),
+    ([*_P, "--nproc", "0"], "--nproc: expected a positive number of processes, got 0"),
     ([*_T, "--resume", "--out", "{run}", "--strategy", "auto"],
      "was not planned (strategy 'full'); drop --strategy auto"),
     ([*_P, "--model", "gsr", "--hidden", "32", "--groups", "3"],
@@ -633,6 +635,43 @@ def test_auto_plans_and_trains_the_dag_model(tmp_path, capsys):
     s = json.loads((run / "summary.json").read_text())
     assert (s["strategy"], s["model"]) == ("full", "dag")
     assert s["plan"]["estimated_peak_bytes"] > 0
+
+
+def test_auto_plans_a_job_of_several_processes(tmp_path, capfd):
+    """`--nproc 2` with --strategy auto: the launcher plans the distributed
+    rows (each rank's part traced), trains the pick on two ranks and their
+    summary records each rank's estimate beside its measured peak."""
+    argv = ["--dataset", "csbm:600", "--model", "sage", "--layers", "2",
+            "--hidden", "16", "--epochs", "2", "--memory-budget", "4GiB", "--quiet"]
+    assert main(["plan", *argv, "--nproc", "2", "--json"]) == 0
+    rows = json.loads(capfd.readouterr().out)["rows"]
+    assert [r["knobs"]["dist_mode"] for r in rows] == ["graph", "data"]
+    assert all(r["knobs"]["nproc"] == 2 for r in rows)
+    graph = rows[0]
+    ranks = graph["estimate"]["ranks"]
+    assert sum(r["owned"] for r in ranks) == 600
+    # on a CPU the ranks share the host: the row needs the ranks' sum
+    assert graph["need_bytes"] >= sum(r["peak_bytes"] for r in ranks)
+    run = tmp_path / "run"
+    assert main(["train", *argv, "--strategy", "auto", "--nproc", "2",
+                 "--out", str(run)]) == 0
+    s = json.loads((run / "summary.json").read_text())
+    assert s["strategy"] == "distributed" and s["plan"]["strategy"] == "distributed"
+    assert json.loads((run / "config.json").read_text())["dist_mode"] == \
+        s["distributed"]["mode"] == s["plan"]["knobs"]["dist_mode"]
+    assert [r["rank"] for r in s["plan"]["ranks"]] == [0, 1]
+    measured = s["distributed"]["records_per_rank"]
+    assert [len(r) for r in measured] == [2, 2]
+    assert all(0 <= e["run_peak_bytes"] <= e["peak_bytes"] for r in measured
+               for e in r)
+    assert "leangnn train: planned distributed(" in capfd.readouterr().out
+    # nothing fits: one line naming the smallest row, and no rank started
+    tiny = tmp_path / "tiny"
+    assert main(["train", *argv, "--memory-budget", "1KiB", "--strategy", "auto",
+                 "--nproc", "2", "--out", str(tiny)]) == 2
+    _assert_one_error_line(capfd.readouterr().err, "memory_budget=1.0 KiB is below "
+                           "every candidate on cpu: the smallest, distributed(")
+    assert not tiny.exists()
 
 
 def test_only_rank_0_checks_a_fresh_out(tmp_path, monkeypatch, capsys):

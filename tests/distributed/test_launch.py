@@ -128,6 +128,15 @@ def test_relaunch_cli_rewrites_the_command(monkeypatch):
     assert seen["nproc"] == 2 and seen["extra"] == [[], ["--quiet"]]
     with pytest.raises(ValueError, match="--strategy full"):
         relaunch_cli(["train", "--nproc=2", "--strategy", "full"], 2)
+    with pytest.raises(ValueError, match="--strategy auto"):
+        relaunch_cli(["train", "--nproc=2", "--strategy", "auto"], 2)
+    # the planner's pick replaces --strategy auto and the budget
+    assert relaunch_cli(["train", "--nproc", "2", "--strategy", "auto",
+                         "--memory-budget", "1GiB", "--memory-budget=2GiB",
+                         "--epochs", "3"], 2, planned=["--dist-mode", "graph"],
+                        env={"X": "1"}) == 0
+    assert seen["cmd"] == [sys.executable, "-m", "leangnn", "train", "--epochs", "3",
+                           "--strategy", "distributed", "--dist-mode", "graph"]
 
 
 def test_init_without_launch_environment_says_how(monkeypatch):

@@ -449,6 +449,9 @@ def plan_candidates(cfg, budget_bytes: int, device=None,
     the strategy and the model when none is left (before any graph loads)."""
     todo = [c for c in candidates(cfg, budget_bytes, device, pinned, nproc)
             if strategies is None or c[0] in strategies]
+    if not todo and "distributed" in (strategies or ()):
+        raise ValueError("--strategy distributed: plan it with --nproc P (the "
+                         f"job's processes), got --nproc {nproc}")
     if not todo:
         rows = sorted({c[0] for c in candidates(cfg, budget_bytes, device,
                                                 nproc=nproc)})
