@@ -21,9 +21,9 @@ from leangnn.nn.models import build_model
 from leangnn.plan.distributed import (
     PlannedRank,
     batch_share,
-    planned_all_reduce,
     estimate_distributed,
     need_of,
+    planned_all_reduce,
     rank_partition,
 )
 from leangnn.plan.dryrun import trace_step
