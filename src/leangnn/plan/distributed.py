@@ -48,11 +48,12 @@ from leangnn.plan.estimate import (
     _scale_work,
     _trace_config,
     _with_history,
+    before_largest,
     default_loss,
     estimate_config,
     largest_graph,
 )
-from leangnn.plan.fake import default_heap_threshold, tensor_bytes
+from leangnn.plan.fake import tensor_bytes
 
 __all__ = ["PlannedRank", "planned_all_reduce", "rank_partition",
            "estimate_distributed", "batch_share", "need_of", "PLANNED_MODES"]
@@ -182,13 +183,24 @@ def batch_share(sizes: list[int], nproc: int, batch_size: int | None = None,
     return busiest / total
 
 
-def _split_bytes(tensors: list[Tensor], device: torch.device) -> tuple[int, int]:
-    """(bytes in blocks of their own pages, bytes on the C heap) of ``tensors``
-    (:func:`~leangnn.plan.fake.default_heap_threshold`)."""
-    threshold = default_heap_threshold(device)
-    sizes = [tensor_bytes(t) for t in tensors]
-    heap = sum(b for b in sizes if b < threshold)
-    return sum(sizes) - heap, heap
+def _runner_key(g: Data) -> tuple:
+    # as DistributedStrategy.runner: the splits of one graph share one part
+    return (g.x.data_ptr(), g.edge_index.data_ptr(), int(g.num_nodes),
+            int(g.num_edges))
+
+
+def _parts_bytes(graphs: list[Data], big: Data, nproc: int, rank: int,
+                 seed: int) -> int:
+    """Bytes of ``rank``'s parts of ``graphs`` but ``big``'s: the strategy
+    keeps every graph's part it trains or validates on for the whole run."""
+    seen, total = {_runner_key(big)}, 0
+    for g in graphs:
+        if _runner_key(g) in seen:
+            continue
+        seen.add(_runner_key(g))
+        runner = PlannedRank(g, rank_partition(g, nproc, seed), rank, nproc)
+        total += sum(tensor_bytes(t) for t in runner.part_tensors())
+    return total
 
 
 def _graph_rank(cfg, splits, big: Data, runner: PlannedRank, loss_fn: Callable,
@@ -196,14 +208,21 @@ def _graph_rank(cfg, splits, big: Data, runner: PlannedRank, loss_fn: Callable,
     c, extrapolated = _trace_config(cfg, big, splits.in_channels,
                                     splits.out_channels, loss_fn, device,
                                     step=runner.train_step)
-    own = runner.part_tensors()
-    part_b = sum(tensor_bytes(t) for t in own) if device.type == "cpu" else 0
-    big_b, heap_b = _split_bytes(own, device) if part_b else (0, 0)
+    part_b = 0
+    if device.type == "cpu":  # (on a device the step copies its part there)
+        part_b = sum(tensor_bytes(t) for t in runner.part_tensors())
+        part_b += _parts_bytes([*splits.train, *splits.val], big, runner.world_size,
+                               runner.rank, cfg.seed)
 
     def with_part(fig: tuple[int, int, int]) -> tuple[int, int, int]:
-        return fig[0] + part_b, fig[1] + big_b, fig[2] + heap_b
+        # the parts are built once and kept, whole: their pages count once,
+        # wherever the allocator put them (no heap factor)
+        return fig[0] + part_b, fig[1] + part_b, fig[2]
 
-    first = with_part(_with_history(c, cfg, splits, [], False, loss_fn, device, {}))
+    before = before_largest(cfg, splits.train, big)
+    traced: dict[int, int] = {}
+    first = with_part(_with_history(c, cfg, splits, before, bool(before), loss_fn,
+                                    device, traced, big=big))
     knobs = {**_knobs(cfg), "nproc": runner.world_size, "dist_mode": "graph"}
     est = Estimate("distributed", knobs, str(device), first[0], c["model_bytes"],
                    _resident_graph_bytes(big, device),
@@ -211,8 +230,10 @@ def _graph_rank(cfg, splits, big: Data, runner: PlannedRank, loss_fn: Callable,
                    work=_scale_work(c["work"], big, splits.train),
                    phases=c["phases"], big_bytes=first[1], heap_bytes=first[2])
     if cfg.epochs > 1:
-        est.later = with_part(_with_history(c, cfg, splits, [], True, loss_fn,
-                                            device, {}, best_state=True))
+        others = [g for g in splits.train if g is not big]
+        est.later = with_part(_with_history(c, cfg, splits, others, True, loss_fn,
+                                            device, traced, best_state=True,
+                                            big=big))
     return _finish(est, calibration, 0.0)
 
 

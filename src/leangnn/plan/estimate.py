@@ -416,12 +416,10 @@ def estimate_config(cfg, splits, device: torch.device | str | None = None,
     # moments, heap the small graphs' steps left behind). Later epochs have
     # both from the start (``later_*``).
     train = splits.train
-    order = torch.randperm(len(train), generator=torch.Generator().manual_seed(
-        cfg.seed * 100003)).tolist()
-    first = next((k for k, i in enumerate(order) if train[i] is big), 0)
+    before = before_largest(cfg, train, big)
     traced: dict[int, int] = {}
-    first_fig = _with_history(c, cfg, splits, [train[i] for i in order[:first]],
-                              first > 0, loss_fn, dev, traced, big=data)
+    first_fig = _with_history(c, cfg, splits, before, bool(before), loss_fn, dev,
+                              traced, big=data)
     graphs = train if cfg.strategy != "prune" else [data]
     if cfg.strategy == "full" and data is big:
         # the offload rows of the same model time their epoch on this work
@@ -437,6 +435,15 @@ def estimate_config(cfg, splits, device: torch.device | str | None = None,
                                   True, loss_fn, dev, traced, best_state=True,
                                   big=data)
     return _finish(est, calibration, t0)
+
+
+def before_largest(cfg, train: list[Data], big: Data) -> list[Data]:
+    """The training graphs the Trainer's first epoch visits before ``big``
+    (its seeded order)."""
+    order = torch.randperm(len(train), generator=torch.Generator().manual_seed(
+        cfg.seed * 100003)).tolist()
+    first = next((k for k, i in enumerate(order) if train[i] is big), 0)
+    return [train[i] for i in order[:first]]
 
 
 def _with_history(c: dict, cfg, splits, before: list[Data], moments: bool,
