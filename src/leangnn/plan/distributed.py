@@ -309,9 +309,10 @@ def _data_mode(cfg, splits, nproc: int, device: torch.device, calibration,
     return est
 
 
-def need_of(est: Estimate, scale: float, device: torch.device | str) -> int:
-    """A distributed row's need: every rank's (``scale`` times its peak)
+def need_of(est: Estimate, scales: tuple[float, ...],
+            device: torch.device | str) -> int:
+    """A distributed row's need: every rank's (its peak times ``scales``)
     summed on a CPU, where the local ranks share the host's memory, and the
     largest on CUDA (one device per rank)."""
-    needs = [math.ceil(r["peak_bytes"] * scale) for r in est.ranks]
+    needs = [math.ceil(math.prod((r["peak_bytes"], *scales))) for r in est.ranks]
     return sum(needs) if torch.device(device).type == "cpu" else max(needs)
