@@ -125,14 +125,19 @@ def _wide(data: Data, step: str) -> torch.nn.Module:
 
 
 def _measured_exchange(ctx, data, part):
+    # the least of three, as in _measured: now and then a collective's
+    # buffers outlive it for a moment (gloo's work object releases them)
     out = {}
     for step, fn in STEPS.items():
-        runner = GraphParallel(data, partition=part)
-        model = _wide(data, step)
-        gc.collect()
-        with LiveBytesMeter(exclude=list(model.parameters())) as meter:
-            fn(runner, model, all_reduce_gradients)
-        out[step] = meter.peak
+        peaks = []
+        for _ in range(3):
+            runner = GraphParallel(data, partition=part)
+            model = _wide(data, step)
+            gc.collect()
+            with LiveBytesMeter(exclude=list(model.parameters())) as meter:
+                fn(runner, model, all_reduce_gradients)
+            peaks.append(meter.peak)
+        out[step] = min(peaks)
     return out
 
 
@@ -270,7 +275,7 @@ def test_plan_of_a_model_graph_parallel_cannot_run():
     splits = GraphSplits(gs, gs[:1], gs[1:], "regression", 1)
     cfg = TrainConfig(model="dag", strategy="auto", epochs=1)
     table = plan_config(cfg, splits, "1GiB", nproc=2)
-    graph, data = table.rows
+    graph, data = sorted(table.rows, key=lambda r: r.knobs["dist_mode"] == "data")
     assert graph.need_bytes is None and "not possible" in graph.why
     assert "MessagePassing" in graph.why and graph.knobs["nproc"] == 2
     assert data.chosen and data.detail.startswith("2 ranks, each <=")

@@ -518,6 +518,10 @@ def plan_config(cfg, splits, memory_budget=None, device=None,
     budget = resolve_budget(memory_budget, dev)
     cal = calibration or load_calibration(dev)
     todo = plan_candidates(cfg, budget, dev, strategies, pinned, nproc)
+    if len(splits.train) > 1:
+        # the preferred mode first (:func:`_mode_first`): planned lazily, the
+        # other is left out once it fits
+        todo.sort(key=lambda c: c[1].get("dist_mode") == "graph")
     try:
         # the rows share the graph's hash and adjacency, and offer what they
         # build for training to the pick
@@ -569,8 +573,11 @@ def _estimate_rows(cfg, todo: list, budget: int, dev: torch.device, splits,
             if not fits and strategy == "prune" and r.estimate is not None:
                 # never the pick: its core need not wait for training
                 withdraw(replace(cfg, **fields))
-            if lazy and fits and _SPEED_RANK.get(strategy) == 0:
-                done = True  # full batch fits: nothing exact is faster
+            if lazy and fits and (_SPEED_RANK.get(strategy) == 0 or (
+                    strategy == "distributed" and _mode_first(r))):
+                # full batch fits: nothing exact is faster; the distributed
+                # mode that communicates least fits: none is preferred
+                done = True
             if fits and kind == "approximate":
                 ratio = float(fields.get("budget_ratio", 0.0))
                 core_fits = max(core_fits or 0.0, ratio)
