@@ -472,6 +472,8 @@ PLAN_BAD = [
     ([*_T, "--strategy", "auto", "--nproc", "2", "--resume", "--out", "{run}"],
      "--resume with --strategy auto --nproc: resume the run with the strategy"),
     ([*_P, "--nproc", "0"], "--nproc: expected a positive number of processes, got 0"),
+    ([*_T, "--strategy", "auto", "--nproc", "1"],
+     "--nproc 1 with --strategy auto: the planner plans one process without"),
     ([*_T, "--resume", "--out", "{run}", "--strategy", "auto"],
      "was not planned (strategy 'full'); drop --strategy auto"),
     ([*_P, "--model", "gsr", "--hidden", "32", "--groups", "3"],

@@ -246,6 +246,24 @@ def test_checkpoint_rotation_keeps_the_previous_one(tmp_path):
         "checkpoint.prev.pt", "checkpoint.pt", "metrics.jsonl"]
 
 
+def test_a_read_only_fall_back_leaves_the_files_alone(tmp_path):
+    """A rank that does not write the run (``read_only``) resumes from the
+    previous checkpoint when the last is damaged, and moves no file: the
+    writing rank reinstates it."""
+    with RunDir(tmp_path).open() as run:
+        run.save_checkpoint(_state(1))
+        run.save_checkpoint(_state(2))
+    (tmp_path / "checkpoint.pt").write_bytes(b"torn")
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    with pytest.warns(RuntimeWarning, match="resuming from .*checkpoint.prev.pt"):
+        state = RunDir(tmp_path).load_checkpoint(read_only=True)
+    assert state["epoch"] == 1
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+    with pytest.warns(RuntimeWarning, match="damaged file is kept"):
+        assert RunDir(tmp_path).load_checkpoint()["epoch"] == 1
+    assert (tmp_path / "checkpoint.pt").read_bytes() != b"torn"
+
+
 def test_a_missing_checkpoint_is_named(tmp_path):
     assert _train(tmp_path / "r", 1) == 0
     (tmp_path / "r" / "checkpoint.pt").unlink()

@@ -208,6 +208,9 @@ def _planned_ranks(args) -> int:
     from .profile import release_free_heap
 
     given = _given(args)
+    if args.nproc < 2:
+        raise ValueError(f"--nproc {args.nproc} with --strategy auto: the planner "
+                         "plans one process without --nproc")
     if args.resume:
         raise ValueError("--resume with --strategy auto --nproc: resume the run "
                          "with the strategy it was planned to (see its config.json: "

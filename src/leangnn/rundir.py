@@ -383,13 +383,16 @@ class RunDir:
                           before_replace=keep_previous)
 
     def load_checkpoint(self, apply: Callable[[dict[str, Any]], None] | None = None,
-                        map_location: Any = "cpu") -> dict[str, Any]:
+                        map_location: Any = "cpu", read_only: bool = False
+                        ) -> dict[str, Any]:
         """The latest usable checkpoint, applied with ``apply(state)``.
 
         ``checkpoint.pt`` is tried first; when it is damaged, or ``apply``
         rejects it (``ValueError``, ``RuntimeError``, ``KeyError``,
         ``TypeError``), ``checkpoint.prev.pt`` is tried, with a
-        :class:`RuntimeWarning` saying so.
+        :class:`RuntimeWarning` saying so, and becomes ``checkpoint.pt``
+        again unless ``read_only`` (a rank of a multi-process job other than
+        the one that writes the run).
 
         Raises:
             FileNotFoundError: neither file exists.
@@ -426,7 +429,7 @@ class RunDir:
                                     f"({_first_line(e)})")
                     continue
             if failures:
-                kept = self._reinstate(path)
+                kept = "" if read_only else self._reinstate(path)
                 warnings.warn(f"{'; '.join(failures)}; resuming from {path} "
                               f"(epoch {state['epoch']}) instead{kept}",
                               RuntimeWarning, stacklevel=2)

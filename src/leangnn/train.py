@@ -163,6 +163,8 @@ class Trainer:
         self.run = RunDir((config.out or self._default_out())
                           if record and main else None)
         self.out = self.run.path
+        # another rank writes the run; this one resumes from its checkpoint
+        self._peer_out = None if main or not record else config.out
 
     def _default_out(self) -> str:
         stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -231,7 +233,11 @@ class Trainer:
         start, best, best_state, bad, times, rng = 0, float("inf"), None, 0, [], None
         if resume:
             # On the CPU: RNG states must stay there; load_state_dict moves the rest.
-            ckpt = run.load_checkpoint(self._restore, map_location="cpu")
+            if run.path is None and self._peer_out:
+                ckpt = RunDir(self._peer_out).load_checkpoint(
+                    self._restore, map_location="cpu", read_only=True)
+            else:
+                ckpt = run.load_checkpoint(self._restore, map_location="cpu")
             start, best, best_state = ckpt["epoch"], ckpt["best"], ckpt["best_state"]
             bad, times, rng = ckpt["bad_epochs"], list(ckpt["epoch_times"]), ckpt["rng"]
             self._prev_peak = int(ckpt.get("peak_bytes", 0))

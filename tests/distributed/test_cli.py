@@ -59,3 +59,22 @@ def test_nproc_with_device_budget_equals_one_process(tmp_path):
     for key, value in full["metrics"]["val"].items():
         assert dist["metrics"]["val"][key] == pytest.approx(value, rel=2e-3,
                                                             abs=1e-4)
+
+
+def test_a_killed_job_resumes_on_every_rank(tmp_path):
+    """`--resume` of a `--nproc` job: every rank restores the checkpoint rank
+    0 wrote (the others, which write nothing, failed with 'this trainer keeps
+    no run directory'); the resumed run ends where an uninterrupted one does."""
+    args = ["--dataset", "csbm:600", "--model", "sage", "--layers", "2",
+            "--hidden", "8", "--patience", "0", "--strategy", "distributed",
+            "--nproc", "2", "--quiet"]
+    run, whole = tmp_path / "run", tmp_path / "whole"
+    assert main(["train", *args, "--epochs", "2", "--out", str(run)]) == 0
+    assert main(["train", *args, "--epochs", "3", "--out", str(run), "--resume"]) == 0
+    assert main(["train", *args, "--epochs", "3", "--out", str(whole)]) == 0
+    metrics = [json.loads(m)["epoch"] for m in
+               (run / "metrics.jsonl").read_text().splitlines()]
+    assert metrics == [1, 2, 3]
+    a, b = (json.loads((p / "summary.json").read_text()) for p in (run, whole))
+    assert a["epochs_run"] == 3
+    assert a["metrics"]["test"] == pytest.approx(b["metrics"]["test"], rel=1e-6)
