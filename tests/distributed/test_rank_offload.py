@@ -18,9 +18,7 @@ import torch.nn.functional as F
 from torch_geometric.data import Data
 from torch_geometric.nn.models import GAT, GCN, GraphSAGE
 
-from leangnn.circuits import load_circuit
 from leangnn.distributed import DistributedStrategy, GraphParallel, RankOffload, spawn
-from leangnn.graphs.synthetic import contextual_sbm
 from leangnn.nn.models import ResGNN
 from leangnn.offload import BudgetError, LayerwiseModel
 
@@ -29,19 +27,6 @@ DTYPES = {"float64": (torch.float64, 1e-10), "float32": (torch.float32, 1e-5)}
 CASES = [(p, m, d) for p in (2, 3, 4) for m in MODELS for d in DTYPES]
 LAYERS = 3
 EPOCHS = 2
-
-
-def _graphs() -> dict[str, Data]:
-    # A directed circuit (regression on a random half of the nodes) and an
-    # undirected power-law graph (classification on its train mask).
-    c = load_circuit("c880", "arrival")
-    mask = torch.rand(c.num_nodes, generator=torch.Generator().manual_seed(1)) < 0.5
-    circuit = Data(x=c.x, edge_index=c.edge_index, y=c.y, node_mask=mask,
-                   num_nodes=c.num_nodes)
-    s = contextual_sbm(300, num_classes=4, avg_degree=6, in_channels=8, seed=3)
-    sbm = Data(x=s.x, edge_index=s.edge_index, y=s.y, node_mask=s.train_mask,
-               num_nodes=s.num_nodes)
-    return {"circuit": circuit, "sbm": sbm}
 
 
 def _graph_of(name: str) -> str:
@@ -153,11 +138,6 @@ def _worker(ctx, graphs):
             errors["model"] = str(e)
         out["errors"] = errors
     return out
-
-
-@pytest.fixture(scope="module")
-def graphs():
-    return _graphs()
 
 
 @pytest.fixture(scope="module")

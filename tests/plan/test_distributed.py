@@ -38,17 +38,6 @@ CASES = [("sage", None, "sbm"), ("gcn", None, "circuit"), ("gat", None, "sbm"),
          ("gsr", "sage", "circuit"), ("res", "gcn", "sbm")]
 
 
-def _graphs() -> dict[str, Data]:
-    c = load_circuit("c880", "arrival")
-    mask = torch.rand(c.num_nodes, generator=torch.Generator().manual_seed(1)) < 0.5
-    circuit = Data(x=c.x, edge_index=c.edge_index, y=c.y, node_mask=mask,
-                   num_nodes=c.num_nodes)
-    s = contextual_sbm(600, num_classes=4, avg_degree=6, in_channels=8, seed=3)
-    sbm = Data(x=s.x, edge_index=s.edge_index, y=s.y, node_mask=s.train_mask,
-               num_nodes=s.num_nodes)
-    return {"circuit": circuit, "sbm": sbm}
-
-
 def _model(name: str, conv: str | None, data: Data) -> torch.nn.Module:
     torch.manual_seed(7)
     out = 1 if data.y.is_floating_point() else int(data.y.max()) + 1
@@ -159,11 +148,6 @@ def test_exchange_and_gradient_sum_allocate_as_the_real_ones(
     traced = max(v["peak"] for k, v in trace.phases.items() if k != "optimizer")
     real = measured_exchange[rank][step]
     assert traced == pytest.approx(real, rel=0.01), (traced, real)
-
-
-@pytest.fixture(scope="module")
-def graphs():
-    return _graphs()
 
 
 @pytest.fixture(scope="module")
