@@ -1,9 +1,8 @@
 """Per-rank estimates of the ``distributed`` strategy, without a process group.
 
 The planner's row for ``--nproc P`` (:class:`~leangnn.distributed.strategy.
-DistributedStrategy`): what each rank will need, before any process starts.
-As DistDGL's and BNS-GCN's memory analyses do per partition, but by the same
-dry run as every other row (:mod:`leangnn.plan.dryrun`):
+DistributedStrategy`): what each rank will need, before any process starts,
+by the same dry run as every other row (:mod:`leangnn.plan.dryrun`):
 
 * ``graph`` mode: the largest training graph is partitioned as the strategy
   partitions it (METIS, its seed; the on-disk partition cache then serves the
@@ -12,9 +11,10 @@ dry run as every other row (:mod:`leangnn.plan.dryrun`):
   the halo exchange and the gradient sum replaced by ops that allocate what
   theirs do (the rows received and sent, their gradients, the flat gradient
   buffer) and move nothing, runs the Trainer's step under the dry run. The
-  rank's part (its features, local edges, exchange lists) joins the step:
-  the run builds it inside its first step. Each rank gets its own estimate;
-  the largest is the row's.
+  rank's parts (features, local edges, exchange lists of every graph it
+  trains or validates on) are built in the run's first steps and kept
+  whole: their bytes count once, outside the heap factor. Each rank gets
+  its own estimate; the largest is the row's.
 * ``data`` mode: every rank runs whole graphs of each batch, one after the
   other, so any rank may get the largest graph: each rank needs the ``full``
   row's step plus the flat gradient buffer of the sum, and its epoch is the
