@@ -47,9 +47,10 @@ from leangnn.distributed.layers import (
 )
 from leangnn.distributed.runtime import all_reduce_gradients, all_reduce_sum
 from leangnn.graphs.partition import Partition, partition_graph
+from leangnn.nn.reversible import GSRStack
 from leangnn.strategy import LossFn, node_mask
 
-__all__ = ["GraphParallel", "Executor"]
+__all__ = ["GraphParallel", "Executor", "part_key"]
 
 #: ``executor(model, runner) -> [n_own, out]``: how a rank runs the model on
 #: its part. The default is plain autograd with the hooks above; an offload
@@ -70,6 +71,13 @@ def _part_vector(partition: Partition | Tensor, num_nodes: int, world: int) -> T
         raise ValueError(f"partition: part ids must be in [0, {world}) for "
                          f"{world} ranks, got [{int(part.min())}, {int(part.max())}]")
     return part
+
+
+def part_key(data: Data) -> tuple:
+    """What identifies ``data``'s graph for its part: train, val and test
+    splits of one graph share ``x`` and ``edge_index``, so one part."""
+    return (data.x.data_ptr(), data.edge_index.data_ptr(), int(data.num_nodes),
+            int(data.num_edges))
 
 
 class GraphParallel:
@@ -220,8 +228,7 @@ class GraphParallel:
         # A reversible GSR stack's CSR kernels compute its SAGE and GAT group
         # functions without calling the convs, i.e. past these hooks, on the
         # owned rows alone: its PyG path (exact to rounding) runs instead.
-        stacks = [(m, m.kernels) for m in model.modules()
-                  if isinstance(getattr(m, "kernels", None), bool)]
+        stacks = [(m, m.kernels) for m in model.modules() if isinstance(m, GSRStack)]
         handles = []
         self._hooked_model = model
         try:

@@ -28,6 +28,7 @@ __all__ = [
     "current_context",
     "all_reduce_gradients",
     "all_reduce_sum",
+    "gradient_groups",
     "flat_gradients",
     "unflatten_gradients",
     "broadcast_parameters",
@@ -180,12 +181,8 @@ def all_reduce_gradients(params: Iterable[torch.nn.Parameter], group=None,
         group (ProcessGroup, optional): the ranks. (default: all)
         scale (float, optional): multiply the sums by this (e.g. ``1 / B``).
     """
-    params = [p for p in params if p.requires_grad]
-    by_dtype: dict[tuple, list[torch.nn.Parameter]] = {}
-    for p in params:
-        by_dtype.setdefault((p.dtype, p.device), []).append(p)
     nbytes = 0
-    for ps in by_dtype.values():
+    for ps in gradient_groups(params):
         flat = flat_gradients(ps)
         all_reduce_sum(flat, group)
         nbytes += flat.numel() * flat.element_size()
@@ -193,6 +190,17 @@ def all_reduce_gradients(params: Iterable[torch.nn.Parameter], group=None,
             flat[: flat.numel() - len(ps)] *= scale
         unflatten_gradients(flat, ps, flat[flat.numel() - len(ps):].tolist())
     return nbytes
+
+
+def gradient_groups(params: Iterable[torch.nn.Parameter]
+                    ) -> list[list[torch.nn.Parameter]]:
+    """The trainable ``params`` grouped by dtype and device, in order: one
+    flat buffer each (:func:`flat_gradients`)."""
+    by_dtype: dict[tuple, list[torch.nn.Parameter]] = {}
+    for p in params:
+        if p.requires_grad:
+            by_dtype.setdefault((p.dtype, p.device), []).append(p)
+    return list(by_dtype.values())
 
 
 def flat_gradients(params: list[torch.nn.Parameter]) -> Tensor:

@@ -36,7 +36,7 @@ from torch_geometric.data import Data
 
 from leangnn.distributed.counters import EpochMeter
 from leangnn.distributed.data_parallel import DataParallel
-from leangnn.distributed.graph_parallel import GraphParallel
+from leangnn.distributed.graph_parallel import GraphParallel, part_key
 from leangnn.distributed.rank_offload import RankOffload
 from leangnn.distributed.runtime import (
     DEFAULT_TIMEOUT,
@@ -161,9 +161,7 @@ class DistributedStrategy(Strategy):
     def runner(self, data: Data) -> GraphParallel:
         """The graph-parallel runner of ``data``'s graph (built on first use)."""
         self._require_setup()
-        # Train/val/test splits of one graph share x and edge_index.
-        key = (data.x.data_ptr(), data.edge_index.data_ptr(), int(data.num_nodes),
-               int(data.num_edges))
+        key = part_key(data)
         hit = self._runners.get(key)
         if hit is None:
             hit = (data, GraphParallel(data, self.group, self.device,

@@ -37,12 +37,15 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 from torch_geometric.data import Data
 
-from leangnn.distributed.graph_parallel import GraphParallel, _part_vector
+from leangnn.distributed.graph_parallel import GraphParallel, _part_vector, part_key
 from leangnn.distributed.halo import HaloPlan
-from leangnn.distributed.runtime import flat_gradients, unflatten_gradients
+from leangnn.distributed.runtime import (
+    flat_gradients,
+    gradient_groups,
+    unflatten_gradients,
+)
 from leangnn.plan.estimate import (
     Estimate,
-    _finish,
     _knobs,
     _resident_graph_bytes,
     _scale_work,
@@ -90,11 +93,7 @@ def planned_all_reduce(params) -> None:
     """The gradient sum's allocations (one flat buffer per dtype, the
     gradients copied back) without communication; every parameter is taken
     to have a gradient on some rank."""
-    by_dtype: dict[tuple, list] = {}
-    for p in params:
-        if p.requires_grad:
-            by_dtype.setdefault((p.dtype, p.device), []).append(p)
-    for ps in by_dtype.values():
+    for ps in gradient_groups(params):
         flat = flat_gradients(ps)
         unflatten_gradients(flat, ps, [1.0] * len(ps))
         del flat
@@ -183,21 +182,15 @@ def batch_share(sizes: list[int], nproc: int, batch_size: int | None = None,
     return busiest / total
 
 
-def _runner_key(g: Data) -> tuple:
-    # as DistributedStrategy.runner: the splits of one graph share one part
-    return (g.x.data_ptr(), g.edge_index.data_ptr(), int(g.num_nodes),
-            int(g.num_edges))
-
-
 def _parts_bytes(graphs: list[Data], big: Data, nproc: int, rank: int,
                  seed: int) -> int:
     """Bytes of ``rank``'s parts of ``graphs`` but ``big``'s: the strategy
     keeps every graph's part it trains or validates on for the whole run."""
-    seen, total = {_runner_key(big)}, 0
+    seen, total = {part_key(big)}, 0
     for g in graphs:
-        if _runner_key(g) in seen:
+        if part_key(g) in seen:
             continue
-        seen.add(_runner_key(g))
+        seen.add(part_key(g))
         runner = PlannedRank(g, rank_partition(g, nproc, seed), rank, nproc)
         total += sum(tensor_bytes(t) for t in runner.part_tensors())
     return total
@@ -234,7 +227,9 @@ def _graph_rank(cfg, splits, big: Data, runner: PlannedRank, loss_fn: Callable,
         est.later = with_part(_with_history(c, cfg, splits, others, True, loss_fn,
                                             device, traced, best_state=True,
                                             big=big))
-    return _finish(est, calibration, 0.0)
+    if calibration is not None:
+        calibration.apply(est)
+    return est
 
 
 def estimate_distributed(cfg, splits, nproc: int, mode: str = "graph",
@@ -290,19 +285,20 @@ def _data_mode(cfg, splits, nproc: int, device: torch.device, calibration,
                           loss_fn)
     # the sum's flat buffer lives beside the gradients after the backward
     # (and, after the first epoch, beside Adam's moments and the best state)
-    flat = est.model_bytes
-    grads = est.model_bytes
-    est.step_bytes = max(est.step_bytes, grads + flat)
+    model = est.model_bytes
+    est.step_bytes = max(est.step_bytes, 2 * model)  # gradients + flat buffer
     if est.later is not None:
+        # + both moments and the best state
         step, big_b, heap_b = est.later
-        est.later = (max(step, 4 * grads + flat), big_b, heap_b)
+        est.later = (max(step, 5 * model), big_b, heap_b)
     share = batch_share([int(g.num_nodes) + int(g.num_edges) for g in splits.train],
                         nproc, getattr(cfg, "dist_batch_size", None), cfg.seed)
     est.work = {k: (v * share if k in ("ops", "written", "flops") else v)
                 for k, v in est.work.items()}
     est.strategy = "distributed"
     est.knobs = {**est.knobs, "nproc": nproc, "dist_mode": "data"}
-    _finish(est, calibration, 0.0)
+    if calibration is not None:
+        calibration.apply(est)
     est.ranks = [{"rank": r, "run_bytes": max(est.run_bytes, est.later_run_bytes or 0),
                   "peak_bytes": est.peak_bytes, "epoch_seconds": est.epoch_seconds}
                  for r in range(nproc)]
