@@ -188,6 +188,16 @@ def test_planned_rank_is_the_real_part(graphs, parts):
         assert r.plan.edge_ids.numel() == int(
             (parts["sbm"][data.edge_index[1]] == r.rank).sum())
         assert torch.equal(r.x, data.x[r.plan.owned])
+        # what the rank keeps, each storage once (the plan's owned ids are
+        # the loss's on the host)
+        kept = r.part_tensors()
+        assert len({t.untyped_storage().data_ptr() for t in kept}) == len(kept)
+        n_own, n_halo, n_send = (r.plan.num_owned, r.plan.num_halo,
+                                 r.plan.send_index.numel())
+        e = r.plan.edge_ids.numel()
+        assert sum(t.numel() * t.element_size() for t in kept) == (
+            r.x.numel() * r.x.element_size()
+            + 8 * (n_own + n_halo + n_send + 2 * e + e + data.num_nodes))
 
 
 def _splits(graph: Data, train: list[Data] | None = None) -> GraphSplits:

@@ -131,8 +131,14 @@ class PlannedRank(GraphParallel):
         """The part's tensors a rank keeps (features, local edges, lists)."""
         x, plan, ew, ea = self._host
         out = [x, plan.owned, plan.halo, plan.send_index, plan.edge_index,
-               plan.edge_ids, self._owned_cpu, self.part]
-        return [t for t in [*out, ew, ea] if t is not None]
+               plan.edge_ids, self._owned_cpu, self.part, ew, ea]
+        # on the host the plan's owned ids are the very tensor kept for the
+        # loss: each storage once
+        seen: dict[int, Tensor] = {}
+        for t in out:
+            if t is not None:
+                seen.setdefault(t.untyped_storage().data_ptr(), t)
+        return list(seen.values())
 
     def train_step(self, model: torch.nn.Module, data: Data, loss_fn) -> Tensor:
         """The rank's first training step: a fresh part on the device (the
