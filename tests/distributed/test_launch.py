@@ -19,6 +19,7 @@ from leangnn.distributed import (
     GraphParallel,
     init_distributed,
     launch_processes,
+    rank_threads,
     relaunch_cli,
     spawn,
 )
@@ -105,6 +106,21 @@ def test_launch_sets_torchrun_environment(tmp_path):
     assert len({e["MASTER_PORT"] for e in envs}) == 1
     assert int(envs[0]["MASTER_PORT"]) > 0
     assert [e["argv"] for e in envs] == [["r0"], ["r1"], ["r2"]]
+
+
+def test_launch_shares_cores_unless_threads_are_set(tmp_path, monkeypatch):
+    code = ("import os, sys; open(os.path.join(sys.argv[1], os.environ['RANK']), "
+            "'w').write(os.environ['OMP_NUM_THREADS'])")
+    cmd = [sys.executable, "-c", code, str(tmp_path)]
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(7)),
+                        raising=False)
+    assert rank_threads(2) == 3 and rank_threads(16) == 1
+    assert launch_processes(cmd, 2, timeout=60) == 0
+    assert {(tmp_path / r).read_text() for r in "01"} == {"3"}
+    monkeypatch.setenv("OMP_NUM_THREADS", "5")  # the user's choice wins
+    assert launch_processes(cmd, 2, timeout=60) == 0
+    assert {(tmp_path / r).read_text() for r in "01"} == {"5"}
 
 
 def test_launch_timeout_stops_all(tmp_path):

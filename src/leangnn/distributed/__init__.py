@@ -24,6 +24,7 @@ from leangnn.distributed.halo import HaloPlan, HaloStats, halo_counts, halo_exch
 from leangnn.distributed.launch import (
     find_free_port,
     launch_processes,
+    rank_threads,
     relaunch_cli,
     spawn,
 )
@@ -49,7 +50,7 @@ __all__ = [
     "DataParallel", "batch_mean_loss", "epoch_batches",
     "HaloPlan", "HaloStats", "halo_counts", "halo_exchange",
     "DistributedStrategy", "EpochMeter", "RankEpochRecord",
-    "spawn", "launch_processes", "relaunch_cli", "find_free_port",
+    "spawn", "launch_processes", "rank_threads", "relaunch_cli", "find_free_port",
     "DistContext", "DistributedError", "init_distributed", "all_reduce_gradients",
     "broadcast_parameters",
 ]

@@ -4,8 +4,10 @@ Two launchers, both on plain torch.distributed rendezvous:
 
 * :func:`launch_processes` runs a command once per rank as a subprocess with
   the environment ``torchrun`` would set (``RANK``, ``WORLD_SIZE``,
-  ``LOCAL_RANK``, ``MASTER_ADDR=127.0.0.1``, ``MASTER_PORT`` a free port);
-  ``leangnn train --nproc P`` uses it through :func:`relaunch_cli`.
+  ``LOCAL_RANK``, ``MASTER_ADDR=127.0.0.1``, ``MASTER_PORT`` a free port)
+  and, unless the caller set it, ``OMP_NUM_THREADS`` to the rank's share of
+  the cores (:func:`rank_threads`); ``leangnn train --nproc P`` uses it
+  through :func:`relaunch_cli`.
 * :func:`spawn` runs a Python function on P ranks (``torch.multiprocessing``)
   with the process group already initialised, and returns each rank's result.
 
@@ -37,7 +39,7 @@ from leangnn.distributed.runtime import DEFAULT_TIMEOUT, DistContext, Distribute
 from leangnn.utils import atomic_write_text
 
 __all__ = ["find_free_port", "launch_processes", "relaunch_cli", "spawn",
-           "die_with_launcher", "LAUNCHER_PID"]
+           "die_with_launcher", "rank_threads", "LAUNCHER_PID"]
 
 #: environment variable that names the launcher's pid in the ranks it starts
 LAUNCHER_PID = "LEANGNN_LAUNCHER_PID"
@@ -60,6 +62,20 @@ def die_with_launcher() -> None:
         return
     if os.getppid() != int(pid):  # the launcher died before the prctl took hold
         os.kill(os.getpid(), signal.SIGTERM)
+
+
+def rank_threads(nproc: int) -> int:
+    """Intra-op threads per rank when ``nproc`` local ranks share this
+    machine's usable cores (at least one).
+
+    Every rank's torch would otherwise start a thread per core: ``P`` ranks
+    then run ``P`` times as many threads as cores (torchrun sets 1 for the
+    same reason; a share keeps a few ranks on many cores busy)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not on Linux
+        cores = os.cpu_count() or 1
+    return max(1, cores // max(1, int(nproc)))
 
 
 def find_free_port(host: str = "127.0.0.1") -> int:
@@ -119,7 +135,8 @@ def launch_processes(cmd: Sequence[str], nproc: int, env: dict[str, str] | None 
     """
     if not isinstance(nproc, int) or nproc < 1:
         raise ValueError(f"nproc must be a positive int, got {nproc!r}")
-    base = {**os.environ, **(env or {}), "MASTER_ADDR": "127.0.0.1",
+    base = {"OMP_NUM_THREADS": str(rank_threads(nproc)), **os.environ, **(env or {}),
+            "MASTER_ADDR": "127.0.0.1",
             "MASTER_PORT": str(find_free_port()), "WORLD_SIZE": str(nproc),
             "LOCAL_WORLD_SIZE": str(nproc), "GROUP_RANK": "0"}
     procs: list[subprocess.Popen] = []
