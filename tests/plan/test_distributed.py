@@ -14,6 +14,7 @@ from leangnn.config import TrainConfig
 from leangnn.data import GraphSplits, with_mask
 from leangnn.distributed import GraphParallel
 from leangnn.distributed.data_parallel import epoch_batches
+from leangnn.distributed.halo import HaloStats
 from leangnn.distributed.launch import spawn
 from leangnn.distributed.runtime import all_reduce_gradients
 from leangnn.graphs.synthetic import contextual_sbm
@@ -159,6 +160,66 @@ def parts(graphs):
 def measured(graphs, parts):
     return spawn(_measured, 2, args=(graphs, parts), start_method="fork",
                  join_timeout=300)
+
+
+class _PerCall(HaloStats):
+    """Halo counters that also keep what each all-to-all lasts by: the larger
+    of the bytes it sends and receives."""
+
+    def __init__(self):
+        super().__init__()
+        self.longest = 0
+
+    def add(self, layer, rows, sent, received, backward):
+        super().add(layer, rows, sent, received, backward)
+        self.longest += max(sent, received)
+
+
+def _measured_comm(ctx, graphs, parts):
+    """Each case's collectives in a real rank's second step (the first also
+    moves what is exchanged once and kept: input halo, GCN's degrees)."""
+    import torch.distributed as dist
+
+    out, real_all_reduce = {}, dist.all_reduce
+    for name, conv, g in CASES:
+        data = graphs[g]
+        model = _model(name, conv, data)
+        runner = GraphParallel(data, partition=parts[g])
+        runner.train_step(model, data, _loss)
+        model.zero_grad(set_to_none=True)
+        runner.stats, reduced = _PerCall(), []
+
+        def counted(t, *args, _seen=reduced, **kw):
+            _seen.append(t.numel() * t.element_size())
+            return real_all_reduce(t, *args, **kw)
+        dist.all_reduce = counted
+        try:
+            runner.train_step(model, data, _loss)
+        finally:
+            dist.all_reduce = real_all_reduce
+        out[(name, conv)] = {"a2a_calls": runner.stats.exchanges,
+                             "a2a_bytes": runner.stats.longest,
+                             "ar_calls": len(reduced), "ar_bytes": sum(reduced)}
+    return out
+
+
+@pytest.fixture(scope="module")
+def measured_comm(graphs, parts):
+    return spawn(_measured_comm, 2, args=(graphs, parts), start_method="fork",
+                 join_timeout=300)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(x for x in c if x))
+@pytest.mark.parametrize("rank", [0, 1])
+def test_planned_rank_counts_the_collectives_of_a_real_step(graphs, parts,
+                                                            measured_comm, case,
+                                                            rank):
+    name, conv, g = case
+    data = graphs[g]
+    runner = PlannedRank(data, parts[g], rank, 2)
+    trace_step(_model(name, conv, data), data, _loss, runner.train_step)
+    assert runner.traced_comm(3, False) == measured_comm[rank][(name, conv)]
+    assert measured_comm[rank][(name, conv)]["a2a_calls"] > 0
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(x for x in c if x))

@@ -6,7 +6,8 @@ by +-10% with hash seeds and address layout under glibc's default heap),
 estimates the same configurations, and fits a
 :class:`~leangnn.plan.calibration.Calibration` from both, stored per machine
 kind. Re-measure with ``python -m leangnn.plan.calibrate [--device cuda]
-[--quick] [--repeat N] [--reuse]``.
+[--quick] [--repeat N] [--reuse]``; the distributed rows' collectives
+with ``--collectives P``.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from leangnn.plan.calibration import (
     machine_kind,
     sample_families,
 )
+from leangnn.plan.collectives import comm_key, measure_collectives
 from leangnn.utils import atomic_write_text, cache_root, format_bytes
 
 __all__ = ["measurements_path", "long_runs_path", "calibrate",
@@ -396,6 +398,21 @@ def calibrate_families(families: list[str], device: str = "cpu",
     return cal
 
 
+def calibrate_collectives(nproc: int, device: str = "cpu", quick: bool = False,
+                          save: bool = True) -> Calibration:
+    """Measure what ``nproc`` local ranks cost beyond their compute
+    (:func:`~leangnn.plan.collectives.measure_collectives`) and store it in
+    this machine's calibration (the stored one, else the shipped
+    reference), keeping everything else: the distributed rows' epoch times
+    then include the collectives and the co-running slowdown."""
+    cost = measure_collectives(nproc, device, quick=quick)
+    cal = load_calibration(device)
+    cal.collectives[comm_key(cost.backend, nproc)] = cost.to_dict()
+    if save:
+        cal.save()
+    return cal
+
+
 def calibrate_long_runs(device: str = "cpu", epochs: int = LONG_RUN_EPOCHS,
                         quick: bool = False, timeout: float | None = 1800,
                         save: bool = True, progress: bool = True,
@@ -551,7 +568,26 @@ def main(argv: list[str] | None = None) -> int:
                         "--long-runs: its long-run scale) into the stored "
                         "calibration, else the shipped reference, keeping the "
                         "rest")
+    p.add_argument("--collectives", type=int, default=None, metavar="P",
+                   help="time P local ranks' collectives (halo all-to-all, "
+                        "gradient all-reduce) and how much slower a rank "
+                        "computes beside the others; stored for the planner's "
+                        "distributed rows (leangnn plan --nproc P)")
     args = p.parse_args(argv)
+    if args.collectives is not None:
+        try:
+            cal = calibrate_collectives(args.collectives, args.device, args.quick)
+        except ValueError as e:
+            p.error(str(e))
+        c = cal.collective_cost("nccl" if args.device.startswith("cuda")
+                                else "gloo", args.collectives)
+        print(f"{cal.kind}: {c.nproc} {c.backend} ranks: compute x{c.corun:.2f} "
+              f"at once; all-to-all {c.all_to_all[0] * 1e3:.2f} ms + "
+              f"{1 / max(c.all_to_all[1], 1e-15) / 2**30:.2f} GiB/s, all-reduce "
+              f"{c.all_reduce[0] * 1e3:.2f} ms + "
+              f"{1 / max(c.all_reduce[1], 1e-15) / 2**30:.2f} GiB/s; stored in "
+              f"{kind_path(cal.kind)}")
+        return 0
     if args.save_reference:
         try:
             path = save_reference(args.device)

@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from leangnn.plan.collectives import CollectiveCost
 from leangnn.utils import atomic_write_text, cache_root
 
 __all__ = ["Calibration", "heap_families", "machine_kind", "allocator_mode",
@@ -216,6 +217,12 @@ class Calibration:
             DAG model's level loop runs Python between its ops (x1.4-2.1 on
             its calibration runs), which per-op, per-byte and per-FLOP costs
             fitted on the other models do not see.
+        collectives (dict): per ``"backend:P"``
+            (:func:`~leangnn.plan.collectives.comm_key`), what ``P`` local
+            ranks pay beyond their compute
+            (:class:`~leangnn.plan.collectives.CollectiveCost`: collective
+            latency and per-byte cost, the co-running slowdown), measured by
+            ``python -m leangnn.plan.calibrate --collectives P``.
         calibrated (bool): measured (``False``: defaults).
         reference (str): for a shipped reference calibration, the machine it
             was measured on; empty when measured on this machine.
@@ -242,6 +249,7 @@ class Calibration:
     long_run_epochs: int = 0
     long_run_scales: dict[str, float] = field(default_factory=dict)
     time_scales: dict[str, float] = field(default_factory=dict)
+    collectives: dict[str, dict[str, Any]] = field(default_factory=dict)
     calibrated: bool = False
     reference: str = ""
     measured_at: str = ""
@@ -314,6 +322,16 @@ class Calibration:
                       and (t := self.seconds(s["work"])) and s.get("epoch_seconds")]
             if ratios:
                 self.time_scales[fam] = float(np.median(ratios))
+
+    def collective_cost(self, backend: str, nproc: int) -> CollectiveCost | None:
+        """What ``nproc`` ranks on ``backend`` cost beyond compute: measured
+        at ``nproc``, else at the nearest ``P`` measured on that backend
+        (its ``nproc`` says which), else ``None``."""
+        measured = [CollectiveCost.from_dict(d) for d in self.collectives.values()]
+        measured = [c for c in measured if c.backend == backend]
+        if not measured:
+            return None
+        return min(measured, key=lambda c: (abs(c.nproc - nproc), -c.nproc))
 
     def long_run_scale(self, families: list[str] | tuple[str, ...] = (),
                        epochs: int | None = None) -> float:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import replace
 
 import torch
@@ -37,6 +38,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 from torch_geometric.data import Data
 
+from leangnn.distributed.data_parallel import epoch_batches
 from leangnn.distributed.graph_parallel import GraphParallel, _part_vector, part_key
 from leangnn.distributed.halo import HaloPlan
 from leangnn.distributed.runtime import (
@@ -44,6 +46,7 @@ from leangnn.distributed.runtime import (
     gradient_groups,
     unflatten_gradients,
 )
+from leangnn.plan.collectives import COMM_KEYS, CollectiveCost, scale_comm
 from leangnn.plan.estimate import (
     Estimate,
     _knobs,
@@ -72,10 +75,11 @@ class _PlannedExchange(torch.autograd.Function):
     halo_exchange`)."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, plan: HaloPlan) -> Tensor:
-        ctx.plan = plan
+    def forward(ctx, x: Tensor, plan: HaloPlan, log: dict | None) -> Tensor:
+        ctx.plan, ctx.log = plan, log
         send = x.index_select(0, plan.send_index)
         out = send.new_empty((plan.num_halo, *x.shape[1:]))
+        _count_exchange(log, plan, x)
         del send
         return out
 
@@ -84,17 +88,29 @@ class _PlannedExchange(torch.autograd.Function):
     def backward(ctx, grad: Tensor):
         plan = ctx.plan
         back = grad.new_empty((plan.send_index.numel(), *grad.shape[1:]))
+        _count_exchange(ctx.log, plan, grad)
         gx = grad.new_zeros((plan.num_owned, *grad.shape[1:]))
         gx.index_add_(0, plan.send_index, back)
-        return gx, None
+        return gx, None, None
 
 
-def planned_all_reduce(params) -> None:
+def _count_exchange(log: dict | None, plan: HaloPlan, rows: Tensor) -> None:
+    # one all-to-all; it lasts as long as the larger of what goes and comes
+    if log is not None:
+        row = rows[:1].numel() * rows.element_size()
+        log["a2a_calls"] += 1
+        log["a2a_bytes"] += max(plan.num_halo, int(plan.send_index.numel())) * row
+
+
+def planned_all_reduce(params, log: dict | None = None) -> None:
     """The gradient sum's allocations (one flat buffer per dtype, the
     gradients copied back) without communication; every parameter is taken
-    to have a gradient on some rank."""
+    to have a gradient on some rank. ``log`` counts the all-reduces."""
     for ps in gradient_groups(params):
         flat = flat_gradients(ps)
+        if log is not None:
+            log["ar_calls"] += 1
+            log["ar_bytes"] += flat.numel() * flat.element_size()
         unflatten_gradients(flat, ps, [1.0] * len(ps))
         del flat
 
@@ -123,9 +139,43 @@ class PlannedRank(GraphParallel):
                      None, None)
         self._host = (self.x, self.plan, self.edge_weight, self.edge_attr)
         self.device = torch.device(device)
+        #: a traced step's collectives (:data:`~leangnn.plan.collectives.
+        #: COMM_KEYS`) per model traced, by its parameter count
+        self.comm: dict[int, dict[str, int]] = {}
+        self._log: dict[str, int] | None = None
 
     def exchange(self, h: Tensor, layer: int | None = None) -> Tensor:
-        return _PlannedExchange.apply(h, self.plan)
+        return _PlannedExchange.apply(h, self.plan, self._log)
+
+    @contextmanager
+    def _once(self, kept: bool = True):
+        # what a run exchanges once and keeps (the input features' halo, GCN's
+        # degrees): its memory counts in every traced step, its time does not
+        log, self._log = self._log, (None if kept else self._log)
+        try:
+            yield
+        finally:
+            self._log = log
+
+    def local_input(self, h: Tensor, layer: int | None = None) -> Tensor:
+        with self._once(h is self.x and not h.requires_grad):
+            return super().local_input(h, layer)
+
+    def _gcn_topology(self, *args, **kwargs):
+        with self._once():
+            return super()._gcn_topology(*args, **kwargs)
+
+    def traced_comm(self, num_layers: int, extrapolated: bool) -> dict[str, float]:
+        """One step's collectives at ``num_layers``: as traced, or, for a
+        deep model traced at depths 2 and 4, extrapolated as its work is."""
+        keys = sorted(self.comm)
+        if not keys:
+            return {}
+        if not extrapolated or len(keys) < 2:
+            return dict(self.comm[keys[-1]])
+        lo, hi = self.comm[keys[0]], self.comm[keys[1]]
+        return {k: max(0.0, lo[k] + (hi[k] - lo[k]) * (num_layers - 2) / 2)
+                for k in lo}
 
     def part_tensors(self) -> list[Tensor]:
         """The part's tensors a rank keeps (features, local edges, lists)."""
@@ -151,8 +201,14 @@ class PlannedRank(GraphParallel):
             ea = None if ea is None else ea.to(self.device)
         self.x, self.plan, self.edge_weight, self.edge_attr = x, plan, ew, ea
         self._gcn, self._static_halo = {}, None
+        self._log = dict.fromkeys(COMM_KEYS, 0)
         loss = self.local_backward(model, data, loss_fn)
-        planned_all_reduce(model.parameters())
+        planned_all_reduce(model.parameters(), self._log)
+        self._log["ar_calls"] += 1  # the loss
+        self._log["ar_bytes"] += loss.element_size()
+        # kept when the step completes (a failed meta trace runs it again)
+        self.comm[sum(p.numel() for p in model.parameters())] = self._log
+        self._log = None
         return loss
 
 
@@ -176,7 +232,6 @@ def batch_share(sizes: list[int], nproc: int, batch_size: int | None = None,
     (of work ~ ``sizes``) in the Trainer's seeded order, cut into batches of
     ``batch_size`` (default ``nproc``) dealt round robin; each step waits for
     its busiest rank."""
-    from leangnn.distributed.data_parallel import epoch_batches
 
     total = sum(sizes)
     if not total:
@@ -204,9 +259,11 @@ def _parts_bytes(graphs: list[Data], big: Data, nproc: int, rank: int,
 
 def _graph_rank(cfg, splits, big: Data, runner: PlannedRank, loss_fn: Callable,
                 device: torch.device, calibration) -> Estimate:
+    runner.comm.clear()
     c, extrapolated = _trace_config(cfg, big, splits.in_channels,
                                     splits.out_channels, loss_fn, device,
                                     step=runner.train_step)
+    comm = runner.traced_comm(cfg.num_layers, extrapolated)
     part_b = 0
     if device.type == "cpu":  # (on a device the step copies its part there)
         part_b = sum(tensor_bytes(t) for t in runner.part_tensors())
@@ -228,6 +285,10 @@ def _graph_rank(cfg, splits, big: Data, runner: PlannedRank, loss_fn: Callable,
                    method="fake+extrapolated" if extrapolated else "fake",
                    work=_scale_work(c["work"], big, splits.train),
                    phases=c["phases"], big_bytes=first[1], heap_bytes=first[2])
+    # a step per training graph; halo payloads grow with the graph
+    size = int(big.num_nodes) + int(big.num_edges)
+    est.work.update(scale_comm(comm, len(splits.train), sum(
+        int(g.num_nodes) + int(g.num_edges) for g in splits.train) / max(1, size)))
     if cfg.epochs > 1:
         others = [g for g in splits.train if g is not big]
         est.later = with_part(_with_history(c, cfg, splits, others, True, loss_fn,
@@ -259,14 +320,19 @@ def estimate_distributed(cfg, splits, nproc: int, mode: str = "graph",
     dev = torch.device(device or cfg.device)
     big = largest_graph(splits.train)
     loss_fn = loss_fn or default_loss(big)
+    backend = "nccl" if dev.type == "cuda" else "gloo"
+    cost = None if calibration is None else calibration.collective_cost(backend,
+                                                                        nproc)
     if mode == "data":
-        est = _data_mode(cfg, splits, nproc, dev, calibration, loss_fn)
+        est = _data_mode(cfg, splits, nproc, dev, calibration, loss_fn, cost)
     else:
         part = rank_partition(big, nproc, cfg.seed)
         ranks = []
         for rank in range(nproc):
             runner = PlannedRank(big, part, rank, nproc, dev)
             r = _graph_rank(cfg, splits, big, runner, loss_fn, dev, calibration)
+            if cost is not None:
+                r.epoch_seconds = cost.epoch_seconds(r.epoch_seconds, r.work)
             r.ranks = [{"rank": rank, "owned": runner.plan.num_owned,
                         "halo": runner.plan.num_halo,
                         "local_edges": int(runner.plan.edge_ids.numel()),
@@ -278,15 +344,25 @@ def estimate_distributed(cfg, splits, nproc: int, mode: str = "graph",
         est.ranks = [r.ranks[0] for r in ranks]
         times = [r.epoch_seconds for r in ranks if r.epoch_seconds is not None]
         est.epoch_seconds = max(times) if times else None
-    comm = "halo exchange and gradient sum" if mode == "graph" else "gradient sum"
-    est.note = "; ".join(x for x in (f"epoch: ranks' compute, {comm} not timed",
+    est.note = "; ".join(x for x in (_time_note(cost, backend, nproc, mode),
                                      est.note) if x)
     est.estimate_seconds = time.perf_counter() - t0
     return est
 
 
+def _time_note(cost: CollectiveCost | None, backend: str, nproc: int,
+               mode: str) -> str:
+    if cost is None:
+        comm = "halo exchange and gradient sum" if mode == "graph" else "gradient sum"
+        return (f"epoch: ranks' compute, {comm} not timed (python -m "
+                f"leangnn.plan.calibrate --collectives {nproc})")
+    at = "" if cost.nproc == nproc else f", measured with {cost.nproc} ranks"
+    return (f"epoch: compute x{cost.corun:.2f} ({backend} ranks at once{at}) "
+            "+ collectives")
+
+
 def _data_mode(cfg, splits, nproc: int, device: torch.device, calibration,
-               loss_fn: Callable) -> Estimate:
+               loss_fn: Callable, cost: CollectiveCost | None) -> Estimate:
     est = estimate_config(replace(cfg, strategy="full"), splits, device, None,
                           loss_fn)
     # the sum's flat buffer lives beside the gradients after the backward
@@ -301,10 +377,17 @@ def _data_mode(cfg, splits, nproc: int, device: torch.device, calibration,
                         nproc, getattr(cfg, "dist_batch_size", None), cfg.seed)
     est.work = {k: (v * share if k in ("ops", "written", "flops") else v)
                 for k, v in est.work.items()}
+    # every step sums the gradients (one buffer per dtype; the model's dtype
+    # here) and the batch's loss, on every rank, busy or not
+    steps = len(epoch_batches(list(range(len(splits.train))),
+                              getattr(cfg, "dist_batch_size", None) or nproc))
+    est.work.update(scale_comm({"ar_calls": 2, "ar_bytes": model + 8}, steps, steps))
     est.strategy = "distributed"
     est.knobs = {**est.knobs, "nproc": nproc, "dist_mode": "data"}
     if calibration is not None:
         calibration.apply(est)
+    if cost is not None:
+        est.epoch_seconds = cost.epoch_seconds(est.epoch_seconds, est.work)
     est.ranks = [{"rank": r, "run_bytes": max(est.run_bytes, est.later_run_bytes or 0),
                   "peak_bytes": est.peak_bytes, "epoch_seconds": est.epoch_seconds}
                  for r in range(nproc)]
