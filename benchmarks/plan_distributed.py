@@ -7,8 +7,8 @@ fresh processes, one intra-op thread per rank. For every rank: the
 estimate (``summary.json`` plan ``ranks[r].run_bytes``) against its
 measured peak above its loaded state (``records_per_rank[r]``'s largest
 ``run_peak_bytes``), the median over repeats; the epoch time estimated
-(the ranks' compute alone) against the measured median; and what planning
-cost against one epoch.
+(compute x co-running slowdown + collectives) against the measured median;
+and what planning cost against one epoch.
 
     python benchmarks/plan_distributed.py   # results/plan_distributed.json,
                                             # plan-distributed section
@@ -118,10 +118,15 @@ def markdown(rows: list[dict], epochs: int) -> str:
                 + (f"{row['epoch_estimated']:.3g} / {row['epoch_measured']:.3g} s"
                    f" | {row['plan_seconds'] / row['epoch_measured']:.0%} |"
                    if first else " | |"))
+    ratios = [row["epoch_measured"] / row["epoch_estimated"] for row in rows
+              if row["epoch_estimated"]]
     lines += ["", f"Over {len(errs)} ranks: error median "
               f"{statistics.median(errs):.1%}, worst {max(errs):.1%}. Epoch "
-              "estimates are the ranks' compute alone (halo exchange and "
-              "gradient sum are not calibrated)."]
+              "estimates are the busiest rank's compute times the co-running "
+              "slowdown plus its collectives (`python -m leangnn.plan.calibrate "
+              "--collectives 2`); measured / estimated epoch median "
+              f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-"
+              f"{max(ratios):.2f}x)."]
     return "\n".join(lines)
 
 

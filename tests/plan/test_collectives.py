@@ -6,6 +6,7 @@ import json
 from dataclasses import replace
 
 import pytest
+import torch
 
 from leangnn.config import TrainConfig
 from leangnn.data import GraphSplits, with_mask
@@ -97,3 +98,8 @@ def test_measured_on_two_ranks_and_stored(tmp_path, monkeypatch, capsys):
     with pytest.raises(SystemExit):
         calibrate_main(["--collectives", "1"])
     assert "at least 2 ranks, got 1" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="--collectives 100000: more than 8 ranks"):
+        measure_collectives(100000)
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="one per rank needed"):
+            measure_collectives(2, "cuda")

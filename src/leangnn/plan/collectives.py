@@ -207,6 +207,13 @@ def measure_collectives(nproc: int, device: str = "cpu", quick: bool = False,
 
     if not isinstance(nproc, int) or nproc < 2:
         raise ValueError(f"--collectives: expected at least 2 ranks, got {nproc!r}")
+    cores = rank_threads(1)
+    if nproc > 8 * cores:
+        # each rank is an interpreter with torch (~0.4 GiB): a typo's 10000
+        # ranks would exhaust the host before a figure comes back
+        raise ValueError(f"--collectives {nproc}: more than 8 ranks per core on "
+                         f"this machine's {cores} cores; measure at most "
+                         f"{8 * cores}")
     dev = torch.device(device)
     if dev.type == "cuda" and torch.cuda.device_count() < nproc:
         raise ValueError(f"--collectives {nproc} on cuda: {torch.cuda.device_count()} "
