@@ -239,3 +239,47 @@ def test_calibrate_families_fits_one_family_and_keeps_the_rest(tmp_path,
     with pytest.raises(ValueError, match=r"no calibration run of \['nope'\]"):
         cmod.calibrate_families(["nope"], "cpu")
     assert cmod.main(["--family", "dag", "--repeat", "1", "--reuse"]) == 0
+
+
+def test_calibrate_time_fits_the_time_terms_and_keeps_the_memory_fit(
+        tmp_path, monkeypatch, capsys):
+    # stubbed runs whose CPU seconds follow known time terms: the fit finds
+    # them; heap factors, constant and margin stay the stored calibration's
+    import pytest
+
+    import leangnn.data
+    import leangnn.plan.calibrate as cmod
+    import leangnn.plan.estimate
+    from leangnn.plan.calibration import load_calibration
+
+    monkeypatch.setenv("LEANGNN_CACHE", str(tmp_path))
+    before = load_calibration("cpu")
+    works = {n: {"ops": 100.0 * n, "written": 1e8 * (n % 3 + 1),
+                 "big_written": 5e7 * (n % 2) * n, "flops": 1e9 * (7 - n) ** 2,
+                 "graphs": 1}
+             for n in range(1, 7)}
+    runs = [dict(strategy="full", model="sage", num_layers=n, dataset="csbm:100")
+            for n in works]
+    monkeypatch.setattr(cmod, "CALIBRATION_RUNS", runs)
+    monkeypatch.setattr(leangnn.data, "load_graphs", lambda cfg, progress: None)
+
+    def fake_estimate(cfg, splits):
+        return Estimate(cfg.strategy, {"model": cfg.model}, "cpu", step_bytes=1 << 20,
+                        work=works[cfg.num_layers])
+
+    def seconds(w):
+        return 1e-5 * w["ops"] + 2e-10 * w["written"] + 6e-10 * w["big_written"] \
+            + 1e-12 * w["flops"]
+
+    monkeypatch.setattr(leangnn.plan.estimate, "estimate_config", fake_estimate)
+    monkeypatch.setattr(cmod, "_measure", lambda cfg, device, mmap, timeout: {
+        "run_bytes": 9 << 20, "epoch_seconds": [1.0],
+        "epoch_cpu_seconds": [seconds(works[cfg.num_layers])], "baseline_bytes": 0})
+    cal = cmod.calibrate_time("cpu", mmap=False, progress=False)
+    assert (cal.per_op, cal.per_byte, cal.per_big_byte, cal.per_flop) == \
+        pytest.approx((1e-5, 2e-10, 6e-10, 1e-12), rel=1e-4)
+    assert (cal.const, cal.heap_scales, cal.budget_scale) == \
+        (before.const, before.heap_scales, before.budget_scale)
+    assert load_calibration("cpu").per_big_byte == pytest.approx(6e-10, rel=1e-4)
+    assert cmod.main(["--time-only", "--repeat", "1", "--reuse"]) == 0
+    assert "ns/B more in fresh pages" in capsys.readouterr().out

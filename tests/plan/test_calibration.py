@@ -44,6 +44,30 @@ def test_fit_recovers_memory_and_time_coefficients():
         (2e-5, 1e-9, 3e-10), rel=1e-4)
 
 
+def test_fit_prices_fresh_pages_apart():
+    """Samples whose big blocks cost more per byte than heap writes: the fit
+    finds both terms (the reference box: ~0.55 ns/B more)."""
+    rng = np.random.default_rng(1)
+    samples = []
+    for _ in range(10):
+        work = {"ops": float(rng.integers(100, 5000)),
+                "written": float(rng.uniform(1e8, 1e10)),
+                "flops": float(rng.uniform(1e8, 1e11)), "graphs": 1}
+        work["big_written"] = work["written"] * float(rng.uniform(0, 0.9))
+        sec = 2e-5 * work["ops"] + 1e-10 * work["written"] + \
+            5e-10 * work["big_written"] + 3e-12 * work["flops"]
+        samples.append({"tensor_bytes": 1e6, "run_bytes": 1e6, "work": work,
+                        "epoch_seconds": sec})
+    cal = fit_calibration(samples)
+    assert (cal.per_op, cal.per_byte, cal.per_big_byte, cal.per_flop) == \
+        pytest.approx((2e-5, 1e-10, 5e-10, 3e-12), rel=1e-4)
+    assert cal.seconds(samples[0]["work"]) == pytest.approx(
+        samples[0]["epoch_seconds"])
+    # a work without the term (a DAG sweep's, an old sample's) prices none
+    old = {k: v for k, v in samples[0]["work"].items() if k != "big_written"}
+    assert cal.seconds(old) < samples[0]["epoch_seconds"]
+
+
 def test_offload_samples_get_their_own_byte_scale():
     samples = _samples(1.0, 0.0, 2e-5, 1e-9, 3e-10)
     off = dict(samples[0], work={**samples[0]["work"], "jobs": 40},

@@ -287,7 +287,7 @@ def test_heap_frontier_splits_at_the_mmap_threshold():
     # memory keeps its high-water; above it each block has its own pages.
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from leangnn.plan.fake import FakeTracker, StepTrace
+    from leangnn.plan.fake import COLD_BYTES, FakeTracker, StepTrace
 
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     tracker = FakeTracker(mode, heap_threshold=1000)
@@ -300,6 +300,14 @@ def test_heap_frontier_splits_at_the_mmap_threshold():
         torch.empty(200)                # 800 B: the heap grows
     trace = StepTrace(tracker.peak, frontier=tracker.frontier)
     assert tracker.peak == 4000
+    # fresh pages are written once per new block at or above the threshold
+    assert (tracker.written, tracker.big_written) == (5200, 4000)
+    assert tracker.cold_written == 0  # every block fits the core's caches
+    tracker = FakeTracker(mode, heap_threshold=1000)
+    with mode, tracker:
+        torch.empty(COLD_BYTES // 4)  # one block past them
+        torch.empty(COLD_BYTES // 4 - 1)
+    assert tracker.cold_written == COLD_BYTES
     assert trace.heap_point(2.0) == (4000, 400)   # 4800 > 0 + 2 x 800
     assert trace.heap_point(20.0) == (0, 800)     # 16000 > 4000 + 20 x 400
 

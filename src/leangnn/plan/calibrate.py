@@ -32,6 +32,7 @@ from leangnn.plan.calibration import (
     family_heap_factor,
     fit_calibration,
     fit_long_runs,
+    fit_time,
     heap_families,
     kind_path,
     load_calibration,
@@ -340,6 +341,29 @@ def calibrate(device: str = "cpu", quick: bool = False, mmap: bool | None = None
     return cal
 
 
+def calibrate_time(device: str = "cpu", mmap: bool | None = None,
+                   timeout: float | None = 900, save: bool = True,
+                   progress: bool = True, repeat: int = 1,
+                   reuse: bool = False) -> Calibration:
+    """Measure :data:`CALIBRATION_RUNS` and fit only the epoch-time terms
+    (per op, per byte, per big byte, per FLOP, offload's, the op mixes'
+    time scales) into this machine's calibration (the stored one, else the
+    shipped reference), keeping its memory fit: a time term added after a
+    calibration gets its coefficient without the memory figures moving.
+    Arguments as for :func:`calibrate`."""
+    samples = _measure_runs(CALIBRATION_RUNS, device, mmap, timeout, repeat, reuse,
+                            progress)
+    if not samples:
+        raise RuntimeError("calibrate: every calibration run failed")
+    cal = load_calibration(device)
+    cal.time_scales = {}
+    fit_time(cal, samples)
+    cal.fit_time_scales(samples)
+    if save:
+        cal.save()
+    return cal
+
+
 def _runs_of(families: list[str], runs: list[dict[str, Any]], fams_of
              ) -> list[dict[str, Any]]:
     """The runs of ``families`` (by ``fams_of(strategy, run)``); a
@@ -568,6 +592,10 @@ def main(argv: list[str] | None = None) -> int:
                         "--long-runs: its long-run scale) into the stored "
                         "calibration, else the shipped reference, keeping the "
                         "rest")
+    p.add_argument("--time-only", action="store_true",
+                   help="measure the calibration runs and fit only the epoch "
+                        "time terms into the stored calibration, keeping its "
+                        "memory fit")
     p.add_argument("--collectives", type=int, default=None, metavar="P",
                    help="time P local ranks' collectives (halo all-to-all, "
                         "gradient all-reduce) and how much slower a rank "
@@ -613,6 +641,19 @@ def main(argv: list[str] | None = None) -> int:
     mmap = None if args.allocator is None else args.allocator == "mmap"
     if args.repeat < 1:
         p.error(f"--repeat: at least 1, got {args.repeat}")
+    if args.time_only:
+        try:
+            cal = calibrate_time(args.device, mmap, repeat=args.repeat,
+                                 reuse=args.reuse)
+        except (ValueError, RuntimeError) as e:
+            p.error(str(e))
+        print(f"{cal.kind}: epoch = {cal.per_op * 1e6:.2f} us/op + "
+              f"{cal.per_byte * 1e9:.3f} ns/B written + "
+              f"{cal.per_big_byte * 1e9:.3f} ns/B more in fresh pages + "
+              f"{cal.per_flop * 1e12:.3f} ns/kFLOP (median error "
+              f"{cal.error.get('time_median', 0):.1%}); stored in "
+              f"{kind_path(cal.kind)}")
+        return 0
     if args.family:
         try:
             cal = calibrate_families(args.family, args.device, mmap,

@@ -16,9 +16,12 @@ estimates:
   fragments less than a residual SAGE stack's); on CUDA ``measured = tensor
   bytes + const`` and ``reserved / allocated`` for budget checks; offload's
   accounting gets a scale per model;
-* time: ``epoch_seconds = a ops + b bytes_written + c flops`` (non-negative
-  least squares over the traced work), and for offload
-  ``k x that + per_job x jobs``.
+* time: ``epoch_seconds = a ops + b bytes_written + b' bytes written into
+  storages of 1 MiB or more (past the core's caches) + b'' bytes written
+  into storages at or above the heap threshold (fresh pages, faulted in) +
+  c flops`` (non-negative least squares of least relative error over the
+  traced work), and for offload ``k x that + per_job x jobs``; the DAG
+  model's runs get a scale of their own on top.
 
 One JSON file per machine kind (CPU model and allocator setting, or GPU name)
 under ``cache_root("calibration")``. A machine without one uses the
@@ -53,7 +56,7 @@ __all__ = ["Calibration", "heap_families", "machine_kind", "allocator_mode",
            "reference_calibration", "calibration_label", "REFERENCE_DIR",
            "long_run_families", "fit_long_runs", "SHORT_RUN_EPOCHS",
            "family_heap_factor", "HEAVY_HEAP_BYTES", "TIMED_FAMILIES",
-           "DAG_NARROW", "sample_families"]
+           "DAG_NARROW", "sample_families", "fit_time"]
 
 #: the calibrations shipped with the package, one per CPU allocator mode
 #: (``glibc-default.json``, ...; written by ``python -m leangnn.plan.calibrate
@@ -168,6 +171,15 @@ class Calibration:
             the calibration ran each configuration once).
         per_op, per_byte, per_flop (float): seconds per traced op, byte
             written and FLOP.
+        per_cold_byte (float): seconds per byte written into a new storage
+            of :data:`~leangnn.plan.fake.COLD_BYTES` or more, on top of
+            ``per_byte`` (``work["cold_written"]``: past the core's caches).
+        per_big_byte (float): seconds per byte written into a new storage at
+            or above the heap threshold (``work["big_written"]``), on top of
+            ``per_byte``: such a block is fresh pages from the kernel, each
+            faulted in as it is first written (~0.55 ns/B more than a write
+            into resident memory on the reference box's VM: csbm:100000's
+            message tensors, not the small graphs' heap blocks).
         offload_scale, per_job (float): offload epoch ``= offload_scale x``
             the full-batch time of its work ``+ per_job x jobs``.
         offload_bytes_scale (float): measured over estimated bytes of offload
@@ -238,6 +250,8 @@ class Calibration:
     per_op: float = 3e-5
     per_byte: float = 1e-9
     per_flop: float = 2e-10
+    per_cold_byte: float = 0.0
+    per_big_byte: float = 0.0
     offload_scale: float = 2.0
     per_job: float = 2e-3
     offload_bytes_scale: float = 1.0
@@ -306,6 +320,8 @@ class Calibration:
         if not work or "ops" not in work:
             return None
         t = (self.per_op * work["ops"] + self.per_byte * work["written"]
+             + self.per_cold_byte * work.get("cold_written", 0)
+             + self.per_big_byte * work.get("big_written", 0)
              + self.per_flop * work["flops"])
         if "jobs" in work:
             t = self.offload_scale * t + self.per_job * work["jobs"]
@@ -601,7 +617,7 @@ def fit_calibration(samples: list[dict[str, Any]], device="cpu") -> Calibration:
         cal.budget_scale = float(max(reserved))
     elif torch.device(device).type == "cpu":
         cal.budget_scale = _spread_margin(samples)
-    _fit_time(cal, samples)
+    fit_time(cal, samples)
     cal.fit_time_scales(samples)
     return cal
 
@@ -712,21 +728,34 @@ def _fit_offload(cal: Calibration, off: list[dict[str, Any]]) -> None:
                 [s["tensor_bytes"] for s in runs], y, m))
 
 
-def _fit_time(cal: Calibration, samples: list[dict[str, Any]]) -> None:
-    plain = [s for s in samples if s.get("work") and "jobs" not in s["work"]]
-    if len(plain) >= 3:
-        a = np.array([[s["work"]["ops"], s["work"]["written"], s["work"]["flops"]]
-                      for s in plain], dtype=float)
+#: the traced work the time fit prices, in :class:`Calibration`'s order
+_TIME_TERMS = (("ops", "per_op"), ("written", "per_byte"),
+               ("cold_written", "per_cold_byte"), ("big_written", "per_big_byte"),
+               ("flops", "per_flop"))
+
+
+def fit_time(cal: Calibration, samples: list[dict[str, Any]]) -> None:
+    """Fit ``cal``'s epoch-time terms in place from ``samples`` (their traced
+    ``work`` and measured ``epoch_seconds``): the full-batch terms of least
+    relative error, non-negative, then offload's scale and per-job cost."""
+    # the op mixes with a time scale of their own (the DAG model's Python
+    # level loop between its ops) would bend the per-op cost of the rest:
+    # they are priced by it afterwards (:meth:`Calibration.fit_time_scales`)
+    plain = [s for s in samples if s.get("work") and "jobs" not in s["work"]
+             and not set(TIMED_FAMILIES) & set(sample_families(s))]
+    if len(plain) >= len(_TIME_TERMS):
+        a = np.array([[s["work"].get(k, 0) for k, _ in _TIME_TERMS] for s in plain],
+                     dtype=float)
         t = np.array([s["epoch_seconds"] for s in plain], dtype=float)
         coef = _relative_lstsq(a, t, nonneg=True)
         if coef.any():
-            cal.per_op, cal.per_byte, cal.per_flop = (float(c) for c in coef)
+            for (_, name), c in zip(_TIME_TERMS, coef):
+                setattr(cal, name, float(c))
         cal.error["time_median"] = _errors(a @ coef, t)["median"]
     off = [s for s in samples if s.get("work") and "jobs" in s["work"]]
     if off:
-        base = np.array([cal.per_op * s["work"]["ops"] + cal.per_byte
-                         * s["work"]["written"] + cal.per_flop * s["work"]["flops"]
-                         for s in off])
+        base = np.array([sum(getattr(cal, name) * s["work"].get(k, 0)
+                             for k, name in _TIME_TERMS) for s in off])
         jobs = np.array([s["work"]["jobs"] for s in off], dtype=float)
         t = np.array([s["epoch_seconds"] for s in off], dtype=float)
         if len(off) >= 2:

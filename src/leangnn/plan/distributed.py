@@ -48,6 +48,7 @@ from leangnn.distributed.runtime import (
 )
 from leangnn.plan.collectives import COMM_KEYS, CollectiveCost, scale_comm
 from leangnn.plan.estimate import (
+    WORK_KEYS,
     Estimate,
     _knobs,
     _resident_graph_bytes,
@@ -375,7 +376,7 @@ def _data_mode(cfg, splits, nproc: int, device: torch.device, calibration,
         est.later = (max(step, 5 * model), big_b, heap_b)
     share = batch_share([int(g.num_nodes) + int(g.num_edges) for g in splits.train],
                         nproc, getattr(cfg, "dist_batch_size", None), cfg.seed)
-    est.work = {k: (v * share if k in ("ops", "written", "flops") else v)
+    est.work = {k: (v * share if k in WORK_KEYS else v)
                 for k, v in est.work.items()}
     # every step sums the gradients (one buffer per dtype; the model's dtype
     # here) and the batch's loss, on every rank, busy or not

@@ -173,7 +173,8 @@ def _trace(model, data, loss_fn, step, lr, weight_decay, clip_norm, dev, round_t
             peak = tracker.peak
             del opt
     return StepTrace(peak, tracker.phases, params, _data_bytes(data), tracker.ops,
-                     tracker.written, tracker.flops, list(tracker.frontier))
+                     tracker.written, tracker.flops, list(tracker.frontier),
+                     tracker.big_written, tracker.cold_written)
 
 
 def _marking(loss_fn: Callable, tracker: FakeTracker) -> Callable:

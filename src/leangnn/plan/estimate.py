@@ -93,7 +93,7 @@ class Estimate:
             ``offload-accounting``, ``analytic``).
         note (str): what the reader should know (fallbacks, assumptions).
         estimate_seconds (float): what the estimate itself took.
-        work (dict): traced ops, bytes written and FLOPs of one epoch.
+        work (dict): traced work of one epoch (:data:`WORK_KEYS`).
         phases (dict): per-phase peak bytes of the step.
         big_bytes, heap_bytes (int): on CPU, the step's bytes in blocks of
             their own pages and the C heap's high-water at the moment that
@@ -178,6 +178,13 @@ def largest_graph(graphs: list[Data]) -> Data:
     return max(graphs, key=lambda g: int(g.num_nodes) + int(g.num_edges))
 
 
+#: the traced work the time estimate prices (:class:`~leangnn.plan.fake.
+#: StepTrace`): ops, bytes of new storages, of those of 1 MiB or more (past
+#: the core's caches), of those at or above the heap threshold (fresh pages:
+#: faulted in as written) and FLOPs
+WORK_KEYS = ("ops", "written", "cold_written", "big_written", "flops")
+
+
 def depth_points(num_layers: int) -> tuple[int, ...]:
     """Depths a registered model is traced at: itself when shallow, else two
     (2 and 4) to extrapolate from.
@@ -205,7 +212,7 @@ def _combine(traces: dict[int, StepTrace], num_layers: int, model_bytes: dict
         (t,) = traces.values()
         return {"peak": t.peak_bytes,
                 "phases": {k: v["peak"] for k, v in t.phases.items()},
-                "work": {"ops": t.ops, "written": t.written, "flops": t.flops},
+                "work": {k: getattr(t, k) for k in WORK_KEYS},
                 "model_bytes": model_bytes[depths[0]], "heap": t.heap_point()}
 
     def at(values: list) -> float:
@@ -217,7 +224,7 @@ def _combine(traces: dict[int, StepTrace], num_layers: int, model_bytes: dict
     points = [traces[d].heap_point() for d in depths]
     return {"peak": max(phases.values()) if phases else 0, "phases": phases,
             "work": {k: max(0.0, at([getattr(traces[d], k) for d in depths]))
-                     for k in ("ops", "written", "flops")},
+                     for k in WORK_KEYS},
             "model_bytes": round(at([model_bytes[d] for d in depths])),
             "heap": (max(0, round(at([p[0] for p in points]))),
                      max(0, round(at([p[1] for p in points]))))}
@@ -331,7 +338,8 @@ def _scale_work(work: dict[str, float], big: Data, graphs: list[Data]) -> dict:
     size = int(big.num_nodes) + int(big.num_edges)
     share = sum(int(g.num_nodes) + int(g.num_edges) for g in graphs) / max(1, size)
     out = {"ops": work["ops"] * len(graphs), "written": work["written"] * share,
-           "flops": work["flops"] * share}
+           "flops": work["flops"] * share,
+           **{k: work.get(k, 0) * share for k in ("cold_written", "big_written")}}
     for k, v in (sweep_work(work["sweep"], graphs) if "sweep" in work else {}).items():
         out[k] += v
     return {**out, "graphs": len(graphs)}

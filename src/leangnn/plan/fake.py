@@ -54,7 +54,8 @@ from torch.utils.weak import WeakIdKeyDictionary
 from torch_geometric.data import Data
 
 __all__ = ["FakeTracker", "StepTrace", "UnsupportedOpError", "fake_model",
-           "default_heap_threshold", "tensor_bytes", "MAX_OPS", "TooManyOpsError"]
+           "default_heap_threshold", "tensor_bytes", "MAX_OPS", "TooManyOpsError",
+           "COLD_BYTES"]
 
 aten = torch.ops.aten
 #: a step of more ops than this is traced no faster than it runs (~0.1-0.3 ms
@@ -136,7 +137,8 @@ class FakeTracker(TorchDispatchMode):
         self.plain = plain
         self.kernel_workspace = plain if kernel_workspace is None else kernel_workspace
         self.live = self.peak = 0
-        self.ops = self.written = self.flops = 0
+        self.ops = self.written = self.flops = self.big_written = 0
+        self.cold_written = 0
         self.phases: dict[str, dict[str, int]] = {}
         self._phase: str | None = None
         # storage key -> [tensor objects alive, bytes, phase it was born in]
@@ -373,11 +375,10 @@ class FakeTracker(TorchDispatchMode):
             self._spike(ws)
         sparse = [a for a in args if isinstance(a, Tensor)
                   and a.layout != torch.strided]
-        if sparse and func._overloadpacket in _SPARSE_PARTS and \
-                any(a in self._values for a in sparse):
+        if sparse and func._overloadpacket in _SPARSE_PARTS:
             # a view of a matrix's parts: no work (the formula below would
-            # count nnz x the part's length; other matrices' accessors keep
-            # that count, which the recorded calibrations were fitted on)
+            # count nnz x the part's length: 0.5 TFLOP of accessors in DPR's
+            # GCN step on csbm:50000, priced at 2 s once FLOPs had a cost)
             return
         if sparse:
             # a sparse product: 2 nnz multiply-adds per output column (the
@@ -433,9 +434,13 @@ class FakeTracker(TorchDispatchMode):
             self._refs[key] = [1, nbytes, self._phase]
             self.live += nbytes
             self.written += nbytes
+            if nbytes >= COLD_BYTES:
+                self.cold_written += nbytes
             if nbytes < self.heap_threshold:
                 self.small_live += nbytes
                 self.small_hw = max(self.small_hw, self.small_live)
+            else:
+                self.big_written += nbytes
             if self.live > self.peak:
                 self.peak = self.live
             if self._phase is not None:
@@ -644,6 +649,10 @@ class StepTrace:
         data_bytes (int): the graph's tensors.
         ops (int), written (int), flops (int): work of the step.
         frontier (list): see :class:`FakeTracker`.
+        big_written (int): bytes of the new storages at or above the heap
+            threshold (pages of their own, faulted in as they are written).
+        cold_written (int): bytes of the new storages of at least
+            :data:`COLD_BYTES` (written past the core's caches).
     """
 
     peak_bytes: int
@@ -654,6 +663,8 @@ class StepTrace:
     written: int = 0
     flops: int = 0
     frontier: list[tuple[int, int]] = field(default_factory=list)
+    big_written: int = 0
+    cold_written: int = 0
 
     def heap_point(self, scale: float = 2.0) -> tuple[int, int]:
         """The frontier point with the most resident memory when the heap
@@ -667,6 +678,11 @@ def fake_model(model: torch.nn.Module, fake_mode: FakeTensorMode) -> torch.nn.Mo
     """A copy of ``model`` whose parameters and buffers are fake tensors."""
     with torch.random.fork_rng(devices=[]), FakeCopyMode(fake_mode):
         return copy.deepcopy(model)
+
+
+#: a new storage of this many bytes or more is written past the core's own
+#: caches (1 MiB: the reference box's L2 per core)
+COLD_BYTES = 1 << 20
 
 
 def default_heap_threshold(device: torch.device | str = "cpu") -> int:
