@@ -68,6 +68,21 @@ def test_fit_prices_fresh_pages_apart():
     assert cal.seconds(old) < samples[0]["epoch_seconds"]
 
 
+def test_time_fit_keeps_to_the_terms_its_samples_tell_apart():
+    # CUDA (no heap threshold): every byte is a "fresh" one, the extra
+    # terms say nothing new; a quick calibration's four runs fit three terms
+    samples = _samples(1.0, 0.0, 2e-5, 1e-9, 3e-10)
+    for s in samples:
+        s["work"]["big_written"] = s["work"]["cold_written"] = s["work"]["written"]
+    cal = fit_calibration(samples)
+    assert (cal.per_op, cal.per_byte, cal.per_flop) == pytest.approx(
+        (2e-5, 1e-9, 3e-10), rel=1e-4)
+    assert cal.per_cold_byte == cal.per_big_byte == 0.0
+    cal = fit_calibration(_samples(1.0, 0.0, 2e-5, 1e-9, 3e-10)[:4])
+    assert (cal.per_op, cal.per_byte, cal.per_flop) == pytest.approx(
+        (2e-5, 1e-9, 3e-10), rel=1e-4)
+
+
 def test_offload_samples_get_their_own_byte_scale():
     samples = _samples(1.0, 0.0, 2e-5, 1e-9, 3e-10)
     off = dict(samples[0], work={**samples[0]["work"], "jobs": 40},

@@ -734,6 +734,24 @@ _TIME_TERMS = (("ops", "per_op"), ("written", "per_byte"),
                ("flops", "per_flop"))
 
 
+def _time_terms(samples: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """The time terms ``samples`` can fit: ops, bytes and FLOPs always; the
+    cold and fresh-page bytes where they are counted apart from the bytes
+    before them (on CUDA, without a heap threshold, every byte is "fresh")
+    and there are samples enough for them (a quick calibration's four)."""
+    base = [t for t in _TIME_TERMS if t[0] in ("ops", "written", "flops")]
+    cols = {k: np.array([s["work"].get(k, 0) for s in samples], dtype=float)
+            for k, _ in _TIME_TERMS}
+    terms, seen = [], []
+    for k, name in _TIME_TERMS:
+        col = cols[k]
+        if (k, name) in base or (col.any() and not any(
+                np.allclose(col, cols[j]) for j in seen)):
+            terms.append((k, name))
+        seen.append(k)
+    return terms if len(samples) >= len(terms) else base
+
+
 def fit_time(cal: Calibration, samples: list[dict[str, Any]]) -> None:
     """Fit ``cal``'s epoch-time terms in place from ``samples`` (their traced
     ``work`` and measured ``epoch_seconds``): the full-batch terms of least
@@ -743,13 +761,16 @@ def fit_time(cal: Calibration, samples: list[dict[str, Any]]) -> None:
     # they are priced by it afterwards (:meth:`Calibration.fit_time_scales`)
     plain = [s for s in samples if s.get("work") and "jobs" not in s["work"]
              and not set(TIMED_FAMILIES) & set(sample_families(s))]
-    if len(plain) >= len(_TIME_TERMS):
-        a = np.array([[s["work"].get(k, 0) for k, _ in _TIME_TERMS] for s in plain],
+    terms = _time_terms(plain)
+    if len(plain) >= max(3, len(terms)):
+        a = np.array([[s["work"].get(k, 0) for k, _ in terms] for s in plain],
                      dtype=float)
         t = np.array([s["epoch_seconds"] for s in plain], dtype=float)
         coef = _relative_lstsq(a, t, nonneg=True)
         if coef.any():
-            for (_, name), c in zip(_TIME_TERMS, coef):
+            for _, name in _TIME_TERMS:
+                setattr(cal, name, 0.0)
+            for (_, name), c in zip(terms, coef):
                 setattr(cal, name, float(c))
         cal.error["time_median"] = _errors(a @ coef, t)["median"]
     off = [s for s in samples if s.get("work") and "jobs" in s["work"]]
