@@ -251,3 +251,25 @@ def test_estimate_outside_a_plan_keeps_no_core_or_adjacency(splits):
     assert any(e[1] is not None for e in E._GRAPHS)
     E.forget()
     assert not dpr._OFFERS and all(e[1] is None for e in E._GRAPHS)
+
+
+def test_prune_epoch_work_covers_every_training_graphs_core():
+    """DPR trains each training graph's core: an epoch over three graphs is
+    three traced core steps, their bytes scaled by the graphs' sizes (the
+    single-graph estimate is the reference)."""
+    gs = [contextual_sbm(n, avg_degree=4.0, in_channels=8, seed=n)
+          for n in (600, 300, 200)]
+    train = [with_mask(g, g.train_mask) for g in gs]
+    cfg = TrainConfig(dataset="csbm:600", model="sage", num_layers=2, epochs=1,
+                      strategy="prune", budget_ratio=0.5)
+
+    def splits(graphs):
+        return GraphSplits(graphs, train[:1], train[:1], "classification",
+                           int(gs[0].y.max()) + 1)
+
+    one = estimate_config(cfg, splits(train[:1]))
+    three = estimate_config(cfg, splits(train))
+    assert three.work["ops"] == pytest.approx(3 * one.work["ops"])
+    size = [int(g.num_nodes) + int(g.num_edges) for g in train]
+    assert three.work["written"] == pytest.approx(
+        one.work["written"] * sum(size) / size[0])

@@ -428,14 +428,17 @@ def estimate_config(cfg, splits, device: torch.device | str | None = None,
     traced: dict[int, int] = {}
     first_fig = _with_history(c, cfg, splits, before, bool(before), loss_fn, dev,
                               traced, big=data)
-    graphs = train if cfg.strategy != "prune" else [data]
+    # DPR trains every training graph's core: the traced core's work scales
+    # with the graphs as the largest one's core does with it (each core is
+    # the same share of its graph)
+    scale_from = big if cfg.strategy == "prune" else data
     if cfg.strategy == "full" and data is big:
         # the offload rows of the same model time their epoch on this work
         _remember_full_work(cfg, big, splits, dev,
                             _scale_work(c["work"], big, splits.train))
     est = Estimate(cfg.strategy, knobs, str(dev), first_fig[0], c["model_bytes"],
                    graph_bytes, method="fake+extrapolated" if extrapolated else "fake",
-                   note=note, work=_scale_work(c["work"], data, graphs),
+                   note=note, work=_scale_work(c["work"], scale_from, train),
                    phases=c["phases"], big_bytes=first_fig[1], heap_bytes=first_fig[2],
                    precompute_bytes=c["host_peak"])
     if cfg.epochs > 1:
