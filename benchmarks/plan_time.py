@@ -36,7 +36,7 @@ from plan import CLI_ROWS, _cli_config  # noqa: E402
 REF = "src/leangnn/plan/reference/glibc-default.json"
 
 
-def _head_calibration(spec: str):
+def _other_calibration(spec: str):
     from leangnn.plan.calibration import Calibration
 
     if spec.startswith("git:"):
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", nargs="+", help="these rows alone")
     ap.add_argument("--timeout", type=float, default=900.0)
     args = ap.parse_args(argv)
-    cals = {"this": load_calibration("cpu"), "other": _head_calibration(args.against)}
+    cals = {"this": load_calibration("cpu"), "other": _other_calibration(args.against)}
     rows, cache = [], {}
     for row in CLI_ROWS:
         if row["name"].startswith("csbm2m") or (args.only and row["name"]

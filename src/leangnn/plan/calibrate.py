@@ -649,6 +649,7 @@ def main(argv: list[str] | None = None) -> int:
             p.error(str(e))
         print(f"{cal.kind}: epoch = {cal.per_op * 1e6:.2f} us/op + "
               f"{cal.per_byte * 1e9:.3f} ns/B written + "
+              f"{cal.per_cold_byte * 1e9:.3f} ns/B more past the caches + "
               f"{cal.per_big_byte * 1e9:.3f} ns/B more in fresh pages + "
               f"{cal.per_flop * 1e12:.3f} ns/kFLOP (median error "
               f"{cal.error.get('time_median', 0):.1%}); stored in "

@@ -319,15 +319,17 @@ class Calibration:
         time scale of the first of ``families`` that has one."""
         if not work or "ops" not in work:
             return None
-        t = (self.per_op * work["ops"] + self.per_byte * work["written"]
-             + self.per_cold_byte * work.get("cold_written", 0)
-             + self.per_big_byte * work.get("big_written", 0)
-             + self.per_flop * work["flops"])
+        t = self.compute_seconds(work)
         if "jobs" in work:
             t = self.offload_scale * t + self.per_job * work["jobs"]
         scale = next((self.time_scales[f] for f in families
                       if f in self.time_scales), 1.0)
         return float(t * scale)
+
+    def compute_seconds(self, work: dict[str, float]) -> float:
+        """The full-batch time terms of ``work`` (:data:`_TIME_TERMS`), before
+        offload's and the op mixes' scales."""
+        return sum(getattr(self, name) * work.get(k, 0) for k, name in _TIME_TERMS)
 
     def fit_time_scales(self, samples: list[dict[str, Any]]) -> None:
         """:attr:`time_scales` of the :data:`TIMED_FAMILIES` with runs among
@@ -775,8 +777,7 @@ def fit_time(cal: Calibration, samples: list[dict[str, Any]]) -> None:
         cal.error["time_median"] = _errors(a @ coef, t)["median"]
     off = [s for s in samples if s.get("work") and "jobs" in s["work"]]
     if off:
-        base = np.array([sum(getattr(cal, name) * s["work"].get(k, 0)
-                             for k, name in _TIME_TERMS) for s in off])
+        base = np.array([cal.compute_seconds(s["work"]) for s in off])
         jobs = np.array([s["work"]["jobs"] for s in off], dtype=float)
         t = np.array([s["epoch_seconds"] for s in off], dtype=float)
         if len(off) >= 2:

@@ -264,7 +264,7 @@ def _graph_rank(cfg, splits, big: Data, runner: PlannedRank, loss_fn: Callable,
     c, extrapolated = _trace_config(cfg, big, splits.in_channels,
                                     splits.out_channels, loss_fn, device,
                                     step=runner.train_step)
-    comm = runner.traced_comm(cfg.num_layers, extrapolated)
+    c["work"].update(runner.traced_comm(cfg.num_layers, extrapolated))
     part_b = 0
     if device.type == "cpu":  # (on a device the step copies its part there)
         part_b = sum(tensor_bytes(t) for t in runner.part_tensors())
@@ -286,10 +286,6 @@ def _graph_rank(cfg, splits, big: Data, runner: PlannedRank, loss_fn: Callable,
                    method="fake+extrapolated" if extrapolated else "fake",
                    work=_scale_work(c["work"], big, splits.train),
                    phases=c["phases"], big_bytes=first[1], heap_bytes=first[2])
-    # a step per training graph; halo payloads grow with the graph
-    size = int(big.num_nodes) + int(big.num_edges)
-    est.work.update(scale_comm(comm, len(splits.train), sum(
-        int(g.num_nodes) + int(g.num_edges) for g in splits.train) / max(1, size)))
     if cfg.epochs > 1:
         others = [g for g in splits.train if g is not big]
         est.later = with_part(_with_history(c, cfg, splits, others, True, loss_fn,

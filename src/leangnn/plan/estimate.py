@@ -48,6 +48,7 @@ import torch
 from torch import Tensor
 from torch_geometric.data import Data
 
+from leangnn.plan.collectives import scale_comm
 from leangnn.plan.dag import (
     concrete_limit,
     host_peak_bytes,
@@ -332,14 +333,17 @@ def _dry_run(model: torch.nn.Module, data: Data, run: Callable
 
 def _scale_work(work: dict[str, float], big: Data, graphs: list[Data]) -> dict:
     """Work of an epoch over ``graphs`` from the traced step on ``big``: ops
-    repeat per graph, bytes and FLOPs scale with the graph's size; a DAG
+    (and collectives) repeat per graph, bytes and FLOPs scale with the
+    graph's size; a DAG
     model's sweeps add theirs by each graph's levels
     (:func:`~leangnn.plan.dag.sweep_work`)."""
     size = int(big.num_nodes) + int(big.num_edges)
     share = sum(int(g.num_nodes) + int(g.num_edges) for g in graphs) / max(1, size)
     out = {"ops": work["ops"] * len(graphs), "written": work["written"] * share,
            "flops": work["flops"] * share,
-           **{k: work.get(k, 0) * share for k in ("cold_written", "big_written")}}
+           **{k: work.get(k, 0) * share for k in ("cold_written", "big_written")},
+           # a planned rank's collectives: a step per graph, payloads by size
+           **scale_comm(work, len(graphs), share)}
     for k, v in (sweep_work(work["sweep"], graphs) if "sweep" in work else {}).items():
         out[k] += v
     return {**out, "graphs": len(graphs)}
