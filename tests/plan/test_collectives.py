@@ -58,6 +58,17 @@ def test_calibration_takes_the_nearest_measured_ranks():
     assert cal.collective_cost("nccl", 2) is None
     back = Calibration.from_dict(json.loads(json.dumps(cal.to_dict())))
     assert back.collective_cost("gloo", 8).corun == 8.0
+    # a damaged file's entries are left out, never a traceback at plan time
+    cal.collectives = {"gloo:2": {"backend": "gloo", "nproc": 2,
+                                  "all_to_all": [float("nan"), 1e-9],
+                                  "all_reduce": [1e-3, 0.0]},
+                       "gloo:3": {"backend": "gloo", "nproc": 3, "all_to_all": [1],
+                                  "all_reduce": [1e-3, 0.0]},
+                       "gloo:4": 5, "gloo:5": {"nproc": "x"}}
+    assert cal.collective_cost("gloo", 2) is None
+    with pytest.raises(ValueError, match="not a collective cost"):
+        CollectiveCost.from_dict({"backend": "gloo", "nproc": 2, "corun": -1.0,
+                                  "all_to_all": [0, 0], "all_reduce": [0, 0]})
 
 
 @pytest.mark.parametrize("mode", ["graph", "data"])

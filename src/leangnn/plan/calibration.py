@@ -345,7 +345,12 @@ class Calibration:
         """What ``nproc`` ranks on ``backend`` cost beyond compute: measured
         at ``nproc``, else at the nearest ``P`` measured on that backend
         (its ``nproc`` says which), else ``None``."""
-        measured = [CollectiveCost.from_dict(d) for d in self.collectives.values()]
+        measured = []
+        for d in self.collectives.values():
+            try:  # a damaged entry is left out, as a damaged file is
+                measured.append(CollectiveCost.from_dict(d))
+            except ValueError:
+                continue
         measured = [c for c in measured if c.backend == backend]
         if not measured:
             return None

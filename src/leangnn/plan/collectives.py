@@ -22,6 +22,7 @@ each rank's collectives and their payloads in its traced step
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -85,9 +86,27 @@ class CollectiveCost:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> CollectiveCost:
-        return cls(**{k: d[k] for k in ("backend", "nproc", "all_to_all",
-                                        "all_reduce", "corun", "threads",
-                                        "measured_at") if k in d})
+        """The cost stored as ``d``.
+
+        Raises:
+            ValueError: ``d`` is not one (a damaged calibration file): the
+                fields missing, mistyped, or not finite and non-negative.
+        """
+        try:
+            cost = cls(str(d["backend"]), int(d["nproc"]),
+                       [float(x) for x in d["all_to_all"]],
+                       [float(x) for x in d["all_reduce"]],
+                       float(d.get("corun", 1.0)), int(d.get("threads", 1)),
+                       str(d.get("measured_at", "")))
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"not a collective cost ({type(e).__name__}: {e}): "
+                             f"{d!r:.200}") from None
+        numbers = [*cost.all_to_all, *cost.all_reduce, cost.corun]
+        if len(cost.all_to_all) != 2 or len(cost.all_reduce) != 2 or not all(
+                math.isfinite(x) and x >= 0 for x in numbers):
+            raise ValueError(f"not a collective cost (two finite, non-negative "
+                             f"terms per collective expected): {d!r:.200}")
+        return cost
 
 
 def scale_comm(per_step: dict[str, float], steps: float, share: float
