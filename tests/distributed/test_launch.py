@@ -9,6 +9,7 @@ import os
 import signal
 import sys
 import textwrap
+import time
 
 import pytest
 import torch
@@ -233,7 +234,6 @@ def _alive(pid: int) -> bool:
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG")
 def test_ranks_die_with_a_killed_launcher(tmp_path):
     import subprocess
-    import time
 
     launcher = subprocess.Popen([sys.executable, "-c", _LAUNCHER,
                                  _RANK_OF_A_KILLED_LAUNCHER, str(tmp_path)])
@@ -255,3 +255,48 @@ def test_ranks_die_with_a_killed_launcher(tmp_path):
     for p in left:  # do not leave them behind when the check fails
         os.kill(p, signal.SIGKILL)
     assert left == [], f"ranks {left} outlived their SIGKILLed launcher"
+
+
+def _parked(ctx, folder):
+    # both ranks blocked inside gloo, each waiting for the other: Python's
+    # SIGINT (torch's death signal for spawned children) is not seen there
+    with open(os.path.join(folder, str(ctx.rank)), "w") as f:
+        f.write(str(os.getpid()))
+    dist.recv(torch.zeros(1), src=1 - ctx.rank)
+
+
+_SPAWNER = textwrap.dedent("""
+    import sys
+    sys.path.insert(0, sys.argv[2])
+    from test_launch import _parked
+    from leangnn.distributed.launch import spawn
+    spawn(_parked, 2, args=(sys.argv[1],))
+""")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG")
+def test_spawned_ranks_die_with_a_killed_caller(tmp_path):
+    # `python -m leangnn.plan.calibrate --collectives P` killed half-way left
+    # its ranks parked in a barrier until the process group's timeout
+    import subprocess
+
+    caller = subprocess.Popen([sys.executable, "-c", _SPAWNER, str(tmp_path),
+                               os.path.dirname(__file__)])
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not all(
+                (tmp_path / r).is_file() and (tmp_path / r).read_text()
+                for r in ("0", "1")):
+            time.sleep(0.05)
+        pids = [int((tmp_path / r).read_text() or 0) for r in ("0", "1")]
+        assert all(_alive(p) for p in pids)
+    finally:
+        caller.kill()
+        caller.wait()
+    deadline = time.monotonic() + 20
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    left = [p for p in pids if _alive(p)]
+    for p in left:
+        os.kill(p, signal.SIGKILL)
+    assert left == [], f"ranks {left} outlived their SIGKILLed caller"

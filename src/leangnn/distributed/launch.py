@@ -45,12 +45,14 @@ __all__ = ["find_free_port", "launch_processes", "relaunch_cli", "spawn",
 LAUNCHER_PID = "LEANGNN_LAUNCHER_PID"
 
 
-def die_with_launcher() -> None:
-    """In a rank :func:`launch_processes` started: end this process when the
-    launcher dies (Linux ``PR_SET_PDEATHSIG``), so a launcher killed with
-    SIGKILL leaves no orphaned rank training and writing its run (a later
-    ``--resume`` would be refused while they live). No-op elsewhere."""
-    pid = os.environ.get(LAUNCHER_PID)
+def die_with_launcher(pid: int | None = None) -> None:
+    """In a rank :func:`launch_processes` (or :func:`spawn`) started: end this
+    process when the launcher dies (Linux ``PR_SET_PDEATHSIG``), so a
+    launcher killed with SIGKILL leaves no orphaned rank training and
+    writing its run (a later ``--resume`` would be refused while they live),
+    nor one waiting in a collective. ``pid``: the launcher's (default: from
+    :data:`LAUNCHER_PID`). No-op elsewhere."""
+    pid = pid or os.environ.get(LAUNCHER_PID)
     if not pid or not sys.platform.startswith("linux"):
         return
     import ctypes
@@ -215,11 +217,13 @@ def relaunch_cli(argv: Sequence[str], nproc: int, planned: Sequence[str] | None 
 
 # ---------------------------------------------------------------------- #
 def _spawn_entry(index: int, fn, nproc: int, store: str, backend: str,
-                 timeout: float, threads: int | None, args: tuple, out_dir: str
-                 ) -> None:
+                 timeout: float, threads: int | None, args: tuple, out_dir: str,
+                 launcher: int) -> None:
     import torch.distributed as dist
 
     from leangnn.distributed.runtime import _device_for
+
+    die_with_launcher(launcher)
 
     if threads:
         torch.set_num_threads(threads)
@@ -277,7 +281,7 @@ def spawn(fn: Callable[..., Any], nproc: int, args: tuple = (), backend: str = "
     with tempfile.TemporaryDirectory(prefix="leangnn-dist-") as tmp:
         ctx = mp.start_processes(
             _spawn_entry, args=(fn, nproc, os.path.join(tmp, "store"), backend,
-                                timeout, threads, args, tmp),
+                                timeout, threads, args, tmp, os.getpid()),
             nprocs=nproc, join=False, start_method=start_method)
         start = time.monotonic()
         try:
