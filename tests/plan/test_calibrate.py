@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
+import leangnn.plan.calibrate as cmod
 from leangnn.plan.estimate import Estimate
 
 
@@ -283,3 +286,25 @@ def test_calibrate_time_fits_the_time_terms_and_keeps_the_memory_fit(
     assert load_calibration("cpu").per_big_byte == pytest.approx(6e-10, rel=1e-4)
     assert cmod.main(["--time-only", "--repeat", "1", "--reuse"]) == 0
     assert "ns/B more in fresh pages" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv,named", [
+    (["--time-only", "--collectives", "2"], "--collectives"),
+    (["--show", "--long-runs"], "--long-runs"),
+    (["--save-reference", "--time-only"], "--time-only"),
+    (["--family", "dag", "--time-only"], "--family"),
+    (["--family", "dag", "--collectives", "2"], "--family"),
+])
+def test_two_jobs_in_one_call_are_refused_naming_the_flags(argv, named, capsys,
+                                                           monkeypatch):
+    # nothing may run: a refused call measured the first flag's job before
+    def ran(*a, **k):
+        raise AssertionError("a refused call ran a calibration")
+
+    for name in ("calibrate", "calibrate_time", "calibrate_collectives",
+                 "calibrate_long_runs", "calibrate_families", "save_reference"):
+        monkeypatch.setattr(cmod, name, ran)
+    with pytest.raises(SystemExit) as e:
+        cmod.main(argv)
+    assert e.value.code == 2
+    assert named in capsys.readouterr().err

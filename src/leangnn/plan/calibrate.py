@@ -563,11 +563,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--allocator", choices=["default", "mmap"], default=None,
                    help="CPU: measure with glibc's default or a fixed mmap "
                         "threshold (default: as this shell is set up)")
-    p.add_argument("--save-reference", action="store_true",
+    # one job per call: a second mode flag was silently dropped (e.g.
+    # --time-only beside --collectives measured the collectives alone)
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--save-reference", action="store_true",
                    help="copy this machine's stored calibration (without its "
                         "samples) into the package as the reference shipped "
                         "for its allocator mode, and exit (maintainers)")
-    p.add_argument("--show", action="store_true",
+    mode.add_argument("--show", action="store_true",
                    help="print the stored calibration and exit")
     # three: calibrations of single runs (drawn from five measured per
     # configuration) moved the cli benchmark's median error over 5.4-7.5%
@@ -576,7 +579,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="fresh-interpreter runs per configuration, the median "
                         "kept (default 3; glibc's default heap varies by "
                         "+-10%% from process to process)")
-    p.add_argument("--long-runs", type=int, nargs="?", const=LONG_RUN_EPOCHS,
+    mode.add_argument("--long-runs", type=int, nargs="?", const=LONG_RUN_EPOCHS,
                    default=None, metavar="EPOCHS",
                    help="CPU: train the calibration runs for EPOCHS epochs "
                         f"(default {LONG_RUN_EPOCHS}) and add how much higher "
@@ -592,16 +595,23 @@ def main(argv: list[str] | None = None) -> int:
                         "--long-runs: its long-run scale) into the stored "
                         "calibration, else the shipped reference, keeping the "
                         "rest")
-    p.add_argument("--time-only", action="store_true",
+    mode.add_argument("--time-only", action="store_true",
                    help="measure the calibration runs and fit only the epoch "
                         "time terms into the stored calibration, keeping its "
                         "memory fit")
-    p.add_argument("--collectives", type=int, default=None, metavar="P",
+    mode.add_argument("--collectives", type=int, default=None, metavar="P",
                    help="time P local ranks' collectives (halo all-to-all, "
                         "gradient all-reduce) and how much slower a rank "
                         "computes beside the others; stored for the planner's "
                         "distributed rows (leangnn plan --nproc P)")
     args = p.parse_args(argv)
+    if args.family and (args.collectives is not None or args.save_reference
+                        or args.show or args.time_only):
+        p.error("--family: only with a calibration run or --long-runs, got it "
+                "with " + next(f for f, on in (
+                    ("--collectives", args.collectives is not None),
+                    ("--save-reference", args.save_reference),
+                    ("--show", args.show), ("--time-only", args.time_only)) if on))
     if args.collectives is not None:
         try:
             cal = calibrate_collectives(args.collectives, args.device, args.quick)
