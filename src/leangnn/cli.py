@@ -142,9 +142,14 @@ def _train(args) -> int:
         if args.nproc < 1:
             raise ValueError(f"--nproc: expected a positive number of processes, "
                              f"got {args.nproc}")
-        from .distributed.launch import die_with_launcher, relaunch_cli
+        from .distributed.launch import (
+            check_local_ranks,
+            die_with_launcher,
+            relaunch_cli,
+        )
 
         if "RANK" not in os.environ:  # the launcher itself, not one of its ranks
+            check_local_ranks(args.nproc, args.device)
             if args.strategy == AUTO:
                 return _planned_ranks(args)
             return relaunch_cli(args.argv, args.nproc)

@@ -300,3 +300,50 @@ def test_spawned_ranks_die_with_a_killed_caller(tmp_path):
     for p in left:
         os.kill(p, signal.SIGKILL)
     assert left == [], f"ranks {left} outlived their SIGKILLed caller"
+
+
+def test_local_ranks_beyond_this_machine_are_refused_before_any_starts(
+        monkeypatch, tmp_path):
+    monkeypatch.delenv(launch_mod.MAX_RANKS_ENV, raising=False)
+    cores = rank_threads(1)
+    most = launch_mod.MAX_RANKS_PER_CORE * cores
+    launch_mod.check_local_ranks(most)  # the limit itself starts
+    started = []
+    monkeypatch.setattr(launch_mod.subprocess, "Popen",
+                        lambda *a, **k: started.append(a) or None)
+    with pytest.raises(ValueError, match=rf"--nproc {most + 1}: .*{cores} usable"):
+        launch_processes([sys.executable, "-c", "pass"], most + 1)
+    with pytest.raises(ValueError, match="--nproc 100000"):
+        spawn(_dies, 100000)
+    assert started == []
+    # memory: as many ranks as cores allow, but not their interpreters
+    monkeypatch.setattr(launch_mod, "_available_memory",
+                        lambda: launch_mod.RANK_START_BYTES * 2)
+    with pytest.raises(ValueError, match=r"--nproc 3: each rank needs ~256 MiB"):
+        launch_mod.check_local_ranks(3)
+    launch_mod.check_local_ranks(2)
+    # the override replaces both limits, and a bad one is named
+    monkeypatch.setenv(launch_mod.MAX_RANKS_ENV, str(most + 5))
+    launch_mod.check_local_ranks(most + 5)
+    with pytest.raises(ValueError, match=rf"above {launch_mod.MAX_RANKS_ENV}="):
+        launch_mod.check_local_ranks(most + 6)
+    monkeypatch.setenv(launch_mod.MAX_RANKS_ENV, "many")
+    with pytest.raises(ValueError, match="got 'many'"):
+        launch_mod.check_local_ranks(2)
+    monkeypatch.delenv(launch_mod.MAX_RANKS_ENV)
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="one GPU per rank, 0 visible"):
+            launch_mod.check_local_ranks(2, "cuda")
+    with pytest.raises(ValueError, match="positive number"):
+        launch_mod.check_local_ranks(0)
+
+
+def test_cli_refuses_a_mistyped_nproc_with_one_line(tmp_path, capsys):
+    from leangnn.cli import main
+
+    out = tmp_path / "run"
+    assert main(["train", "--strategy", "distributed", "--nproc", "100000",
+                 "--epochs", "1", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--nproc 100000" in err[0], err
+    assert not out.exists()

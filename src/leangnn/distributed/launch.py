@@ -39,7 +39,8 @@ from leangnn.distributed.runtime import DEFAULT_TIMEOUT, DistContext, Distribute
 from leangnn.utils import atomic_write_text
 
 __all__ = ["find_free_port", "launch_processes", "relaunch_cli", "spawn",
-           "die_with_launcher", "rank_threads", "LAUNCHER_PID"]
+           "die_with_launcher", "rank_threads", "LAUNCHER_PID", "check_local_ranks",
+           "MAX_RANKS_PER_CORE", "RANK_START_BYTES"]
 
 #: environment variable that names the launcher's pid in the ranks it starts
 LAUNCHER_PID = "LEANGNN_LAUNCHER_PID"
@@ -78,6 +79,73 @@ def rank_threads(nproc: int) -> int:
     except (AttributeError, OSError):  # not on Linux
         cores = os.cpu_count() or 1
     return max(1, cores // max(1, int(nproc)))
+
+
+#: local CPU ranks per usable core a launch accepts (a few share a core
+#: well enough to test a job; thousands, e.g. a mistyped ``--nproc``, would
+#: start that many interpreters and stall the machine)
+MAX_RANKS_PER_CORE = 4
+
+#: resident bytes a rank needs before it trains (the interpreter with torch,
+#: PyG and leangnn imported: 316 MiB measured), checked against the memory
+#: available before any rank starts
+RANK_START_BYTES = 256 << 20
+
+#: set to a number of ranks to lift the CPU limits of :func:`check_local_ranks`
+MAX_RANKS_ENV = "LEANGNN_MAX_LOCAL_RANKS"
+
+
+def _available_memory() -> int | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def check_local_ranks(nproc: int, device: str | torch.device = "cpu") -> None:
+    """Refuse, before any process starts, a job of ``nproc`` local ranks this
+    machine cannot hold: on CUDA, more ranks than visible GPUs (one each);
+    anywhere, more than :data:`MAX_RANKS_PER_CORE` per usable core or than the
+    available memory starts (:data:`RANK_START_BYTES` each), limits the
+    environment variable ``LEANGNN_MAX_LOCAL_RANKS`` replaces.
+
+    Raises:
+        ValueError: naming ``--nproc``, its value and the limit.
+    """
+    if not isinstance(nproc, int) or isinstance(nproc, bool) or nproc < 1:
+        raise ValueError(f"--nproc: expected a positive number of processes, "
+                         f"got {nproc!r}")
+    device = torch.device(device or "cpu")
+    if device.type == "cuda":
+        visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if device.index is None and nproc > visible:
+            raise ValueError(f"--nproc {nproc} on {device.type}: one GPU per rank, "
+                             f"{visible} visible")
+    # every rank is an interpreter on this host, whatever its device
+    env = os.environ.get(MAX_RANKS_ENV, "").strip()
+    if env:
+        if not env.isdigit() or int(env) < 1:
+            raise ValueError(f"{MAX_RANKS_ENV}: expected a positive number of "
+                             f"ranks, got {env!r}")
+        if nproc > int(env):
+            raise ValueError(f"--nproc {nproc}: above {MAX_RANKS_ENV}={env}")
+        return
+    cores = rank_threads(1)
+    if nproc > MAX_RANKS_PER_CORE * cores:
+        raise ValueError(
+            f"--nproc {nproc}: this machine has {cores} usable cores, at most "
+            f"{MAX_RANKS_PER_CORE * cores} local CPU ranks (set {MAX_RANKS_ENV} "
+            "to allow more; torchrun spreads a job over machines)")
+    free = _available_memory()
+    if free is not None and nproc * RANK_START_BYTES > free:
+        raise ValueError(
+            f"--nproc {nproc}: each rank needs ~{RANK_START_BYTES >> 20} MiB to "
+            f"start, {free / 2**30:.1f} GiB is available (set {MAX_RANKS_ENV} to "
+            "try anyway)")
 
 
 def find_free_port(host: str = "127.0.0.1") -> int:
@@ -137,6 +205,8 @@ def launch_processes(cmd: Sequence[str], nproc: int, env: dict[str, str] | None 
     """
     if not isinstance(nproc, int) or nproc < 1:
         raise ValueError(f"nproc must be a positive int, got {nproc!r}")
+    # every rank is a fresh interpreter: refuse what cannot start here
+    check_local_ranks(nproc)
     base = {"OMP_NUM_THREADS": str(rank_threads(nproc)), **os.environ, **(env or {}),
             "MASTER_ADDR": "127.0.0.1",
             "MASTER_PORT": str(find_free_port()), "WORLD_SIZE": str(nproc),
@@ -278,6 +348,7 @@ def spawn(fn: Callable[..., Any], nproc: int, args: tuple = (), backend: str = "
 
     if backend == "nccl" and start_method == "fork":
         raise ValueError("spawn: CUDA ranks need start_method='spawn'")
+    check_local_ranks(nproc, "cuda" if backend == "nccl" else "cpu")
     with tempfile.TemporaryDirectory(prefix="leangnn-dist-") as tmp:
         ctx = mp.start_processes(
             _spawn_entry, args=(fn, nproc, os.path.join(tmp, "store"), backend,
