@@ -231,30 +231,37 @@ def _alive(pid: int) -> bool:
         return False
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG")
-def test_ranks_die_with_a_killed_launcher(tmp_path):
+def _assert_ranks_die_with(argv: list[str], folder, who: str) -> None:
+    """Start ``argv`` (a process whose two ranks write their pids into
+    ``folder``), SIGKILL it once both run, and check that both end."""
     import subprocess
 
-    launcher = subprocess.Popen([sys.executable, "-c", _LAUNCHER,
-                                 _RANK_OF_A_KILLED_LAUNCHER, str(tmp_path)])
+    parent = subprocess.Popen(argv)
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and not all(
-                (tmp_path / r).is_file() and (tmp_path / r).read_text()
+                (folder / r).is_file() and (folder / r).read_text()
                 for r in ("0", "1")):
             time.sleep(0.05)
-        pids = [int((tmp_path / r).read_text() or 0) for r in ("0", "1")]
+        pids = [int((folder / r).read_text() or 0) for r in ("0", "1")]
         assert all(_alive(p) for p in pids)
     finally:
-        launcher.kill()
-        launcher.wait()
+        parent.kill()
+        parent.wait()
     deadline = time.monotonic() + 20
     while any(_alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
     left = [p for p in pids if _alive(p)]
     for p in left:  # do not leave them behind when the check fails
         os.kill(p, signal.SIGKILL)
-    assert left == [], f"ranks {left} outlived their SIGKILLed launcher"
+    assert left == [], f"ranks {left} outlived their SIGKILLed {who}"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG")
+def test_ranks_die_with_a_killed_launcher(tmp_path):
+    _assert_ranks_die_with([sys.executable, "-c", _LAUNCHER,
+                            _RANK_OF_A_KILLED_LAUNCHER, str(tmp_path)], tmp_path,
+                           "launcher")
 
 
 def _parked(ctx, folder):
@@ -278,28 +285,8 @@ _SPAWNER = textwrap.dedent("""
 def test_spawned_ranks_die_with_a_killed_caller(tmp_path):
     # `python -m leangnn.plan.calibrate --collectives P` killed half-way left
     # its ranks parked in a barrier until the process group's timeout
-    import subprocess
-
-    caller = subprocess.Popen([sys.executable, "-c", _SPAWNER, str(tmp_path),
-                               os.path.dirname(__file__)])
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not all(
-                (tmp_path / r).is_file() and (tmp_path / r).read_text()
-                for r in ("0", "1")):
-            time.sleep(0.05)
-        pids = [int((tmp_path / r).read_text() or 0) for r in ("0", "1")]
-        assert all(_alive(p) for p in pids)
-    finally:
-        caller.kill()
-        caller.wait()
-    deadline = time.monotonic() + 20
-    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    left = [p for p in pids if _alive(p)]
-    for p in left:
-        os.kill(p, signal.SIGKILL)
-    assert left == [], f"ranks {left} outlived their SIGKILLed caller"
+    _assert_ranks_die_with([sys.executable, "-c", _SPAWNER, str(tmp_path),
+                            os.path.dirname(__file__)], tmp_path, "caller")
 
 
 def test_local_ranks_beyond_this_machine_are_refused_before_any_starts(
