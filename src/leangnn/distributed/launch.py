@@ -40,7 +40,7 @@ from leangnn.utils import atomic_write_text
 
 __all__ = ["find_free_port", "launch_processes", "relaunch_cli", "spawn",
            "die_with_launcher", "rank_threads", "LAUNCHER_PID", "check_local_ranks",
-           "MAX_RANKS_PER_CORE", "RANK_START_BYTES"]
+           "MAX_RANKS_PER_CORE", "RANK_START_BYTES", "MAX_RANKS_ENV"]
 
 #: environment variable that names the launcher's pid in the ranks it starts
 LAUNCHER_PID = "LEANGNN_LAUNCHER_PID"

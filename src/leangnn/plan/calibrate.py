@@ -567,11 +567,11 @@ def main(argv: list[str] | None = None) -> int:
     # --time-only beside --collectives measured the collectives alone)
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--save-reference", action="store_true",
-                   help="copy this machine's stored calibration (without its "
-                        "samples) into the package as the reference shipped "
-                        "for its allocator mode, and exit (maintainers)")
+                      help="copy this machine's stored calibration (without its "
+                           "samples) into the package as the reference shipped "
+                           "for its allocator mode, and exit (maintainers)")
     mode.add_argument("--show", action="store_true",
-                   help="print the stored calibration and exit")
+                      help="print the stored calibration and exit")
     # three: calibrations of single runs (drawn from five measured per
     # configuration) moved the cli benchmark's median error over 5.4-7.5%
     # and its worst over 19-24%; medians of three 5.1-6.4% and 19-22.5%
@@ -580,11 +580,11 @@ def main(argv: list[str] | None = None) -> int:
                         "kept (default 3; glibc's default heap varies by "
                         "+-10%% from process to process)")
     mode.add_argument("--long-runs", type=int, nargs="?", const=LONG_RUN_EPOCHS,
-                   default=None, metavar="EPOCHS",
-                   help="CPU: train the calibration runs for EPOCHS epochs "
-                        f"(default {LONG_RUN_EPOCHS}) and add how much higher "
-                        f"a run peaks than in its first {SHORT_RUN_EPOCHS} to "
-                        "the stored calibration (plans for longer runs need it)")
+                      default=None, metavar="EPOCHS",
+                      help="CPU: train the calibration runs for EPOCHS epochs "
+                           f"(default {LONG_RUN_EPOCHS}) and add how much higher "
+                           f"a run peaks than in its first {SHORT_RUN_EPOCHS} to "
+                           "the stored calibration (plans for longer runs need it)")
     p.add_argument("--reuse", action="store_true",
                    help="reuse the runs measured before; measure only the "
                         "missing ones (estimates are always made anew; with "
@@ -596,14 +596,14 @@ def main(argv: list[str] | None = None) -> int:
                         "calibration, else the shipped reference, keeping the "
                         "rest")
     mode.add_argument("--time-only", action="store_true",
-                   help="measure the calibration runs and fit only the epoch "
-                        "time terms into the stored calibration, keeping its "
-                        "memory fit")
+                      help="measure the calibration runs and fit only the epoch "
+                           "time terms into the stored calibration, keeping its "
+                           "memory fit")
     mode.add_argument("--collectives", type=int, default=None, metavar="P",
-                   help="time P local ranks' collectives (halo all-to-all, "
-                        "gradient all-reduce) and how much slower a rank "
-                        "computes beside the others; stored for the planner's "
-                        "distributed rows (leangnn plan --nproc P)")
+                      help="time P local ranks' collectives (halo all-to-all, "
+                           "gradient all-reduce) and how much slower a rank "
+                           "computes beside the others; stored for the planner's "
+                           "distributed rows (leangnn plan --nproc P)")
     args = p.parse_args(argv)
     if args.family and (args.collectives is not None or args.save_reference
                         or args.show or args.time_only):
