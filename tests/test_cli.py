@@ -459,6 +459,10 @@ PLAN_BAD = [
     ([*_P, "--memory-budget", "4 parsecs"],
      "--memory-budget: cannot read '4 parsecs' as a positive size"),
     ([*_P, "--memory-budget=-1GiB"], "--memory-budget: cannot read '-1GiB'"),
+    # a negative size without '=' is the option's value, not another option
+    ([*_P, "--memory-budget", "-1GiB"], "--memory-budget: cannot read '-1GiB'"),
+    ([*_P, "--model", "sage", "--device-budget", "-2GiB"],
+     "--device-budget: cannot read '-2GiB'"),
     ([*_P, "--memory-budget", "nan"], "--memory-budget: cannot read 'nan'"),
     ([*_T, "--strategy", "auto", "--memory-budget", "nan"],
      "--memory-budget: cannot read 'nan'"),

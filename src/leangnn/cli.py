@@ -671,12 +671,31 @@ def _stdout_gone() -> bool:
     return True
 
 
+#: options whose value is a size: a value that starts with ``-`` (``-1GiB``)
+#: is theirs, so the size check names it, not argparse's "expected one argument"
+_SIZE_OPTIONS = ("--memory-budget", "--device-budget")
+
+
+def _attach_sizes(argv: list[str]) -> list[str]:
+    out, i = [], 0
+    while i < len(argv):
+        if argv[i] in _SIZE_OPTIONS and i + 1 < len(argv) and \
+                argv[i + 1].startswith("-") and argv[i + 1][1:2].isdigit():
+            out.append(f"{argv[i]}={argv[i + 1]}")
+            i += 2
+            continue
+        out.append(argv[i])
+        i += 1
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the ``leangnn`` command line; returns the exit status (2: an
     error the user can fix, printed as one ``leangnn: error: ...`` line)."""
     errors = _user_errors()
     try:
-        args = build_parser().parse_args(argv)
+        args = build_parser().parse_args(
+            _attach_sizes(list(sys.argv[1:] if argv is None else argv)))
         args.argv = list(sys.argv[1:] if argv is None else argv)
         return args.func(args)
     except KeyboardInterrupt:
