@@ -168,6 +168,15 @@ CALIBRATION_RUNS: list[dict[str, Any]] = [
          **_S38417),
     dict(strategy="full", model="sage", num_layers=3, hidden_channels=32,
          **_S38417),
+    # deep reversible stacks (session 25, measured alone: --family gsr): a
+    # step's per-block objects and the heap its layer after layer churn
+    # leaves grow with depth, which the 4-32-layer runs above never showed
+    # (GSR-256 on a small circuit was under-estimated by 15-22%)
+    dict(strategy="reversible", model="gsr", conv="sage", num_layers=256,
+         num_groups=2, hidden_channels=32, dataset="epfl/bar",
+         val_dataset="iscas85/c17", test_dataset="iscas85/c432"),
+    dict(strategy="reversible", model="gsr", conv="sage", num_layers=64,
+         num_groups=2, hidden_channels=64, **_S38417),
 ]
 
 
