@@ -694,9 +694,9 @@ def main(argv: list[str] | None = None) -> int:
     error the user can fix, printed as one ``leangnn: error: ...`` line)."""
     errors = _user_errors()
     try:
-        args = build_parser().parse_args(
-            _attach_sizes(list(sys.argv[1:] if argv is None else argv)))
-        args.argv = list(sys.argv[1:] if argv is None else argv)
+        argv = list(sys.argv[1:] if argv is None else argv)
+        args = build_parser().parse_args(_attach_sizes(argv))
+        args.argv = argv
         return args.func(args)
     except KeyboardInterrupt:
         print("leangnn: interrupted", file=sys.stderr)

@@ -74,11 +74,14 @@ def rank_threads(nproc: int) -> int:
     Every rank's torch would otherwise start a thread per core: ``P`` ranks
     then run ``P`` times as many threads as cores (torchrun sets 1 for the
     same reason; a share keeps a few ranks on many cores busy)."""
+    return max(1, _usable_cores() // max(1, int(nproc)))
+
+
+def _usable_cores() -> int:
     try:
-        cores = len(os.sched_getaffinity(0))
+        return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # not on Linux
-        cores = os.cpu_count() or 1
-    return max(1, cores // max(1, int(nproc)))
+        return os.cpu_count() or 1
 
 
 #: local CPU ranks per usable core a launch accepts (a few share a core
@@ -134,7 +137,7 @@ def check_local_ranks(nproc: int, device: str | torch.device = "cpu") -> None:
         if nproc > int(env):
             raise ValueError(f"--nproc {nproc}: above {MAX_RANKS_ENV}={env}")
         return
-    cores = rank_threads(1)
+    cores = _usable_cores()
     if nproc > MAX_RANKS_PER_CORE * cores:
         raise ValueError(
             f"--nproc {nproc}: this machine has {cores} usable cores, at most "
@@ -203,9 +206,8 @@ def launch_processes(cmd: Sequence[str], nproc: int, env: dict[str, str] | None 
         DistributedError: naming the first rank that failed (the others are
             stopped), or when ``timeout`` passed.
     """
-    if not isinstance(nproc, int) or nproc < 1:
-        raise ValueError(f"nproc must be a positive int, got {nproc!r}")
-    # every rank is a fresh interpreter: refuse what cannot start here
+    # every rank is a fresh interpreter: refuse what cannot start here (and
+    # an nproc that is no positive int)
     check_local_ranks(nproc)
     base = {"OMP_NUM_THREADS": str(rank_threads(nproc)), **os.environ, **(env or {}),
             "MASTER_ADDR": "127.0.0.1",

@@ -614,13 +614,13 @@ def main(argv: list[str] | None = None) -> int:
                            "computes beside the others; stored for the planner's "
                            "distributed rows (leangnn plan --nproc P)")
     args = p.parse_args(argv)
-    if args.family and (args.collectives is not None or args.save_reference
-                        or args.show or args.time_only):
-        p.error("--family: only with a calibration run or --long-runs, got it "
-                "with " + next(f for f, on in (
-                    ("--collectives", args.collectives is not None),
-                    ("--save-reference", args.save_reference),
-                    ("--show", args.show), ("--time-only", args.time_only)) if on))
+    clash = [f for f, on in (("--collectives", args.collectives is not None),
+                             ("--save-reference", args.save_reference),
+                             ("--show", args.show), ("--time-only", args.time_only))
+             if on]
+    if args.family and clash:
+        p.error(f"--family: only with a calibration run or --long-runs, got it "
+                f"with {clash[0]}")
     if args.collectives is not None:
         try:
             cal = calibrate_collectives(args.collectives, args.device, args.quick)
