@@ -460,6 +460,7 @@ PLAN_BAD = [
     ([*_P, "--memory-budget=-1GiB"], "--memory-budget: cannot read '-1GiB'"),
     # a negative size without '=' is the option's value, not another option
     ([*_P, "--memory-budget", "-1GiB"], "--memory-budget: cannot read '-1GiB'"),
+    ([*_P, "--memory-budget", "-nan"], "--memory-budget: cannot read '-nan'"),
     ([*_P, "--model", "sage", "--device-budget", "-2GiB"],
      "--device-budget: cannot read '-2GiB'"),
     ([*_P, "--memory-budget", "nan"], "--memory-budget: cannot read 'nan'"),

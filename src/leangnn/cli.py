@@ -671,16 +671,19 @@ def _stdout_gone() -> bool:
     return True
 
 
-#: options whose value is a size: a value that starts with ``-`` (``-1GiB``)
-#: is theirs, so the size check names it, not argparse's "expected one argument"
+#: options whose value is a size: a value after them that starts with a
+#: single ``-`` (``-1GiB``, ``-nan``) is theirs (every other option of ours
+#: starts with ``--``, or is ``-h``), so the size check names it, not
+#: argparse's "expected one argument"
 _SIZE_OPTIONS = ("--memory-budget", "--device-budget")
 
 
 def _attach_sizes(argv: list[str]) -> list[str]:
     out, i = [], 0
     while i < len(argv):
-        if argv[i] in _SIZE_OPTIONS and i + 1 < len(argv) and \
-                argv[i + 1].startswith("-") and argv[i + 1][1:2].isdigit():
+        nxt = argv[i + 1] if i + 1 < len(argv) else ""
+        if argv[i] in _SIZE_OPTIONS and nxt.startswith("-") and \
+                not nxt.startswith("--") and nxt != "-h":
             out.append(f"{argv[i]}={argv[i + 1]}")
             i += 2
             continue
