@@ -15,6 +15,12 @@ epoch time estimated and measured (the time model reads about 2x low on
 graphs of this size: see the planner's misses in ``benchmarks/README.md``).
 Run it alone: a second process on a 2-core machine slows both.
 
+``--device cuda --budget-fraction 0.6 --out results/gpu/plan_fresh.json`` is
+the GPU check (``benchmarks/gpu_check.sh``): the same command lines on CUDA,
+each budget made FRACTION of what full batch needs there (``leangnn plan
+--json``'s full row on that device), since the CPU budgets count a process's
+whole resident memory and a CUDA budget only the device's allocations.
+
 ``--epochs 20 --with-cli-auto`` is the long-run check: the same cases and the
 ``--strategy auto`` rows of the ``cli`` section trained for 20 epochs instead
 of 3 (a run's peak can still creep up after its third epoch: glibc's heap).
@@ -66,12 +72,48 @@ def cases(with_cli_auto: bool = False) -> list[tuple[str, str, str]]:
     return out
 
 
+def full_need(args: str, device: str, timeout: float) -> int:
+    """What full batch needs for the command line ``args`` on ``device``:
+    ``leangnn plan --json``'s full row, run in a fresh interpreter."""
+    import json
+    import shlex
+    import subprocess
+
+    argv = shlex.split(args)
+    i = argv.index("--memory-budget")
+    del argv[i:i + 2]
+    argv.remove("--strategy")
+    argv.remove("auto")
+    p = subprocess.run([sys.executable, "-m", "leangnn", "plan", *argv, "--device",
+                        device, "--memory-budget", "64GiB", "--json"],
+                       capture_output=True, text=True, timeout=timeout)
+    if p.returncode != 0:
+        raise RuntimeError((p.stderr.strip().splitlines() or ["?"])[-1])
+    rows = json.loads(p.stdout)["rows"]
+    return next(r["need_bytes"] for r in rows if r["strategy"] == "full")
+
+
 def run(repeat: int, timeout: float, epochs: int = 3,
-        with_cli_auto: bool = False) -> dict:
-    from leangnn.utils import parse_bytes
+        with_cli_auto: bool = False, device: str = "cpu",
+        budget_fraction: float | None = None, only: list[str] | None = None
+        ) -> dict:
+    from leangnn.utils import format_bytes, parse_bytes
 
     rows = []
     for name, args, budget in cases(with_cli_auto):
+        if only and not any(s in name for s in only):
+            continue
+        if device != "cpu":
+            args = f"{args} --device {device}"
+        if budget_fraction is not None:
+            try:
+                need = full_need(args, device, timeout)
+            except (RuntimeError, StopIteration) as e:
+                rows.append({"name": name, "budget": budget, "error": str(e)})
+                continue
+            new = format_bytes(int(need * budget_fraction)).replace(" ", "")
+            args = args.replace(f"--memory-budget {budget}", f"--memory-budget {new}")
+            budget = new
         row = {"args": args}
         runs = [_cli_measure(row, epochs, 1, timeout) for _ in range(repeat)]
         bad = [r["error"] for r in runs if "error" in r]
@@ -96,7 +138,8 @@ def run(repeat: int, timeout: float, epochs: int = 3,
               f"{[round(p / 2**20, 1) for p in peaks]} MiB of {budget}, "
               f"error {rows[-1]['error']:+.1%}", file=sys.stderr)
     return {"date": time.strftime("%Y-%m-%d"), "repeat": repeat, "epochs": epochs,
-            "with_cli_auto": with_cli_auto, "rows": rows}
+            "with_cli_auto": with_cli_auto, "device": device,
+            "budget_fraction": budget_fraction, "rows": rows}
 
 
 def markdown(res: dict) -> str:
@@ -108,8 +151,14 @@ def markdown(res: dict) -> str:
     epochs = res.get("epochs", 3)
     flags = f" --epochs {epochs}" if epochs != 3 else ""
     flags += " --with-cli-auto" if res.get("with_cli_auto") else ""
-    what = ("six graphs no calibration run or `cli` row trains on, a budget "
-            "below full batch's need")
+    frac = res.get("budget_fraction")
+    if res.get("device", "cpu") != "cpu":
+        flags += f" --device {res['device']}"
+    if frac is not None:
+        flags += f" --budget-fraction {frac}"
+    what = ("graphs no calibration run or `cli` row trains on, a budget "
+            + (f"of {frac} x full batch's estimated need" if frac is not None
+               else "below full batch's need"))
     if res.get("with_cli_auto"):
         what += ", and the `--strategy auto` rows of the `cli` section"
     out = [f"`python benchmarks/plan_fresh.py --repeat {res['repeat']}{flags}` "
@@ -140,20 +189,35 @@ def main(argv=None) -> int:
     ap.add_argument("--with-cli-auto", action="store_true",
                     help="also the --strategy auto rows of plan.py's cli section")
     ap.add_argument("--timeout", type=float, default=1800)
+    ap.add_argument("--device", default="cpu", help="cpu, cuda or cuda:i: "
+                    "added to every command line (default: cpu)")
+    ap.add_argument("--budget-fraction", type=float, default=None,
+                    metavar="FRACTION", help="each budget FRACTION x full "
+                    "batch's estimated need on --device (default: the fixed "
+                    "CPU budgets)")
+    ap.add_argument("--only", nargs="*", default=None,
+                    help="case names (or substrings) to run")
+    ap.add_argument("--out", default=None, help="the JSON (and its .md beside "
+                    "it); given, benchmarks/README.md is left alone")
     args = ap.parse_args(argv)
     if args.epochs < 1 or args.repeat < 1:
         ap.error(f"--epochs and --repeat must be >= 1, got {args.epochs} and "
                  f"{args.repeat}")
-    res = run(args.repeat, args.timeout, args.epochs, args.with_cli_auto)
+    if args.budget_fraction is not None and not 0 < args.budget_fraction < 1:
+        ap.error(f"--budget-fraction must be in (0, 1), got {args.budget_fraction}")
+    res = run(args.repeat, args.timeout, args.epochs, args.with_cli_auto,
+              args.device, args.budget_fraction, args.only)
     # the default check keeps its name; a long or wider one is its own section
     name = "plan-fresh" if args.epochs == 3 and not args.with_cli_auto else \
         "plan-long"
-    path = write_json(results_path(name.replace("-", "_") + ".json"), res)
+    path = write_json(Path(args.out) if args.out else
+                      results_path(name.replace("-", "_") + ".json"), res)
     md = markdown(res)
     write_section(name, md, path.with_suffix(".md"))
-    write_section(name, md)
-    print(f"plan_fresh: wrote {path} and the {name} section of "
-          "benchmarks/README.md", file=sys.stderr)
+    if not args.out:
+        write_section(name, md)
+    print(f"plan_fresh: wrote {path}" + ("" if args.out else f" and the {name} "
+          "section of benchmarks/README.md"), file=sys.stderr)
     return 0
 
 
