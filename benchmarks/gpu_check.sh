@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU day in one command (under 9 minutes on one GPU): the tests that need CUDA,
+# GPU day in one command (under 7 minutes on one GPU): the tests that need CUDA,
 # the planner's CUDA calibration and the GPU rows of the benchmarks.
 #
 #   bash benchmarks/gpu_check.sh             # on a CUDA machine -> results/gpu.json
@@ -13,7 +13,7 @@
 #   plan       benchmarks/plan.py --device cuda --quick --section estimate
 #              (estimate vs max_memory_allocated)
 #   auto       benchmarks/plan_fresh.py --device cuda: leangnn train --strategy
-#              auto at 0.6 x full batch's need on three graphs, as a user runs it
+#              auto at 0.6 x full batch's need on two graphs, as a user runs it
 #   gsr        benchmarks/gsr.py --device cuda --quick, memory and speed sections
 #   offload    benchmarks/offload.py --quick, timing section (adds a CUDA row
 #              when CUDA is present)
@@ -46,16 +46,16 @@ trap 'rm -rf "$LOGDIR"' EXIT
 CUDA_FILES=$(grep -rl "cuda.is_available()" tests --include='test_*.py' | sort | tr '\n' ' ')
 SELECT="cuda or nccl"
 
-# name|timeout seconds|command (budget: 540 s in all; a fresh process per
+# name|timeout seconds|command (budget: 410 s in all; a fresh process per
 # run pays CUDA's start, ~10 s, so each step keeps its process count small).
 # The CUDA caching allocator does not vary from process to process as glibc's
 # heap does, so one run per configuration (--repeat 1) is enough there.
 STEPS=(
-  "tests|100|$PY -m pytest -q -rs -p no:cacheprovider -m 'not slow or slow' -k '$SELECT' $CUDA_FILES"
-  "calibrate|80|$PY -m leangnn.plan.calibrate --device cuda --quick --repeat 1"
-  "plan|110|$PY benchmarks/plan.py --device cuda --quick --section estimate --out results/gpu/plan.json --md results/gpu/plan.md --plot results/gpu/plan_scatter.png"
-  "auto|60|$PY benchmarks/plan_fresh.py --device cuda --budget-fraction 0.6 --repeat 1 --only arbiter b22 csbm60k --out results/gpu/plan_fresh.json"
-  "gsr|110|$PY benchmarks/gsr.py --quick --device cuda --sections memory,speed --out results/gpu/gsr.json --md results/gpu/gsr.md --plot results/gpu/gsr_memory.png"
+  "tests|80|$PY -m pytest -q --tb=short -rfEs -p no:cacheprovider -m 'not slow or slow' -k '$SELECT' $CUDA_FILES"
+  "calibrate|60|$PY -m leangnn.plan.calibrate --device cuda --quick --repeat 1"
+  "plan|70|$PY benchmarks/plan.py --device cuda --quick --section estimate --out results/gpu/plan.json --md results/gpu/plan.md --plot results/gpu/plan_scatter.png"
+  "auto|50|$PY benchmarks/plan_fresh.py --device cuda --budget-fraction 0.6 --repeat 1 --only arbiter b22 --out results/gpu/plan_fresh.json"
+  "gsr|70|$PY benchmarks/gsr.py --quick --device cuda --sections memory,speed --out results/gpu/gsr.json --md results/gpu/gsr.md --plot results/gpu/gsr_memory.png"
   "offload|80|$PY benchmarks/offload.py --quick --skip circuits sweep min-budget baseline --out results/gpu/offload.json --markdown results/gpu/offload.md"
 )
 

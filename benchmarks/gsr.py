@@ -204,14 +204,14 @@ def train_step(model, opt, data) -> float:
 # 1. memory vs depth (one fresh subprocess per point)
 # --------------------------------------------------------------------------- #
 def _mem_setup(kind, circuit, hidden, layers, groups, conv, sparsity, dropout,
-               threads, warmup=False, seed=0):
+               threads, warmup=False, seed=0, device="cpu"):
     from leangnn.circuits import load_circuit
 
     torch.set_num_threads(threads)
     torch.manual_seed(seed)
-    data = load_circuit(circuit, task="arrival")
+    data = load_circuit(circuit, task="arrival").to(device)
     model = make_model(kind, data.num_features, hidden, layers, groups, conv,
-                       sparsity, dropout).train()
+                       sparsity, dropout).train().to(device)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     if warmup:  # optimizer state then sits in the baseline: the peak is a step's
         train_step(model, opt, data)
@@ -243,19 +243,21 @@ def measure_point(kind, layers, args, circuit=None, malloc="default", warmup=Fal
     kw = dict(kind=kind, circuit=circuit or args.circuit, hidden=args.hidden,
               layers=layers, groups=args.groups, conv=args.conv,
               sparsity=args.sparsity, dropout=args.dropout, threads=args.threads,
-              warmup=warmup)
+              warmup=warmup, device=args.device)
     with mock.patch.dict(os.environ, MALLOC[malloc]):  # read by the child's glibc
         result, mem = measure_in_subprocess(_mem_setup, _mem_run, kw,
                                             device=args.device, timeout=args.timeout)
     return {"model": kind, "layers": layers, "circuit": kw["circuit"],
-            "malloc": malloc, "warmup": warmup, "peak_bytes": mem["peak_bytes"],
+            "malloc": malloc if args.device == "cpu" else None, "warmup": warmup,
+            "peak_bytes": mem["peak_bytes"],
             "method": mem["method"], "baseline_bytes": mem["baseline_bytes"],
             **result}
 
 
 def bench_memory(args, log):
     rows = []
-    for malloc in args.malloc:
+    # glibc's settings mean nothing to CUDA's allocator: one pass there
+    for malloc in args.malloc if args.device == "cpu" else args.malloc[:1]:
         depths = {"gsr": args.gsr_depths, "gsr_unflat": args.unflat_depths,
                   "rev": args.rev_depths,
                   "res": args.res_depths_default if malloc == "default"
@@ -285,7 +287,8 @@ def bench_speed(args, log):
     from leangnn.circuits import load_circuit
 
     torch.set_num_threads(args.threads)
-    data = load_circuit(args.circuit, task="arrival")
+    dev = torch.device(args.device)
+    data = load_circuit(args.circuit, task="arrival").to(dev)
     out = []
     acts = {"topk": args.sparsity, "relu": None}
     configs = [(conv, acts[a]) for conv in args.speed_convs for a in args.speed_acts
@@ -297,7 +300,7 @@ def bench_speed(args, log):
             torch.manual_seed(0)
             models[kind] = make_model(kind, data.num_features, args.hidden,
                                       args.speed_layers, args.groups, conv,
-                                      sparsity, args.dropout).train()
+                                      sparsity, args.dropout).train().to(dev)
             opts[kind] = torch.optim.Adam(models[kind].parameters(), lr=1e-3)
         times = {k: [] for k in kinds}
         wall = {k: [] for k in kinds}
@@ -305,18 +308,26 @@ def bench_speed(args, log):
         # step is mostly how much of a core the scheduler gave it (at a load
         # of 20 on 2 cores, ~13%), and that share drifts between the models'
         # turns; the CPU time a step takes does not.
-        clock = time.process_time if args.clock == "cpu" else time.perf_counter
+        # CUDA: the wall clock after a synchronize (the host's CPU time says
+        # nothing of the kernels')
+        clock = time.process_time if args.clock == "cpu" and dev.type == "cpu" \
+            else time.perf_counter
+        sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" \
+            else (lambda: None)
         for r in range(args.rounds + 1):  # round 0 warms up and is dropped
             order = kinds[r % len(kinds):] + kinds[:r % len(kinds)]
             for kind in order:
+                sync()
                 t0, w0 = clock(), time.perf_counter()
                 train_step(models[kind], opts[kind], data)
+                sync()
                 if r > 0:
                     times[kind].append(clock() - t0)
                     wall[kind].append(time.perf_counter() - w0)
         med = {k: statistics.median(v) for k, v in times.items()}
         row = {"conv": conv, "sparsity": sparsity, "layers": args.speed_layers,
-               "rounds": args.rounds, "clock": args.clock, "wall_times": wall,
+               "rounds": args.rounds, "device": args.device,
+               "clock": args.clock if dev.type == "cpu" else "wall", "wall_times": wall,
                "times": times, "median_seconds": med,
                "ratio_vs_resgnn": {k: med[k] / med["res"] for k in kinds},
                # per-round ratios too: the spread shows how noisy the machine was

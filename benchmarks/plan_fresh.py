@@ -163,8 +163,9 @@ def markdown(res: dict) -> str:
         what += ", and the `--strategy auto` rows of the `cli` section"
     out = [f"`python benchmarks/plan_fresh.py --repeat {res['repeat']}{flags}` "
            f"({res['date']}; {what}; {epochs} epochs per run): "
-           f"**{n_in} of {n} processes within their budget**; memory error "
-           f"median {statistics.median(errs):.1%}, worst {errs[-1]:.1%}.", "",
+           f"**{n_in} of {n} processes within their budget**" + (
+               f"; memory error median {statistics.median(errs):.1%}, worst "
+               f"{errs[-1]:.1%}." if errs else "."), "",
            "| case | budget | pick | estimated | measured | error | est. epoch s "
            "| epoch s |", "|---|---:|---|---:|---:|---:|---:|---:|"]
     for r in res["rows"]:

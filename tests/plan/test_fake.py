@@ -317,3 +317,33 @@ def test_op_budget_stops_a_long_dry_run(graph, backend):
     model = build_model("res", graph.num_features, 8, 8, 3)
     with pytest.raises(UnsupportedOpError, match="more than 50 ops"):
         trace_step(model, graph, default_loss(graph), max_ops=50, backend=backend)
+
+
+@pytest.mark.parametrize("name,opts", [("res", dict(conv="sage")),
+                                       ("gsr", dict(conv="gcn", num_groups=2))])
+def test_fake_model_copies_onto_another_device(name, opts):
+    # Module.to cannot move fake parameters (torch swaps them, and refuses a
+    # tensor the fake mode holds a weak reference to): the dry run of a CPU
+    # model for CUDA copies it onto the device instead. "meta" stands in for
+    # CUDA on a machine without one; ties and GSR's flat views must survive.
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+    from leangnn.plan.fake import fake_model
+
+    model = build_model(name, 8, 16, 3, 4, **opts)
+    fm = FakeTensorMode(allow_non_fake_inputs=True)
+    with pytest.raises(RuntimeError, match="swap"):  # why the copy is needed
+        with fm:
+            fake_model(model, fm).to(torch.float64)
+    fmodel = fake_model(model, fm, "meta")
+    params = list(fmodel.parameters())
+    assert len(params) == len(list(model.parameters()))
+    assert all(isinstance(p, FakeTensor) and p.device.type == "meta"
+               and isinstance(p, torch.nn.Parameter) for p in params)
+    assert all(p.device.type == "cpu" for p in model.parameters())  # untouched
+    if name == "gsr":
+        stack = next(m for m in fmodel.modules() if hasattr(m, "flat_weight"))
+        views = stack.flat.tensors(0)
+        assert views and all(
+            v.device.type == "meta" and v.untyped_storage()._cdata
+            == stack.flat_weight.untyped_storage()._cdata for v in views)

@@ -148,11 +148,8 @@ def _trace(model, data, loss_fn, step, lr, weight_decay, clip_norm, dev, round_t
         # Layout bookkeeping (e.g. flat parameters) may read a fake tensor's
         # data pointer, which is 0 and harmless here.
         warnings.filterwarnings("ignore", message="Accessing the data pointer")
-        fmodel = meta_model(model) if meta else fake_model(model, fake_mode)
+        fmodel = meta_model(model) if meta else fake_model(model, fake_mode, dev)
         fmodel.train()
-        if not meta and next(fmodel.parameters()).device != dev:
-            with fake_mode:
-                fmodel.to(dev)
         foreach = True if dev.type == "cuda" else None
         # the meta tracker enters the fake mode itself, for the ops it must;
         # its kernels' answers are kept on disk per graph size

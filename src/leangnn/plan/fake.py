@@ -674,9 +674,40 @@ class StepTrace:
         return max(self.frontier, key=lambda p: p[0] + scale * p[1])
 
 
-def fake_model(model: torch.nn.Module, fake_mode: FakeTensorMode) -> torch.nn.Module:
-    """A copy of ``model`` whose parameters and buffers are fake tensors."""
-    with torch.random.fork_rng(devices=[]), FakeCopyMode(fake_mode):
+class _FakeCopyTo(FakeCopyMode):
+    """:class:`FakeCopyMode` whose copies are fake tensors on ``device``.
+
+    ``Module.to`` cannot move a model of fake tensors: torch swaps each fake
+    parameter for its converted one (``swap_tensors``, forced for fake
+    tensors), which refuses a tensor the fake mode's converter holds a weak
+    reference to ("Cannot swap t1 because it has weakref"). So the copy is
+    made on the device. Views are copied apart, as ``Module.to`` would copy
+    them (a model that keeps views of a flat tensor rebinds them when it is
+    copied, as ``GSRStack`` does).
+    """
+
+    def __init__(self, fake_mode: FakeTensorMode, device: torch.device):
+        super().__init__(fake_mode)
+        self.device = device
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = super().__torch_function__(func, types, args, kwargs)
+        if func in (torch._C.TensorBase.clone, Tensor.__deepcopy__) and \
+                out.device != self.device:
+            moved = out.to(self.device)
+            if func is Tensor.__deepcopy__:
+                args[1][id(args[0])] = moved
+            return moved
+        return out
+
+
+def fake_model(model: torch.nn.Module, fake_mode: FakeTensorMode,
+               device: torch.device | str | None = None) -> torch.nn.Module:
+    """A copy of ``model`` whose parameters and buffers are fake tensors (on
+    ``device`` when given, else where ``model``'s are)."""
+    mode = FakeCopyMode(fake_mode) if device is None else \
+        _FakeCopyTo(fake_mode, torch.device(device))
+    with torch.random.fork_rng(devices=[]), mode:
         return copy.deepcopy(model)
 
 
