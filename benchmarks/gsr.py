@@ -75,10 +75,10 @@ from _report import (  # noqa: E402
 )
 
 MiB = float(1 << 20)
-#: the Trainer's loss for ``arrival`` (MSE over every node of a circuit) and
-#: its full-batch step (``--strategy full`` / ``reversible``)
+#: the Trainer's loss for ``arrival`` (MSE over every node of a circuit); the
+#: step is its full-batch one (``--strategy full`` / ``reversible``) on the
+#: graph's device
 _loss = make_loss_fn("regression")
-_FULL = FullBatch()
 
 
 # --------------------------------------------------------------------------- #
@@ -195,7 +195,7 @@ def train_step(model, opt, data) -> float:
     step by step, including ``GroupAddRev``, which the Trainer's model
     registry does not build."""
     opt.zero_grad(set_to_none=True)
-    loss = _FULL.train_step(model, data, _loss)
+    loss = FullBatch(data.x.device).train_step(model, data, _loss)
     opt.step()
     return loss
 
@@ -225,7 +225,7 @@ def _mem_run(state):
         t0 = time.perf_counter()
         if step == 0:
             with SavedTensorsMeter() as meter:
-                out = _FULL.forward(model, data)
+                out = FullBatch(data.x.device).forward(model, data)
                 loss = _loss(out, data)
             saved = meter.bytes
             opt.zero_grad(set_to_none=True)

@@ -219,7 +219,11 @@ def main(argv=None) -> int:
         write_section(name, md)
     print(f"plan_fresh: wrote {path}" + ("" if args.out else f" and the {name} "
           "section of benchmarks/README.md"), file=sys.stderr)
-    return 0
+    failed = [r["name"] for r in res["rows"] if "peaks" not in r]
+    if failed:  # a failed case is a failed check, not a row to skim past
+        print(f"plan_fresh: {len(failed)} of {len(res['rows'])} cases failed: "
+              f"{', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -270,6 +270,11 @@ def test_cuda_dry_run_matches_max_memory_allocated(name, opts):
     loss_fn = default_loss(g)
     trace = trace_step(model, g, loss_fn, device="cuda", round_to=512)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    # cuBLAS' workspaces (2 x 32 MiB on Hopper) are no tensor of the step:
+    # made before the measurement (the planner adds them as a constant)
+    from leangnn.blas_workspace import ensure_blas_workspace
+
+    ensure_blas_workspace("cuda")
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
@@ -347,3 +352,34 @@ def test_fake_model_copies_onto_another_device(name, opts):
         assert views and all(
             v.device.type == "meta" and v.untyped_storage()._cdata
             == stack.flat_weight.untyped_storage()._cdata for v in views)
+
+
+def test_foreach_adam_step_runs_in_the_tracker():
+    # CUDA's default Adam is the foreach one: it adds 1 to every step count
+    # in place (a foreach op, no tensor output) and reads the counts back with
+    # .item(). The counts are real (small, computed from real tensors) and must
+    # change, else the read gives 0 and Adam divides by zero (the first GPU run
+    # failed every CUDA dry run so). The reference: Adam's state after one real
+    # step, and the live bytes of a real foreach step measured by LiveBytesMeter.
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from leangnn.plan.fake import FakeTracker, fake_model
+
+    def step(model, fake=None):
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3, foreach=True)
+        for p in model.parameters():
+            p.grad = torch.ones_like(p)
+        opt.step()
+        return opt
+
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 3))
+    with LiveBytesMeter() as meter:
+        real = step(copy.deepcopy(model))
+    fm = FakeTensorMode(allow_non_fake_inputs=True)
+    fmodel = fake_model(model, fm)
+    with fm, FakeTracker(fm, plain=False) as tracker:
+        opt = step(fmodel)
+    steps = [s["step"] for s in opt.state.values()]
+    assert [float(s) for s in steps] == [float(s["step"]) for s in
+                                         real.state.values()] == [1.0] * 4
+    assert tracker.peak == meter.peak

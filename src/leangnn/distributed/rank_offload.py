@@ -39,6 +39,7 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from leangnn.blas_workspace import ensure_blas_workspace
 from leangnn.graphs.sparse import DstCSR
 from leangnn.offload.budget import DeviceBudget
 from leangnn.offload.counters import OffloadCounters
@@ -140,12 +141,14 @@ class RankOffload:
                 raise ValueError(f"{type(conv).__name__} does not take edge_weight, "
                                  "but the graph has one")
         csr = DstCSR(ei.cpu(), plan.num_local, None if w is None else w.cpu())
+        # cuBLAS' workspaces: made before the probes, held for the run
+        blas = ensure_blas_workspace(device)
         ws = self._calibrate(model, lw, w is not None, device)
         error = None
         try:
             split = DeviceBudget(self.device_budget,
-                                 self.resident_factor * lw.param_bytes(), 0.5,
-                                 "none", ws, 0)
+                                 self.resident_factor * lw.param_bytes() + blas, 0.5,
+                                 "none", ws, 0, fixed=blas)
             builder = ChunkBuilder(csr, split.fits, split.ratio)
             try:
                 chunks = builder.split(torch.arange(plan.num_owned))

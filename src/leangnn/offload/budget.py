@@ -34,20 +34,27 @@ class DeviceBudget:
         ws (WorkspaceModel): calibrated job bytes.
         slot_width (int): width of a cache slot in elements (the engine
             gathers cache rows at slot width).
+        fixed (int, optional): device bytes the process holds outside any
+            tensor of the run (cuBLAS' workspaces:
+            :func:`~leangnn.blas_workspace.ensure_blas_workspace`), part of
+            ``resident``. (default: ``0``)
 
     Raises:
         BudgetError: when ``total`` does not even hold the parameters.
     """
 
     def __init__(self, total: int, resident: int, workspace_fraction: float,
-                 cache_policy: str, ws: WorkspaceModel, slot_width: int):
+                 cache_policy: str, ws: WorkspaceModel, slot_width: int,
+                 fixed: int = 0):
         free = total - resident
         if free <= 0:
+            held = (f"; {fixed} of them cuBLAS' workspaces, which every matrix "
+                    "product on this GPU needs") if fixed else ""
             raise BudgetError(
                 f"device_budget={total} bytes does not even hold the parameters: "
-                f"they need {resident} bytes with gradients and optimizer state; "
-                "raise device_budget")
-        self.total, self.resident = total, resident
+                f"they need {resident} bytes with gradients and optimizer state"
+                f"{held}; raise device_budget")
+        self.total, self.resident, self.fixed = total, resident, fixed
         self.workspace_fraction, self.cache_policy = workspace_fraction, cache_policy
         self.workspace = free if cache_policy == "none" else int(
             workspace_fraction * free)
@@ -204,6 +211,7 @@ class DeviceBudget:
 
     def to_dict(self) -> dict:
         return {"device_budget": self.total, "resident_bytes": self.resident,
+                "blas_workspace_bytes": self.fixed,
                 "workspace_bytes": self.workspace,
                 "cache_share_bytes": self.cache_share}
 

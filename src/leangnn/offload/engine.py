@@ -42,6 +42,7 @@ import torch
 from torch import Tensor
 from torch_geometric.data import Data
 
+from leangnn.blas_workspace import ensure_blas_workspace
 from leangnn.graphs.partition import (
     GraphStamp,
     Partition,
@@ -172,11 +173,14 @@ class OffloadEngine:
             raise ValueError("like: the other engine runs a different graph or model")
         self._graph(data, like)
         self.slot_width = max(self.layout.widths[: self.L])
+        # made before the workspace probes (else the first probe's job would
+        # carry them) and held for the run: they count as resident
+        blas = 0 if o.virtual else ensure_blas_workspace(self.device)
         self.ws = self._calibrate()
         self.split = DeviceBudget(o.device_budget,
-                                  o.resident_factor * self.lw.param_bytes(),
+                                  o.resident_factor * self.lw.param_bytes() + blas,
                                   o.workspace_fraction, self.policy, self.ws,
-                                  self.slot_width)
+                                  self.slot_width, fixed=blas)
         self.split.num_nodes = n
         self.sched = self._schedule(like)
         self.retain = self._plan_retention()

@@ -272,8 +272,14 @@ class Calibration:
 
     @classmethod
     def default(cls, device: torch.device | str = "cpu") -> Calibration:
+        """Uncalibrated: the allocator mode's default scale; on CUDA the
+        first-run constant is cuBLAS' workspaces by PyTorch's rule (a
+        calibration measures it with the rest)."""
+        from leangnn.blas_workspace import blas_workspace_bytes
+
         mode = allocator_mode(device)
-        return cls(machine_kind(device), mode, scale=_DEFAULT_SCALE.get(mode, 1.0))
+        return cls(machine_kind(device), mode, scale=_DEFAULT_SCALE.get(mode, 1.0),
+                   const=float(blas_workspace_bytes(device)))
 
     # ------------------------------------------------------------ applying
     def heap_factor(self, families: list[str] | tuple[str, ...] = ()) -> float | None:

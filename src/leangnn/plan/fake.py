@@ -228,7 +228,8 @@ class FakeTracker(TorchDispatchMode):
             _forget(e)
             out = self._real(func, args, kwargs)  # cheap: graph-sized
         else:
-            if known and _wants_value(out, self.limit):
+            if known and (_wants_value(out, self.limit) or
+                          _mutates_small(func, args, kwargs, out, self.limit)):
                 out = self._real(func, args, kwargs)
         return out
 
@@ -633,6 +634,15 @@ def _wants_value(out, limit: int) -> bool:
     ts = _leaves(out)
     return bool(ts) and all(t.layout != torch.strided or t.numel() <= limit
                             for t in ts)
+
+
+def _mutates_small(func, args, kwargs, out, limit: int) -> bool:
+    # An in-place op without a tensor output (the foreach ops) on small real
+    # tensors must change them: foreach Adam (CUDA's default) adds 1 to every
+    # step count in place and then reads them with .item(); run on their fake
+    # twins only, the counts stay 0 and lr / (1 - beta1 ** 0) divides by zero.
+    return func._schema.is_mutable and not _leaves(out) and \
+        _wants_value((args, kwargs), limit)
 
 
 # ------------------------------------------------------------------ a step
