@@ -20,7 +20,7 @@
 # benchmarks/dpr.py has no CUDA path (CPU serving comparison); it is listed
 # as skipped. Results of each benchmark go to results/gpu/, never over the CPU
 # results; results/gpu.json records every step's command, exit status, time
-# and output tail.
+# and output tail, results/gpu/<step>.log its whole output.
 set -u
 cd "$(dirname "$0")/.."
 
@@ -150,6 +150,7 @@ for step in "${STEPS[@]}"; do
   tail -n 5 "$LOGDIR/$name.log"
   echo "   -> exit $rc in $((ms / 1000)).$(printf '%03d' $((ms % 1000)))s"
   echo "$rc $ms" > "$LOGDIR/$name.meta"
+  cp "$LOGDIR/$name.log" "results/gpu/$name.log"  # whole, beside the JSON's tail
   [ "$rc" = 0 ] || fail=1
 done
 record
