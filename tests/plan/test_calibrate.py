@@ -111,7 +111,7 @@ def test_calibration_runs_cover_each_op_mix_on_both_graph_kinds():
         for fam in fams:
             kinds.setdefault(fam, set()).add(kind)
     for fam in ("offload-gcn", "offload-sage", "gsr-gat", "res-gcn", "gat", "gcn",
-                "sage", "res-sage", "gsr-sage", "gsr-gcn"):
+                "sage", "res-sage", "gsr-sage", "gsr-gcn", "prune-sage"):
         assert kinds.get(fam) == {"csbm", "circuit"}, fam
 
 

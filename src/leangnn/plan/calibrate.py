@@ -177,6 +177,14 @@ CALIBRATION_RUNS: list[dict[str, Any]] = [
          val_dataset="iscas85/c17", test_dataset="iscas85/c432"),
     dict(strategy="reversible", model="gsr", conv="sage", num_layers=64,
          num_groups=2, hidden_channels=64, **_S38417),
+    # DPR with plain SAGE on circuits (session 26, measured alone: --family
+    # prune-sage): its factor came from csbm:40000 alone (x1.73), and a
+    # circuit's core, many small blocks, fragments more (b19's measured
+    # 18% over it)
+    dict(strategy="prune", model="sage", num_layers=3, hidden_channels=64,
+         budget_ratio=0.3, **_SQUARE),
+    dict(strategy="prune", model="sage", num_layers=2, hidden_channels=64,
+         budget_ratio=0.5, **_S38417),
 ]
 
 
