@@ -153,3 +153,56 @@ def test_the_cut_estimate_is_measured_and_needed_before_the_step():
     est = estimate_model(model, data, calibration=cal)
     assert est.precompute_bytes == got
     assert est.run_bytes >= got + cal.const - 1
+
+
+def test_kept_level_plans_are_counted_as_the_model_builds_them():
+    # The reference: the level plans level_plan really builds (their unique
+    # index storages, their tensors) and glibc's in-use bytes they hold.
+    import ctypes
+    import gc
+
+    from leangnn.config import TrainConfig
+    from leangnn.data import GraphSplits
+    from leangnn.plan.dag import PLAN_VIEW_BYTES, cached_plans_bytes
+    from leangnn.plan.estimate import estimate_config
+
+    graphs = [load_circuit(n, "arrival") for n in
+              ("iscas85/c432", "iscas85/c880", "iscas85/c1908", "epfl/router")]
+    plans = [level_plan(g.edge_index, g.num_nodes, cache=False) for g in graphs]
+    storages, views = {}, 0
+    for p in plans:
+        ts = [p.level, p.in_degree, p.out_degree] + [
+            t for s in p.forward + p.reverse for t in (s.nodes, s.src, s.loc)]
+        views += len(ts)
+        storages.update({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+                         for t in ts})
+    assert cached_plans_bytes(graphs) == sum(storages.values()) + \
+        PLAN_VIEW_BYTES * views
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+
+        class MallInfo2(ctypes.Structure):
+            _fields_ = [(f, ctypes.c_size_t) for f in (
+                "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+        libc.mallinfo2.restype = MallInfo2
+    except (OSError, AttributeError):
+        libc = None
+    if libc is not None:  # glibc: what they hold in the heap, within 25%
+        del plans
+        gc.collect()
+        before = libc.mallinfo2().uordblks
+        plans = [level_plan(g.edge_index, g.num_nodes, cache=False) for g in graphs]
+        held = libc.mallinfo2().uordblks - before
+        assert cached_plans_bytes(graphs) == pytest.approx(held, rel=0.25)
+    # the planner keeps them in a DAG model's run: more graphs, more bytes;
+    # a graph trained and validated on has one plan
+    from leangnn.plan.estimate import largest_graph
+
+    big, val = largest_graph(graphs), [graphs[0]]
+    cfg = TrainConfig(strategy="full", model="dag", hidden_channels=16, epochs=2)
+    one = estimate_config(cfg, GraphSplits([big], val, val, "regression", 1))
+    four = estimate_config(cfg, GraphSplits(graphs, val, val, "regression", 1))
+    assert four.later[0] - one.later[0] == cached_plans_bytes(graphs) - \
+        cached_plans_bytes([big] + val)

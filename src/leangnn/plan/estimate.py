@@ -50,6 +50,7 @@ from torch_geometric.data import Data
 
 from leangnn.plan.collectives import scale_comm
 from leangnn.plan.dag import (
+    cached_plans_bytes,
     concrete_limit,
     host_peak_bytes,
     is_dag_model,
@@ -390,6 +391,7 @@ def _trace_depths(cfg, data: Data, in_channels: int, out_channels: int, loss_fn,
     if sweeps is not None:
         c["work"] = sweeps
     c["host_peak"] = host
+    c["dag"] = sweeps is not None  # a level-sweeping model (its plans are kept)
     return c, len(traces) > 1
 
 
@@ -432,6 +434,9 @@ def estimate_config(cfg, splits, device: torch.device | str | None = None,
     traced: dict[int, int] = {}
     first_fig = _with_history(c, cfg, splits, before, bool(before), loss_fn, dev,
                               traced, big=data)
+    if c.get("dag"):
+        # the level plans of the graphs stepped on so far, kept by the model
+        first_fig = _plus_kept(first_fig, cached_plans_bytes(before + [big], dev))
     # DPR trains every training graph's core: the traced core's work scales
     # with the graphs as the largest one's core does with it (each core is
     # the same share of its graph)
@@ -449,7 +454,17 @@ def estimate_config(cfg, splits, device: torch.device | str | None = None,
         est.later = _with_history(c, cfg, splits, [g for g in train if g is not big],
                                   True, loss_fn, dev, traced, best_state=True,
                                   big=data)
+        if c.get("dag"):  # every training and validation graph's plan by now
+            est.later = _plus_kept(est.later,
+                                   cached_plans_bytes(train + list(splits.val), dev))
     return _finish(est, calibration, t0)
+
+
+def _plus_kept(fig: tuple[int, int, int], kept: int) -> tuple[int, int, int]:
+    """``(step, big, heap)`` with ``kept`` bytes more alive through the step:
+    resident one to one (allocated once and kept, no churn to fragment)."""
+    step, big, heap = fig
+    return step + kept, big + kept, heap
 
 
 def before_largest(cfg, train: list[Data], big: Data) -> list[Data]:
