@@ -206,6 +206,9 @@ def main(argv=None) -> int:
                  f"{args.repeat}")
     if args.budget_fraction is not None and not 0 < args.budget_fraction < 1:
         ap.error(f"--budget-fraction must be in (0, 1), got {args.budget_fraction}")
+    names = [name for name, _, _ in cases(args.with_cli_auto)]
+    if args.only is not None and not any(s in n for s in args.only for n in names):
+        ap.error(f"--only: no case matches {args.only}; the cases: {', '.join(names)}")
     res = run(args.repeat, args.timeout, args.epochs, args.with_cli_auto,
               args.device, args.budget_fraction, args.only)
     # the default check keeps its name; a long or wider one is its own section
