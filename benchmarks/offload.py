@@ -42,6 +42,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from leangnn.blas_workspace import ensure_blas_workspace
 from leangnn.graphs.synthetic import power_law_graph
 from leangnn.nn.models import build_model
 from leangnn.offload import BudgetError, OffloadEngine
@@ -194,7 +195,9 @@ def timing(data, model, frac, parts, reps, device, cache_dir) -> dict:
     device = torch.device(device)
     model = model.to(device)
     need = full_batch_vertex_bytes(model, data.num_nodes)
-    budget = int(frac * need)
+    # on CUDA the budget holds cuBLAS' workspaces too (the engine counts
+    # them as resident): the fraction is of the vertex data, as on CPU
+    budget = int(frac * need) + ensure_blas_workspace(device)
     engines = {
         "exact_st": OffloadEngine(model, data, budget, parts, "st", device=device,
                                   cache_dir=cache_dir),
@@ -289,9 +292,11 @@ def overhead(data, model, loss_fn, fracs, parts, reps, device, cache_dir,
         pyg_peak = m.peak
         # what PyG itself needs on top of the parameters and their state
         budgets["pyg_peak"] = (pyg_peak + 4 * probe_param_bytes(model), policies[0])
+    blas = ensure_blas_workspace(device)  # CUDA: held inside every budget
     for f in fracs:
         for pol in policies:
-            budgets[f"need_{f * 100:g}" + _policy_suffix(pol)] = (int(f * need), pol)
+            budgets[f"need_{f * 100:g}" + _policy_suffix(pol)] = (int(f * need) + blas,
+                                                                  pol)
     dev_data = data.to(device) if device.type == "cuda" else data
     model.zero_grad(set_to_none=True)
     ref_loss = pyg_full_batch_epoch(model, dev_data, loss_fn)
@@ -658,6 +663,9 @@ def main(argv=None) -> dict:
                     help="budgets as fractions of the need (add 0.0625 for the "
                          "6.25%% row)")
     ap.add_argument("--reps", type=int, default=3, help="alternating timing rounds")
+    ap.add_argument("--timing-devices", nargs="+", default=None,
+                    choices=["cpu", "cuda"], help="the timing section's devices "
+                    "(default: cpu, and cuda when there is one)")
     ap.add_argument("--policies", nargs="+", default=["auto", "st", "none"],
                     choices=["auto", *POLICIES],
                     help="cache policies of the overhead rows (auto: the "
@@ -757,11 +765,11 @@ def main(argv=None) -> dict:
         nt = 20_000 if quick else 50_000
         log(f"epoch times on a {nt:,}-node graph")
         g = power_law_graph(nt, avg_degree=args.avg_degree, in_channels=64, seed=2)
+        devices = args.timing_devices or (
+            ["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"])
         res["timing"] = [timing(g, new_model(64, 8), args.fraction, args.parts,
-                                3, "cpu", args.cache_dir)]
-        if torch.cuda.is_available():
-            res["timing"].append(timing(g, new_model(64, 8), args.fraction,
-                                        args.parts, 5, "cuda", args.cache_dir))
+                                3 if d == "cpu" else 5, d, args.cache_dir)
+                         for d in devices]
         for t in res["timing"]:
             log(f"  {t['device']}: " + ", ".join(
                 f"{k}={v:.2f}s" for k, v in t["median_s"].items()))
