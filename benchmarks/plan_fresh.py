@@ -80,10 +80,9 @@ def full_need(args: str, device: str, timeout: float) -> int:
     import subprocess
 
     argv = shlex.split(args)
-    i = argv.index("--memory-budget")
-    del argv[i:i + 2]
-    argv.remove("--strategy")
-    argv.remove("auto")
+    for opt in ("--memory-budget", "--strategy"):  # the plan lists every one
+        i = argv.index(opt)
+        del argv[i:i + 2]
     p = subprocess.run([sys.executable, "-m", "leangnn", "plan", *argv, "--device",
                         device, "--memory-budget", "64GiB", "--json"],
                        capture_output=True, text=True, timeout=timeout)

@@ -61,8 +61,7 @@ def test_uncalibrated_cuda_plans_count_the_workspaces():
 
 def test_a_budget_below_the_workspaces_says_so():
     with pytest.raises(BudgetError, match="64 MiB|67108864 of them cuBLAS"):
-        DeviceBudget(60 * MiB, 64 * MiB + 4096, 0.5, "none", None, 0,
-                     fixed=64 * MiB)
+        DeviceBudget(60 * MiB, 4096, 0.5, "none", None, 0, fixed=64 * MiB)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

@@ -147,7 +147,7 @@ class RankOffload:
         error = None
         try:
             split = DeviceBudget(self.device_budget,
-                                 self.resident_factor * lw.param_bytes() + blas, 0.5,
+                                 self.resident_factor * lw.param_bytes(), 0.5,
                                  "none", ws, 0, fixed=blas)
             builder = ChunkBuilder(csr, split.fits, split.ratio)
             try:

@@ -46,7 +46,8 @@ warnings.filterwarnings("ignore", message=r"index_reduce\(\) is in beta",
                         category=UserWarning)
 
 __all__ = ["LevelPlan", "LevelStep", "level_plan", "topological_levels", "max_plus",
-           "cell_sweep", "SweepCell", "EdgeIndexCache", "plan_in_use"]
+           "cell_sweep", "SweepCell", "EdgeIndexCache", "plan_in_use",
+           "PLAN_CACHE_SIZE"]
 
 
 @dataclass(frozen=True)
@@ -248,8 +249,10 @@ class EdgeIndexCache:
         return len(self._entries)
 
 
+#: level plans :func:`level_plan` keeps (the most recently used graphs')
+PLAN_CACHE_SIZE = 64
 # edge_index -> plan
-_CACHE = EdgeIndexCache(64)
+_CACHE = EdgeIndexCache(PLAN_CACHE_SIZE)
 # id(edge_index) -> (edge_index, plan) set by plan_in_use
 _IN_USE: dict[int, tuple[Tensor, LevelPlan]] = {}
 

@@ -36,8 +36,8 @@ class DeviceBudget:
             gathers cache rows at slot width).
         fixed (int, optional): device bytes the process holds outside any
             tensor of the run (cuBLAS' workspaces:
-            :func:`~leangnn.blas_workspace.ensure_blas_workspace`), part of
-            ``resident``. (default: ``0``)
+            :func:`~leangnn.blas_workspace.ensure_blas_workspace`), resident
+            on top of ``resident``. (default: ``0``)
 
     Raises:
         BudgetError: when ``total`` does not even hold the parameters.
@@ -46,6 +46,7 @@ class DeviceBudget:
     def __init__(self, total: int, resident: int, workspace_fraction: float,
                  cache_policy: str, ws: WorkspaceModel, slot_width: int,
                  fixed: int = 0):
+        resident += fixed
         free = total - resident
         if free <= 0:
             held = (f"; {fixed} of them cuBLAS' workspaces, which every matrix "

@@ -178,7 +178,7 @@ class OffloadEngine:
         blas = 0 if o.virtual else ensure_blas_workspace(self.device)
         self.ws = self._calibrate()
         self.split = DeviceBudget(o.device_budget,
-                                  o.resident_factor * self.lw.param_bytes() + blas,
+                                  o.resident_factor * self.lw.param_bytes(),
                                   o.workspace_fraction, self.policy, self.ws,
                                   self.slot_width, fixed=blas)
         self.split.num_nodes = n

@@ -37,6 +37,7 @@ from torch import Tensor
 from torch_geometric.data import Data
 
 from leangnn.nn.levels import (
+    PLAN_CACHE_SIZE,
     EdgeIndexCache,
     LevelPlan,
     level_plan,
@@ -109,8 +110,6 @@ def cached_plans_bytes(graphs: list[Data], device="cpu") -> int:
     device (9 storages per plan, each in 512-byte blocks) and the views on
     the host, outside the device's count.
     """
-    from leangnn.nn.levels import _CACHE
-
     cuda = torch.device(device).type == "cuda"
     sizes = []
     # one plan per edge_index tensor (a graph both trained and validated on)
@@ -125,7 +124,7 @@ def cached_plans_bytes(graphs: list[Data], device="cpu") -> int:
             # one node order
             sizes.append(8 * (4 * n + 4 * e)
                          + PLAN_VIEW_BYTES * (3 + 6 * (_depth(g) + 1)))
-    return sum(sorted(sizes, reverse=True)[:_CACHE.size])
+    return sum(sorted(sizes, reverse=True)[:PLAN_CACHE_SIZE])
 
 
 def host_peak_bytes(model, data: Data) -> int:
