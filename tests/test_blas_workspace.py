@@ -53,6 +53,10 @@ def test_environment_overrides(monkeypatch):
     assert blas_workspace_bytes("cuda", 1, (9, 0)) == 33 * MiB
     monkeypatch.setenv("CUBLASLT_WORKSPACE_SIZE", "4096")
     assert blas_workspace_bytes("cuda", 1, (9, 0)) == 36 * MiB
+    monkeypatch.setenv("CUBLASLT_WORKSPACE_SIZE", "-5")  # none, not a credit
+    assert blas_workspace_bytes("cuda", 1, (9, 0)) == 32 * MiB
+    monkeypatch.setenv("CUBLASLT_WORKSPACE_SIZE", "nan")  # unreadable: 1 MiB
+    assert blas_workspace_bytes("cuda", 1, (9, 0)) == 33 * MiB
 
 
 def test_uncalibrated_cuda_plans_count_the_workspaces():

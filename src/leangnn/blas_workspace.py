@@ -79,7 +79,7 @@ def blas_workspace_bytes(device: torch.device | str = "cuda",
             lt = int(os.environ.get("CUBLASLT_WORKSPACE_SIZE", "1024")) * 1024
         except ValueError:
             lt = _MiB
-        size += lt
+        size += max(lt, 0)  # a negative size is no workspace, not a credit
     return threads * size
 
 
