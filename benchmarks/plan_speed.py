@@ -53,6 +53,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "results" / "plan_speed.json"
 TRACES_OUT = ROOT / "benchmarks" / "results" / "plan_trace_speed.json"
+COST_OUT = ROOT / "benchmarks" / "results" / "plan_cost.json"
 WALL_OUT = ROOT / "benchmarks" / "results" / "plan_auto_wall.json"
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from plan import CLI_ROWS  # noqa: E402  (the cli section's command lines)
@@ -334,6 +335,9 @@ def main(argv=None) -> None:
     ap.add_argument("--before", help="source tree (its src/) of the reference")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--only", nargs="*")
+    ap.add_argument("--all", action="store_true",
+                    help="every row of the cli section (held-out rows too), "
+                    "into results/plan_cost.json with a summary")
     ap.add_argument("--remeasure", action="store_true")
     ap.add_argument("--traces", nargs="+", metavar="ROW",
                     help="time the dry runs of these cli rows on both backends")
@@ -352,11 +356,11 @@ def main(argv=None) -> None:
     if args.traces:
         traces(args.traces, args.rounds)
         return
-    out = args.out or OUT
+    out = args.out or (COST_OUT if args.all else OUT)
     old = json.loads(out.read_text()) if out.is_file() else {}
     prev = {r["name"]: r for r in old.get("rows", [])}
     rows = []
-    for row in ROWS:
+    for row in (CLI_ROWS if args.all else ROWS):
         if args.only and not any(s in row["name"] for s in args.only):
             continue
         p = prev.get(row["name"], {})
@@ -368,7 +372,8 @@ def main(argv=None) -> None:
             runs["after"].append(estimate_once(row, None))
             if args.before:
                 runs["before"].append(estimate_once(row, args.before))
-        r = {"name": row["name"], "args": row["args"], "epoch_cpu_seconds": ep}
+        r = {"name": row["name"], "args": row["args"], "epoch_cpu_seconds": ep,
+             "holdout": bool(row.get("holdout"))}
         for side, res in runs.items():
             if not res:
                 continue
@@ -386,8 +391,25 @@ def main(argv=None) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     from leangnn.utils import atomic_write_text
 
-    atomic_write_text(out, json.dumps({"rows": keep + rows}, indent=1))
+    res = {"rows": keep + rows}
+    if args.all:
+        res["summary"] = summary([r for r in res["rows"] if not r["holdout"]])
+        res["holdout_summary"] = summary([r for r in res["rows"] if r["holdout"]])
+        print(json.dumps({k: res[k] for k in ("summary", "holdout_summary")}))
+    atomic_write_text(out, json.dumps(res, indent=1))
     print(markdown(keep + rows))
+
+
+def summary(rows: list[dict]) -> dict:
+    """Median share of an epoch and rows within issue 11's 10%, per side."""
+    out = {"rows": len(rows)}
+    for side in ("before", "after"):
+        share = [r[side]["share_of_epoch"] for r in rows if side in r]
+        if share:
+            out[side] = {"median_share": statistics.median(share),
+                         "worst_share": max(share),
+                         "within_10": sum(s <= 0.10 for s in share)}
+    return out
 
 
 def markdown(rows: list[dict]) -> str:
