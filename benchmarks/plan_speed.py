@@ -16,6 +16,11 @@ row (a ``leangnn train`` command line) this script
 Disk caches (METIS partitions, parsed circuits) are warm in every round, as
 they are for a user's second run; in-process caches are cold.
 
+``--all`` does the first two for every row of ``benchmarks/plan.py``'s cli
+section (held-out rows too, no ``--before`` needed) and writes
+``results/plan_cost.json`` with a summary: the planning cost against epochs
+measured the same day, in the same conditions.
+
 ``--cli-wall ROW...`` times what ``--strategy auto`` adds to a run, from the
 user's side: the total wall time of ``leangnn train ROW-ARGS`` (the auto
 command line) against ``leangnn train`` of its pick (``--strategy <pick>``
@@ -32,6 +37,7 @@ warm-up call (model-level caches, e.g. the DAG model's level schedule, filled),
 and the traces are compared field by field.
 
     python benchmarks/plan_speed.py --before /tmp/before/src   # results/plan_speed.json
+    python benchmarks/plan_speed.py --all --rounds 1 --remeasure  # plan_cost.json
     python benchmarks/plan_speed.py --traces b19-full-sage2 mult-gsr16-gat
     python benchmarks/plan_speed.py --before /tmp/before/src --cli-wall \
         csbm100k-auto-sage3 h-csbm50k-auto-gcn3
