@@ -57,6 +57,7 @@ from leangnn.plan.dag import (
     sweep_work,
     trace_levels,
 )
+from leangnn.plan.dpr_state import validation_kept_bytes
 from leangnn.plan.dryrun import trace_step
 from leangnn.plan.fake import (
     StepTrace,
@@ -457,6 +458,13 @@ def estimate_config(cfg, splits, device: torch.device | str | None = None,
         if c.get("dag"):  # every training and validation graph's plan by now
             est.later = _plus_kept(est.later,
                                    cached_plans_bytes(train + list(splits.val), dev))
+        if cfg.strategy == "prune" and splits.val:
+            # DPR's state of each validation graph (anchors, serving operands,
+            # its own core), built by the first validation pass and kept
+            model = _build(cfg, splits.in_channels, splits.out_channels,
+                           cfg.num_layers)
+            est.later = _plus_kept(est.later, validation_kept_bytes(
+                cfg, splits, model, data, big, dev))
     return _finish(est, calibration, t0)
 
 
