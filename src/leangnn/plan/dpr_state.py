@@ -32,7 +32,8 @@ _INT32_MAX = 2**31 - 1
 
 
 def anchor_bytes(num_pruned: int, num_core: int, num_anchors: int | None,
-                 chunk_size: int, elem: int = 4, on_device: bool = False) -> int:
+                 chunk_size: int, elem: int = 4, on_device: bool = False,
+                 nnz: int | None = None) -> int:
     """Bytes of the anchors of ``num_pruned`` nodes (:class:`~leangnn.prune.
     decoder.Anchors`: a CSR ``[P, N_core]`` with at most ``num_anchors``
     entries a row, ``None``: every core node; the walk mass) and of their
@@ -48,13 +49,15 @@ def anchor_bytes(num_pruned: int, num_core: int, num_anchors: int | None,
             weights, mass and output rows, copied there once (the anchors
             themselves stay on the host). ``False``: a CPU, where the chunks
             are views but for their rebased row pointers. (default: ``False``)
+        nnz (int, optional): the anchors' entries where known (after the
+            walk). (default: ``None``, the bound ``P x k``)
     """
     p = int(num_pruned)
     if p <= 0:
         return 0
     k = int(num_core) if num_anchors is None else min(int(num_anchors),
                                                       int(num_core))
-    nnz = p * k
+    nnz = p * k if nnz is None else int(nnz)
     idx = 4 if max(nnz, int(num_core)) <= _INT32_MAX else 8
     chunks = math.ceil(p / max(1, int(chunk_size)))
     if on_device:
