@@ -401,8 +401,10 @@ def main(argv=None) -> None:
 
     res = {"rows": keep + rows}
     if args.all:
-        res["summary"] = summary([r for r in res["rows"] if not r["holdout"]])
-        res["holdout_summary"] = summary([r for r in res["rows"] if r["holdout"]])
+        # (rows kept from an older file may lack the flag)
+        res["summary"] = summary([r for r in res["rows"] if not r.get("holdout")])
+        res["holdout_summary"] = summary([r for r in res["rows"]
+                                          if r.get("holdout")])
         print(json.dumps({k: res[k] for k in ("summary", "holdout_summary")}))
     atomic_write_text(out, json.dumps(res, indent=1))
     print(markdown(keep + rows))

@@ -68,8 +68,8 @@ def blas_workspace_bytes(device: torch.device | str = "cuda",
             capability = torch.cuda.get_device_capability(dev)
         except (AssertionError, RuntimeError):  # no CUDA here: the plain rule
             capability = (8, 0)
-    default = 32 * _MiB if capability[0] in (9, 10, 12) else 4096 * 1024 * 2 + \
-        16 * 1024 * 8
+    default = 32 * _MiB if capability[0] in (9, 10, 12) else \
+        _config_bytes(":4096:2:16:8")
     env = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
     size = _config_bytes(env) if env else None
     size = default if size is None else size

@@ -79,18 +79,17 @@ def serve_graph_bytes(model: torch.nn.Module, adj_t: Tensor | None,
     if not reassociate or adj_t is None or not servable(model):
         return 0
     n, nnz = int(adj_t.size(0)), int(adj_t._nnz())
-    total = 0
-    if any(not _gcn_conv_ok(c) for c in model.convs):
-        total += elem * nnz  # mean weights
-    if any(_gcn_conv_ok(c) for c in model.convs):
-        total += 4 * (n + 1) + (4 + elem) * (nnz + n)
-    return total
+    # (a servable model's convs are all one kind: a PyG BasicGNN's)
+    if _gcn_conv_ok(model.convs[0]):
+        return 4 * (n + 1) + (4 + elem) * (nnz + n)
+    return elem * nnz  # mean weights
 
 
 def state_bytes(obj, seen: set[int] | None = None) -> int:
     """Bytes of the distinct tensor storages reachable from ``obj`` (tensors,
     sparse ones' parts, ``Data``, serving operands, dataclasses, lists,
     tuples, dicts)."""
+    from leangnn.profile import sparse_parts
     from leangnn.prune.serve import ServeGraph
 
     seen = set() if seen is None else seen
@@ -99,15 +98,11 @@ def state_bytes(obj, seen: set[int] | None = None) -> int:
     while stack:
         x = stack.pop()
         if isinstance(x, Tensor):
-            if x.layout == torch.sparse_csr:
-                stack += [x.crow_indices(), x.col_indices(), x.values()]
-                continue
-            if x.layout != torch.strided:
-                continue
-            s = x.untyped_storage()
-            if s.data_ptr() not in seen and s.nbytes():
-                seen.add(s.data_ptr())
-                total += s.nbytes()
+            for p in sparse_parts(x):
+                s = p.untyped_storage()
+                if s.data_ptr() not in seen and s.nbytes():
+                    seen.add(s.data_ptr())
+                    total += s.nbytes()
         elif isinstance(x, ServeGraph):
             stack += [x.adj_t, *x._ops.values()]
         elif isinstance(x, Data):
