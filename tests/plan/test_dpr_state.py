@@ -11,6 +11,7 @@ from leangnn.plan.dpr_state import (
     anchor_bytes,
     state_bytes,
     validation_kept_bytes,
+    walk_entries_bound,
 )
 from leangnn.plan.estimate import _build, _core_graph, estimate_config, largest_graph
 from leangnn.prune.dpr import DPRStrategy
@@ -134,3 +135,35 @@ def test_no_validation_graph_keeps_nothing():
     assert validation_kept_bytes(cfg, splits, model, core, g) == 0
     assert anchor_bytes(0, 10, 8, 16) == 0
     E.forget()
+
+
+def test_walk_entries_bound_counts_the_walks():
+    """The bound is the number of walks of 1..t hops over the edges both
+    ways, summed over the start nodes (dense matrix powers as reference)."""
+    ei = torch.tensor([[0, 1, 2, 2, 4], [1, 2, 0, 3, 4]])
+    a = torch.zeros(5, 5, dtype=torch.float64)
+    for s, d in ei.t().tolist():
+        a[s, d] += 1
+        a[d, s] += 1
+    one = torch.ones(5, dtype=torch.float64)
+    for t in (1, 2, 3):
+        ref = sum(float(one @ torch.linalg.matrix_power(a, h) @ one)
+                  for h in range(1, t + 1))
+        assert walk_entries_bound(ei, 5, t) == int(ref)
+    assert walk_entries_bound(torch.empty(2, 0, dtype=torch.long), 5, 2) == 0
+
+
+def test_huge_anchor_counts_are_bounded_by_the_walks():
+    """``--anchors`` far above what a 2-hop walk reaches on a circuit: the
+    count is the walks' bound, still above what DPR holds, not every core
+    node a row (which would refuse a plan that fits)."""
+    cfg = TrainConfig(dataset="iscas85/c1908", val_dataset="iscas85/c880,"
+                      "iscas85/c1355", test_dataset="iscas85/c17",
+                      strategy="prune", model="res", num_layers=2,
+                      hidden_channels=16, budget_ratio=0.3, num_anchors=100_000)
+    splits = load_graphs(cfg, progress=False)
+    est, real = _kept(cfg, splits)
+    rows = sum(anchor_bytes(int(g.num_nodes) - round(0.3 * int(g.num_nodes)),
+                            round(0.3 * int(g.num_nodes)), 100_000, 16384)
+               for g in splits.val)
+    assert real <= est < rows / 2

@@ -25,8 +25,8 @@ import torch
 from torch import Tensor
 from torch_geometric.data import Data
 
-__all__ = ["anchor_bytes", "serve_graph_bytes", "state_bytes",
-           "validation_kept_bytes"]
+__all__ = ["anchor_bytes", "walk_entries_bound", "serve_graph_bytes",
+           "state_bytes", "validation_kept_bytes"]
 
 _INT32_MAX = 2**31 - 1
 
@@ -66,6 +66,27 @@ def anchor_bytes(num_pruned: int, num_core: int, num_anchors: int | None,
     # graph's state holds anyway)
     csr = idx * (p + 1) + (idx + elem) * nnz
     return csr + elem * p + idx * (p + chunks)
+
+
+def walk_entries_bound(edge_index: Tensor, num_nodes: int, num_steps: int) -> int:
+    """An upper bound on the anchor entries of every node of a graph: the
+    walks of 1 to ``num_steps`` hops from all of them over the edges taken
+    both ways (a walk of ``t`` hops reaches at most one node; a row keeps at
+    most the nodes its walks reach). Bounds the anchors where ``k`` a row
+    does not: ``k`` above what a few hops reach (``--anchors 100000``), or
+    every core node (dense anchors). ``num_steps`` sparse products, O(E)
+    each."""
+    n = int(num_nodes)
+    if n == 0 or edge_index.numel() == 0:
+        return 0
+    ei = edge_index.cpu()
+    src, dst = torch.cat([ei[0], ei[1]]), torch.cat([ei[1], ei[0]])
+    # (float64: walk counts outgrow int64 on dense graphs; a bound may round)
+    v, total = torch.ones(n, dtype=torch.float64), 0.0
+    for _ in range(max(1, int(num_steps))):
+        v = torch.zeros(n, dtype=torch.float64).index_add_(0, src, v[dst])
+        total += float(v.sum())
+    return int(min(total, 2.0**62))
 
 
 def serve_graph_bytes(model: torch.nn.Module, adj_t: Tensor | None,
@@ -160,8 +181,16 @@ def validation_kept_bytes(cfg, splits, model: torch.nn.Module, core: Data,
             own = 0 if key in trained else state_bytes(
                 st.train_data if cuda else
                 [st.core.index, st.core.mask, st.train_data, st.pruned, st.rows])
-        total += own + anchor_bytes(int(g.num_nodes) - n_core, n_core,
-                                    None if c.dense else c.num_anchors,
-                                    c.chunk_size, on_device=cuda)
+        p = int(g.num_nodes) - n_core
+        k = n_core if c.dense or c.num_anchors is None else min(c.num_anchors,
+                                                                n_core)
+        nnz = p * k
+        if nnz > 2 * int(g.num_edges):
+            # (the walk bound is at least its first hop's 2E: below that it
+            # cannot be the smaller, and is not computed)
+            nnz = min(nnz, walk_entries_bound(g.edge_index, g.num_nodes,
+                                              c.num_steps))
+        total += own + anchor_bytes(p, n_core, k, c.chunk_size, on_device=cuda,
+                                    nnz=nnz)
         total += serve_graph_bytes(model, adj_t, c.serve_reassociate)
     return total
