@@ -63,6 +63,32 @@ def test_csr_graph_layout_and_transpose(graph):
     assert torch.equal(dst2 // 2, edge_index[1, g.perm]) and bool((dst2 % 2).all())
 
 
+@pytest.mark.parametrize("dtype", [torch.long, torch.int32])
+@pytest.mark.parametrize("num_edges", [0, 1, 500])
+def test_csr_graph_indices_match_numpy_lexsort(dtype, num_edges):
+    # the indices are decoded from sorted keys: checked against NumPy's
+    # lexsort and plain gathers, on int32 input, empty and one-edge graphs
+    import numpy as np
+
+    n = 40
+    gen = torch.Generator().manual_seed(num_edges)
+    pairs = torch.randperm(n * n, generator=gen)[:num_edges]
+    ei = torch.stack([pairs % n, pairs // n]).to(dtype)  # unique (src, dst)
+    g = CSRGraph(ei, n)
+    src, dst = ei.long().numpy()
+    perm = np.lexsort((src, dst))  # by target, then source
+    assert g.perm.tolist() == perm.tolist()
+    assert g.row.tolist() == dst[perm].tolist()
+    assert g.col.tolist() == src[perm].tolist()
+    perm_t = np.lexsort((dst[perm], src[perm]))
+    assert g.perm_t.tolist() == perm_t.tolist()
+    assert g.col_t.tolist() == dst[perm][perm_t].tolist()
+    for crow, rows in ((g.crow, dst), (g.crow_t, src)):
+        assert crow.tolist() == [0, *np.cumsum(np.bincount(rows, minlength=n))]
+    assert all(t.dtype == torch.long for t in
+               (g.perm, g.row, g.col, g.crow, g.perm_t, g.col_t, g.crow_t))
+
+
 def test_duplicate_edges_fall_back_to_pyg(graph):
     edge_index, n = graph
     with pytest.raises(ValueError, match="duplicate"):

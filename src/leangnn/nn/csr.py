@@ -63,16 +63,19 @@ class CSRGraph:
         src, dst = edge_index.long()  # CSR indices share one dtype
         n = num_nodes
         self.num_nodes = n
-        key = dst * n + src
-        self.perm = torch.argsort(key)
-        key = key[self.perm]
+        # The indices are decoded from the sorted keys (one division each)
+        # rather than gathered through the permutation: a random-access
+        # gather of E int64 costs ~25 ns an entry on a CPU, the division ~2,
+        # and the build runs once per pass of every GSR step (2.7x faster on
+        # 2.4M edges). Keys are unique, so any sort gives the one order.
+        key, self.perm = torch.sort(dst * n + src)
         if key.numel() > 1 and bool((key[1:] == key[:-1]).any()):
             raise ValueError("CSRGraph: edge_index has duplicate edges")
-        self.row, self.col = dst[self.perm], src[self.perm]
+        self.row, self.col = _decode(key, n)
         self.crow = _compressed(self.row, n)
-        self.perm_t = torch.argsort(self.col * n + self.row)
-        self.col_t = self.row[self.perm_t]
-        self.crow_t = _compressed(self.col[self.perm_t], n)
+        key, self.perm_t = torch.sort(self.col * n + self.row)
+        col_of_t, self.col_t = _decode(key, n)
+        self.crow_t = _compressed(col_of_t, n)
         self._interleaved: tuple[Tensor, Tensor] | None = None
 
     def interleaved(self) -> tuple[Tensor, Tensor]:
@@ -88,13 +91,23 @@ class CSRGraph:
 
     def matrix_t(self, values: Tensor) -> Tensor:
         """Its transpose, from the same ``values`` (CSR order)."""
-        return _csr(self.crow_t, self.col_t, values[self.perm_t], self.num_nodes)
+        return _csr(self.crow_t, self.col_t, values.index_select(0, self.perm_t),
+                    self.num_nodes)
+
+
+def _decode(key: Tensor, n: int) -> tuple[Tensor, Tensor]:
+    """``(key // n, key % n)`` of non-negative keys."""
+    major = torch.div(key, n, rounding_mode="floor")
+    # out of place: under the planner's fake mode an in-place op on a real
+    # tensor was applied twice (one fused kernel, no ``major * n`` either)
+    return major, torch.sub(key, major, alpha=n)
 
 
 def _compressed(rows: Tensor, n: int) -> Tensor:
-    crow = torch.zeros(n + 1, dtype=torch.long, device=rows.device)
-    torch.cumsum(torch.bincount(rows, minlength=n), 0, out=crow[1:])
-    return crow
+    # functional (no ``cumsum(out=crow[1:])``): the planner's memo of real
+    # ops (leangnn.plan.known) follows a chain of fresh tensors, not writes
+    counts = torch.bincount(rows, minlength=n).cumsum(0)
+    return torch.cat([counts.new_zeros(1), counts])
 
 
 def _csr(crow: Tensor, col: Tensor, values: Tensor, n: int) -> Tensor:
@@ -273,8 +286,9 @@ def csr_kernels(convs: Sequence[torch.nn.Module], edge_index, num_nodes: int,
             if ("gcn", id(w)) not in cache:
                 if conv.flow != "source_to_target":
                     ei = ei.flip(0)
-                cache["gcn", id(w)] = _matrices(_graph_or_none(ei, num_nodes),
-                                                lambda g, w=w: w[g.perm].to(dtype))
+                cache["gcn", id(w)] = _matrices(
+                    _graph_or_none(ei, num_nodes),
+                    lambda g, w=w: w.index_select(0, g.perm).to(dtype))
             if cache["gcn", id(w)] is not None:
                 kernels[i] = _gcn_kernel(conv, *cache["gcn", id(w)])
         elif mean_sage_conv(conv) and graph() is not None:

@@ -52,6 +52,7 @@ from leangnn.plan.fake import (
     _leaves,
     _wants_value,
 )
+from leangnn.plan.known import fresh_op
 
 __all__ = ["MetaTracker", "meta_model", "disk_memo"]
 
@@ -59,8 +60,6 @@ aten = torch.ops.aten
 _META = torch.device("meta")
 _STRIDED = torch.strided
 
-# func -> whether its outputs are fresh tensors (no alias, no mutation)
-_FRESH: dict = {}
 # (func, metadata of the arguments) -> [(shape, stride, dtype)] of the outputs
 _MEMO: dict = {}
 _MEMO_MAX = 1 << 16
@@ -115,17 +114,6 @@ def _from_disk(entry) -> list | None:
     return spec if all(isinstance(s[2], torch.dtype) for s in spec) else None
 
 
-def _fresh(func) -> bool:
-    ok = _FRESH.get(func)
-    if ok is None:
-        s = func._schema
-        ok = bool(s.returns) and all(
-            r.alias_info is None and str(r.type) == "Tensor" for r in s.returns) and \
-            not any(a.alias_info is not None for a in s.arguments)
-        _FRESH[func] = ok
-    return ok
-
-
 def _makes(func) -> bool:
     """Whether ``func`` takes a ``device`` (a factory op)."""
     ok = _MAKES.get(func)
@@ -156,7 +144,7 @@ def _minimal(shape, stride, dtype) -> Tensor:
 def _kernel(func, args, kwargs):
     """``func`` on meta tensors; a fresh output rebuilt from the memo when the
     same op on the same metadata ran before."""
-    if not _fresh(func):
+    if not fresh_op(func):
         return func(*args, **kwargs)
     try:
         # (the default dtype: a factory op's without a dtype argument)
