@@ -104,10 +104,9 @@ def _decode(key: Tensor, n: int) -> tuple[Tensor, Tensor]:
 
 
 def _compressed(rows: Tensor, n: int) -> Tensor:
-    # functional (no ``cumsum(out=crow[1:])``): the planner's memo of real
-    # ops (leangnn.plan.known) follows a chain of fresh tensors, not writes
-    counts = torch.bincount(rows, minlength=n).cumsum(0)
-    return torch.cat([counts.new_zeros(1), counts])
+    crow = torch.zeros(n + 1, dtype=torch.long, device=rows.device)
+    torch.cumsum(torch.bincount(rows, minlength=n), 0, out=crow[1:])
+    return crow
 
 
 def _csr(crow: Tensor, col: Tensor, values: Tensor, n: int) -> Tensor:

@@ -43,7 +43,7 @@ def trace_step(model: torch.nn.Module, data: Data, loss_fn: Callable,
                concrete_limit: int | None = None,
                plain: bool = True, kernel_workspace: bool | None = None,
                heap_threshold: int | None = None, max_ops: int = MAX_OPS,
-               backend: str = "auto", reuse_known: bool = True) -> StepTrace:
+               backend: str = "auto") -> StepTrace:
     """One training step of ``model`` on ``data`` under fake tensors.
 
     The step is the Trainer's: ``zero_grad``, ``step(model, data, loss_fn)``
@@ -70,8 +70,6 @@ def trace_step(model: torch.nn.Module, data: Data, loss_fn: Callable,
             same trace, several times cheaper; CPU steps), ``"fake"`` (this
             module's ``FakeTensorMode`` tracker) or ``"auto"`` (meta on CPU,
             fake elsewhere). (default: ``"auto"``)
-        reuse_known (bool, optional): see :class:`FakeTracker`; ``False``
-            recomputes every real op (the off switch). (default: ``True``)
 
     Raises:
         UnsupportedOpError: an op the dry run cannot follow.
@@ -97,7 +95,7 @@ def trace_step(model: torch.nn.Module, data: Data, loss_fn: Callable,
     def run(on_meta: bool) -> StepTrace:
         return _trace(model, data, loss_fn, step, lr, weight_decay, clip_norm, dev,
                       round_to, limit, plain, kernel_workspace, heap_threshold,
-                      max_ops, on_meta, reuse_known)
+                      max_ops, on_meta)
 
     if gc.get_freeze_count():  # the application froze objects: keep them so
         gc.collect()
@@ -127,7 +125,7 @@ def _run_backend(run: Callable, meta: bool, backend: str) -> StepTrace:
 
 def _trace(model, data, loss_fn, step, lr, weight_decay, clip_norm, dev, round_to,
            limit, plain, kernel_workspace, heap_threshold, max_ops,
-           meta: bool, reuse_known: bool = True) -> StepTrace:
+           meta: bool) -> StepTrace:
     gc.collect()
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     # Fake outputs rebuilt from the mode's op cache do not always keep the
@@ -140,11 +138,10 @@ def _trace(model, data, loss_fn, step, lr, weight_decay, clip_norm, dev, round_t
         from leangnn.plan.meta import MetaTracker, disk_memo, meta_model
 
         tracker = MetaTracker(fake_mode, limit, round_to, plain, kernel_workspace,
-                              heap_threshold, max_ops, reuse_known=reuse_known,
-                              device=dev)
+                              heap_threshold, max_ops, device=dev)
     else:
         tracker = FakeTracker(fake_mode, limit, round_to, plain, kernel_workspace,
-                              heap_threshold, max_ops, reuse_known)
+                              heap_threshold, max_ops)
     params = sum(t.untyped_storage().nbytes() for t in
                  {_key(t): t for t in [*model.parameters(), *model.buffers()]}.values())
     with torch.random.fork_rng(devices=[]), warnings.catch_warnings():

@@ -65,7 +65,6 @@ from leangnn.plan.fake import (
     UnsupportedOpError,
     tensor_bytes,
 )
-from leangnn.plan.known import known_memo
 
 __all__ = ["Estimate", "depth_points", "estimate_model", "estimate_config",
            "default_loss", "largest_graph", "core_of", "offload_step",
@@ -407,13 +406,6 @@ def estimate_config(cfg, splits, device: torch.device | str | None = None,
     Falls back to the analytic lower bound of :mod:`leangnn.plan.fits` (and
     says so in ``note``) when the model runs an op a dry run cannot follow.
     """
-    # the dry runs of its depths and passes compute the graph's own
-    # tensors (normalisation, CSR sorts) once (:mod:`leangnn.plan.known`)
-    with known_memo():
-        return _estimate_config(cfg, splits, device, calibration, loss_fn)
-
-
-def _estimate_config(cfg, splits, device, calibration, loss_fn) -> Estimate:
     t0 = time.perf_counter()
     dev = torch.device(device or cfg.device)
     big = largest_graph(splits.train)

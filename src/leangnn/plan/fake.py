@@ -53,8 +53,6 @@ from torch.utils.flop_counter import flop_registry
 from torch.utils.weak import WeakIdKeyDictionary
 from torch_geometric.data import Data
 
-from leangnn.plan.known import KnownMemo, current_memo
-
 __all__ = ["FakeTracker", "StepTrace", "UnsupportedOpError", "fake_model",
            "default_heap_threshold", "tensor_bytes", "MAX_OPS", "TooManyOpsError",
            "COLD_BYTES"]
@@ -118,11 +116,6 @@ class FakeTracker(TorchDispatchMode):
             (default: ``0``, no heap)
         max_ops (int, optional): raise :class:`UnsupportedOpError` after this
             many ops. (default: no limit)
-        reuse_known (bool, optional): run each op on real tensors once, its
-            repeats answered by copies (:class:`~leangnn.plan.known.
-            KnownMemo`: the one of an enclosing :func:`~leangnn.plan.known.
-            known_memo` block, else the tracker's own); the same trace, less
-            time. (default: ``True``)
 
     Attributes:
         live (int): bytes of tracked storages alive now.
@@ -135,10 +128,8 @@ class FakeTracker(TorchDispatchMode):
     def __init__(self, fake_mode: FakeTensorMode, concrete_limit: int = 1 << 24,
                  round_to: int = 1, plain: bool = True,
                  kernel_workspace: bool | None = None, heap_threshold: int = 0,
-                 max_ops: int = 1 << 62, reuse_known: bool = True):
+                 max_ops: int = 1 << 62):
         super().__init__()
-        # real ops on the graph, run once per plan (:mod:`leangnn.plan.known`)
-        self.memo = (current_memo() or KnownMemo()) if reuse_known else None
         self.heap_threshold, self.max_ops = heap_threshold, max_ops
         self.small_live = self.small_hw = 0
         self.frontier: list[tuple[int, int]] = []
@@ -329,12 +320,10 @@ class FakeTracker(TorchDispatchMode):
             "the model reads an integer value computed from features "
             "(.item()/int() of a feature-dependent tensor); a dry run cannot")
 
-    def _real(self, func, args, kwargs):
+    @staticmethod
+    def _real(func, args, kwargs):
         with _disable_current_modes():
-            if self.memo is None or any(self._is_fake(t) for t in
-                                        _leaves((args, kwargs))):
-                return func(*args, **kwargs)
-            return self.memo.call(func, args, kwargs)
+            return func(*args, **kwargs)
 
     def _data_dependent(self, func, args, kwargs, known: bool):
         if known:

@@ -52,7 +52,6 @@ from leangnn.plan.fake import (
     _leaves,
     _wants_value,
 )
-from leangnn.plan.known import fresh_op
 
 __all__ = ["MetaTracker", "meta_model", "disk_memo"]
 
@@ -60,6 +59,8 @@ aten = torch.ops.aten
 _META = torch.device("meta")
 _STRIDED = torch.strided
 
+# func -> whether its outputs are fresh tensors (no alias, no mutation)
+_FRESH: dict = {}
 # (func, metadata of the arguments) -> [(shape, stride, dtype)] of the outputs
 _MEMO: dict = {}
 _MEMO_MAX = 1 << 16
@@ -114,6 +115,17 @@ def _from_disk(entry) -> list | None:
     return spec if all(isinstance(s[2], torch.dtype) for s in spec) else None
 
 
+def _fresh(func) -> bool:
+    ok = _FRESH.get(func)
+    if ok is None:
+        s = func._schema
+        ok = bool(s.returns) and all(
+            r.alias_info is None and str(r.type) == "Tensor" for r in s.returns) and \
+            not any(a.alias_info is not None for a in s.arguments)
+        _FRESH[func] = ok
+    return ok
+
+
 def _makes(func) -> bool:
     """Whether ``func`` takes a ``device`` (a factory op)."""
     ok = _MAKES.get(func)
@@ -144,7 +156,7 @@ def _minimal(shape, stride, dtype) -> Tensor:
 def _kernel(func, args, kwargs):
     """``func`` on meta tensors; a fresh output rebuilt from the memo when the
     same op on the same metadata ran before."""
-    if not fresh_op(func):
+    if not _fresh(func):
         return func(*args, **kwargs)
     try:
         # (the default dtype: a factory op's without a dtype argument)

@@ -41,7 +41,6 @@ from leangnn.plan.estimate import (
     plan_scope,
     withdraw,
 )
-from leangnn.plan.known import known_memo
 from leangnn.utils import format_bytes, json_safe, parse_bytes
 
 __all__ = ["PlanRow", "PlanTable", "plan_config", "choose", "format_table",
@@ -526,7 +525,7 @@ def plan_config(cfg, splits, memory_budget=None, device=None,
     try:
         # the rows share the graph's hash and adjacency, and offer what they
         # build for training to the pick
-        with plan_scope(), known_memo():
+        with plan_scope():
             rows = _estimate_rows(cfg, todo, budget, dev, splits, cal, lazy, nproc)
     except BaseException:
         forget()  # nothing of a failed plan is kept
