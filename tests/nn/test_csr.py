@@ -89,6 +89,11 @@ def test_csr_graph_indices_match_numpy_lexsort(dtype, num_edges):
                (g.perm, g.row, g.col, g.crow, g.perm_t, g.col_t, g.crow_t))
 
 
+def test_a_graph_too_large_for_int64_keys_is_refused_by_name():
+    with pytest.raises(ValueError, match="num_nodes=3037000500"):
+        CSRGraph(torch.tensor([[0], [1]]), 3_037_000_500)
+
+
 def test_duplicate_edges_fall_back_to_pyg(graph):
     edge_index, n = graph
     with pytest.raises(ValueError, match="duplicate"):

@@ -44,6 +44,9 @@ from torch_geometric.nn import GATConv, GCNConv, SAGEConv
 __all__ = ["CSRGraph", "csr_kernels", "spmm", "mean_sage_conv"]
 
 
+_MAX_NODES = 3_037_000_499  # floor(sqrt(2**63 - 1))
+
+
 class CSRGraph:
     r"""A graph's adjacency in CSR form (rows = targets) and its transpose.
 
@@ -62,6 +65,9 @@ class CSRGraph:
     def __init__(self, edge_index: Tensor, num_nodes: int):
         src, dst = edge_index.long()  # CSR indices share one dtype
         n = num_nodes
+        if n > _MAX_NODES:  # the sort key dst * n + src must fit in int64
+            raise ValueError(f"CSRGraph: num_nodes={n} is above {_MAX_NODES}, "
+                             "the most an int64 (target, source) key can hold")
         self.num_nodes = n
         # The indices are decoded from the sorted keys (one division each)
         # rather than gathered through the permutation: a random-access
