@@ -58,6 +58,18 @@ def test_meta_trace_equals_fake_trace(graph, name, opts, plain):
     _same(model, graph, plain=plain)
 
 
+def test_traces_do_not_depend_on_earlier_real_steps(graph):
+    # a real step first (its kernels may fill module-level state, e.g. the
+    # bit-packing of dropout masks): both backends still trace alike
+    from leangnn.nn.group_sparse import pack_bits
+
+    pack_bits(torch.rand(64) > 0.5)
+    torch.manual_seed(0)
+    model = build_model("res", graph.num_features, 32, 8, 3, conv="gcn", dropout=0.2)
+    model(graph.x, graph.edge_index).sum().backward()
+    _same(model, graph, plain=True)
+
+
 @pytest.mark.parametrize("make", [
     lambda: GCN(12, 32, 3, 8),  # self loops through a boolean mask of edges
     lambda: GIN(12, 32, 2, 8),

@@ -48,13 +48,11 @@ def resolve_k(sparsity: int | float | None, group_size: int) -> int | None:
 
 # -- bit packing ---------------------------------------------------------------
 
-_SHIFTS: dict[torch.device, Tensor] = {}
-
-
 def _shifts(device: torch.device) -> Tensor:
-    if device not in _SHIFTS:
-        _SHIFTS[device] = torch.arange(8, dtype=torch.uint8, device=device).view(8, 1)
-    return _SHIFTS[device]
+    # made per call (8 bytes), not cached per device: a module-level cache
+    # filled by an earlier real call made the planner's dry runs differ by
+    # whether it had been (fake tensors report the real device, meta ones not)
+    return torch.arange(8, dtype=torch.uint8, device=device).view(8, 1)
 
 
 def pack_bits(mask: Tensor) -> Tensor:
