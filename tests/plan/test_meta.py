@@ -58,6 +58,34 @@ def test_meta_trace_equals_fake_trace(graph, name, opts, plain):
     _same(model, graph, plain=plain)
 
 
+@pytest.mark.parametrize("backend", ["fake", "meta"])
+def test_in_place_arithmetic_on_real_tensors_applies_once(graph, backend):
+    # fake mode's constant propagation runs ``add_`` on a real operand
+    # itself; the dry run must not apply it a second time (a CSR build's
+    # decoded indices went negative on the fake backend, CUDA's)
+    seen = []
+
+    def step(model, data, loss_fn):
+        key, _ = torch.sort(data.edge_index[1] * data.num_nodes + data.edge_index[0])
+        row = torch.div(key, data.num_nodes, rounding_mode="floor")
+        col = key.add_(row, alpha=-data.num_nodes)  # key % num_nodes
+        row.mul_(1).sub_(0)
+        seen.append((row.clone(), col.clone()))
+        out = model(data.x, data.edge_index)
+        loss = loss_fn(out[col[: data.num_nodes]], data.y[row[: data.num_nodes]])
+        loss.backward()
+
+    torch.manual_seed(0)
+    model = GCN(graph.num_features, 16, 2, out_channels=8)
+    trace_step(model, graph, torch.nn.functional.cross_entropy, step,
+               backend=backend)
+    (row, col), = seen
+    ei = graph.edge_index
+    key = torch.sort(ei[1] * graph.num_nodes + ei[0]).values
+    assert torch.equal(row, key // graph.num_nodes)
+    assert torch.equal(col, key % graph.num_nodes)
+
+
 def test_traces_do_not_depend_on_earlier_real_steps(graph):
     # a real step first (its kernels may fill module-level state, e.g. the
     # bit-packing of dropout masks): both backends still trace alike

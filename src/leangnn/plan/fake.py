@@ -211,6 +211,13 @@ class FakeTracker(TorchDispatchMode):
     def _run(self, func, args, kwargs, known: bool):
         """``func`` in the fake mode below; for real (``known``) inputs, for
         real where the output is small or fake mode cannot run it."""
+        if known and _writes(func):
+            # An op changing real tensors changes them for real, once. (Fake
+            # mode's constant propagation of arithmetic runs ``add_`` on the
+            # real operand before tracing its fake twin, so a second, real
+            # run applied it twice: ``key.add_(major, alpha=-n)`` in a CSR
+            # build decoded wrong indices.)
+            return self._real(func, args, kwargs)
         try:
             out = func(*args, **kwargs)
         except _DATA_DEPENDENT as e:
@@ -634,6 +641,20 @@ def _wants_value(out, limit: int) -> bool:
     ts = _leaves(out)
     return bool(ts) and all(t.layout != torch.strided or t.numel() <= limit
                             for t in ts)
+
+
+def _writes(func) -> bool:
+    """Whether the aten op writes to an argument (in place, ``out=``); not
+    the views that only change metadata (``transpose_``, ``detach_``)."""
+    ok = _WRITES.get(func)
+    if ok is None:
+        ok = _WRITES[func] = torch.Tag.inplace_view not in func.tags and any(
+            a.alias_info is not None and a.alias_info.is_write
+            for a in func._schema.arguments)
+    return ok
+
+
+_WRITES: dict = {}
 
 
 def _mutates_small(func, args, kwargs, out, limit: int) -> bool:

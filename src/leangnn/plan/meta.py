@@ -51,6 +51,7 @@ from leangnn.plan.fake import (
     _key,
     _leaves,
     _wants_value,
+    _writes,
 )
 
 __all__ = ["MetaTracker", "meta_model", "disk_memo"]
@@ -276,7 +277,8 @@ class MetaTracker(FakeTracker):
         elif func is aten.values.default and args[0] in self._values:
             values = self._values[args[0]]
             out = values.view(values.shape)
-        elif known and "sparse" in func.__name__:
+        elif known and ("sparse" in func.__name__ or _writes(func)):
+            # (a write to real tensors: for real, once, as the fake tracker)
             out = self._real(func, args, rkwargs)
         elif known:
             try:
