@@ -89,6 +89,13 @@ def test_csr_graph_indices_match_numpy_lexsort(dtype, num_edges):
                (g.perm, g.row, g.col, g.crow, g.perm_t, g.col_t, g.crow_t))
 
 
+@pytest.mark.parametrize("bad", [-1, 40])
+def test_node_indices_out_of_range_are_refused_with_the_values(bad):
+    ei = torch.tensor([[0, 1, bad], [1, 2, 3]])
+    with pytest.raises(ValueError, match=f"{min(bad, 0)}..{max(bad, 3)}.*num_nodes=40"):
+        CSRGraph(ei, 40)
+
+
 def test_a_graph_too_large_for_int64_keys_is_refused_by_name():
     with pytest.raises(ValueError, match="num_nodes=3037000500"):
         CSRGraph(torch.tensor([[0], [1]]), 3_037_000_500)

@@ -68,6 +68,12 @@ class CSRGraph:
         if n > _MAX_NODES:  # the sort key dst * n + src must fit in int64
             raise ValueError(f"CSRGraph: num_nodes={n} is above {_MAX_NODES}, "
                              "the most an int64 (target, source) key can hold")
+        if src.numel() and (int(edge_index.min()) < 0 or int(edge_index.max()) >= n):
+            # (decoded from keys, an index out of range would silently become
+            # another node's edge)
+            raise ValueError(f"CSRGraph: edge_index has node indices "
+                             f"{int(edge_index.min())}..{int(edge_index.max())}, "
+                             f"outside 0..{n - 1} (num_nodes={n})")
         self.num_nodes = n
         # The indices are decoded from the sorted keys (one division each)
         # rather than gathered through the permutation: a random-access
