@@ -170,8 +170,10 @@ class DstCSR:
         dst = edge_index[1]
         perm = torch.argsort(dst, stable=True)
         self.num_nodes = num_nodes
-        self.col = edge_index[0][perm]
-        self.weight = None if edge_weight is None else edge_weight[perm]
+        # index_select, not x[perm]: ~4x faster on E int64 (csr.CSRGraph)
+        self.col = edge_index[0].index_select(0, perm)
+        self.weight = None if edge_weight is None else \
+            edge_weight.index_select(0, perm)
         counts = torch.bincount(dst, minlength=num_nodes)
         self.rowptr = torch.zeros(num_nodes + 1, dtype=torch.long)
         torch.cumsum(counts, 0, out=self.rowptr[1:])
