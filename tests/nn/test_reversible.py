@@ -334,3 +334,41 @@ def test_flat_backward_holds_one_blocks_gradient_views_at_a_time(circuit,
     model(circuit.x, circuit.edge_index).sum().backward()
     assert 0 < most[0] <= 2 * per_block, (most[0], per_block)
     # the gradients themselves: test_gradients_equal_plain_autograd_64_layers
+
+
+@pytest.mark.parametrize("conv", ["sage", "gcn", "gat"])
+def test_kept_graph_layout_builds_once_per_step_same_gradients(circuit, conv,
+                                                                monkeypatch):
+    """keep_graph: the backward reuses the forward's CSR layout (one sort of
+    the graph per step instead of two) and frees it; off: rebuilt per pass.
+    Outputs and gradients are the same bits either way."""
+    import weakref
+
+    from leangnn.nn import csr
+
+    builds, alive = [], []
+    init = csr.CSRGraph.__init__
+
+    def counting(self, *a, **k):
+        init(self, *a, **k)
+        builds.append(1)
+        alive.append(weakref.ref(self))
+
+    monkeypatch.setattr(csr.CSRGraph, "__init__", counting)
+    res = {}
+    for keep in (True, False):
+        torch.manual_seed(0)
+        model = GSRGNN(circuit.num_features, 16, 1, 4, num_groups=2, conv=conv,
+                       dropout=0.1, keep_graph=keep).double().train()
+        builds.clear()
+        res[keep] = grads_of(model, circuit, disable=False)
+        res[keep, "builds"] = len(builds)
+    # GCN sorts its normalised graph too: one layout per pass either way
+    assert res[True, "builds"] * 2 == res[False, "builds"] > 0
+    assert torch.equal(res[True][0], res[False][0])
+    for name, g in res[False][1].items():
+        assert torch.equal(res[True][1][name], g), name
+    import gc
+
+    gc.collect()
+    assert all(r() is None for r in alive)  # nothing kept after the step

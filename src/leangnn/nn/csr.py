@@ -256,7 +256,7 @@ def _gat_usable(conv, looped: bool) -> bool:
 
 @contextlib.contextmanager
 def csr_kernels(convs: Sequence[torch.nn.Module], edge_index, num_nodes: int,
-                dtype: torch.dtype, looped: bool = False,
+                dtype: torch.dtype, looped: bool = False, cache: dict | None = None,
                 ) -> Iterator[list[Callable[[Tensor], Tensor] | None]]:
     """Per conv, a CSR kernel computing ``conv(x, edge_index)``, or ``None``.
 
@@ -275,6 +275,11 @@ def csr_kernels(convs: Sequence[torch.nn.Module], edge_index, num_nodes: int,
         dtype (torch.dtype): the dtype the convs compute in.
         looped (bool, optional): ``edge_index`` carries GAT's self-loops.
             (default: ``False``)
+        cache (dict, optional): where the layouts built here are kept: pass
+            the same dict to another call on the same graph (a reversible
+            step's backward after its forward) and it builds none again; it
+            holds them as long as the caller holds it. (default: ``None``,
+            built for this call alone)
 
     Yields:
         a list as long as ``convs``: ``kernel(x) -> out`` or ``None``.
@@ -283,25 +288,36 @@ def csr_kernels(convs: Sequence[torch.nn.Module], edge_index, num_nodes: int,
     if not isinstance(edge_index, Tensor) or edge_index.is_sparse:
         yield kernels
         return
-    # built on first use, once per call of this function (= once per pass)
-    cache: dict = {}
+    # built on first use, once per call of this function (= once per pass),
+    # or once per ``cache`` the caller keeps; a kept layout must be of this
+    # graph (the same preprocessing of the same edges gives the same one)
+    if cache is None:
+        cache = {}
+    elif cache.get("key") != (tuple(edge_index.shape), num_nodes, dtype, looped):
+        cache.clear()
+        cache["key"] = (tuple(edge_index.shape), num_nodes, dtype, looped)
 
     def graph() -> CSRGraph | None:
         if "graph" not in cache:
             cache["graph"] = _graph_or_none(edge_index, num_nodes)
         return cache["graph"]
 
+    # GCN layouts by the order their normalisation first appears in this
+    # call: the convs sharing one share a layout, and a kept one is found by
+    # the next pass, whose normalisations are new tensors of the same values
+    norms: dict[int, int] = {}
     for i, conv in enumerate(convs):
         if _gcn_usable(conv):
             ei, w = conv._cached_edge_index
-            if ("gcn", id(w)) not in cache:
+            key = ("gcn", norms.setdefault(id(w), len(norms)))
+            if key not in cache:
                 if conv.flow != "source_to_target":
                     ei = ei.flip(0)
-                cache["gcn", id(w)] = _matrices(
+                cache[key] = _matrices(
                     _graph_or_none(ei, num_nodes),
                     lambda g, w=w: w.index_select(0, g.perm).to(dtype))
-            if cache["gcn", id(w)] is not None:
-                kernels[i] = _gcn_kernel(conv, *cache["gcn", id(w)])
+            if cache[key] is not None:
+                kernels[i] = _gcn_kernel(conv, *cache[key])
         elif mean_sage_conv(conv) and graph() is not None:
             if "mean" not in cache:
                 cache["mean"] = _matrices(graph(), lambda g: _mean_weights(g, dtype))

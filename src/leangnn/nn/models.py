@@ -71,6 +71,9 @@ class GSRGNN(torch.nn.Module):
             convs run through CSR kernels (:mod:`leangnn.nn.csr`; equal to
             the PyG convs to rounding); ``False`` runs the PyG convs.
             (default: ``True``)
+        keep_graph (bool, optional): a step's backward reuses its forward's
+            CSR layout (see :class:`~leangnn.nn.reversible.GSRStack`).
+            (default: ``True``)
         **conv_kwargs: passed to every conv.
 
     Shapes:
@@ -83,7 +86,7 @@ class GSRGNN(torch.nn.Module):
                  sparsity: int | float | None = None, dropout: float = 0.0,
                  disable: bool = False, exact_stream: bool = True,
                  flat_parameters: bool = True, kernels: bool = True,
-                 **conv_kwargs):
+                 keep_graph: bool = True, **conv_kwargs):
         super().__init__()
         self.in_channels, self.hidden_channels = in_channels, hidden_channels
         self.out_channels, self.num_layers = out_channels, num_layers
@@ -93,7 +96,7 @@ class GSRGNN(torch.nn.Module):
                               sparsity, dropout, disable,
                               exact_stream=exact_stream,
                               flat_parameters=flat_parameters, kernels=kernels,
-                              **conv_kwargs)
+                              keep_graph=keep_graph, **conv_kwargs)
         self.out_norm = torch.nn.LayerNorm(hidden_channels)
         self.head = torch.nn.Linear(hidden_channels, out_channels)
 

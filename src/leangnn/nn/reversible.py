@@ -187,6 +187,11 @@ class GSRStack(torch.nn.Module):
             and the plain-autograd (``disable``) path use them, so those two
             stay exactly comparable; ``False`` runs PyG's convs (needs
             ``share_graph``). (default: ``True``)
+        keep_graph (bool, optional): the backward reuses the CSR layout its
+            forward built (``kernels``), kept from one pass to the next,
+            instead of sorting the graph again: one build per step, not two
+            (1.2x on csbm:100000 GSR-4 epochs). ``False`` rebuilds it, and
+            frees it between the passes. (default: ``True``)
         **conv_kwargs: passed to every conv.
 
     Shapes:
@@ -200,7 +205,7 @@ class GSRStack(torch.nn.Module):
                  dropout: float = 0.0, disable: bool = False,
                  preserve_rng_state: bool = True, exact_stream: bool = True,
                  flat_parameters: bool = True, share_graph: bool = True,
-                 kernels: bool = True, **conv_kwargs):
+                 kernels: bool = True, keep_graph: bool = True, **conv_kwargs):
         super().__init__()
         if not isinstance(num_groups, int) or num_groups < 2:
             raise ValueError(f"num_groups must be an int >= 2, got {num_groups!r}")
@@ -215,7 +220,7 @@ class GSRStack(torch.nn.Module):
         self.num_groups, self.dropout = num_groups, dropout
         self.disable, self.preserve_rng_state = disable, preserve_rng_state
         self.exact_stream, self.share_graph = exact_stream, share_graph
-        self.kernels = kernels
+        self.kernels, self.keep_graph = kernels, keep_graph
         self._kernels: list | None = None  # per block, set inside _graph()
         self.conv_name = conv if isinstance(conv, str) else getattr(
             conv, "__name__", type(conv).__name__)
@@ -314,11 +319,12 @@ class GSRStack(torch.nn.Module):
 
     @contextlib.contextmanager
     def _graph(self, edge_index, num_nodes: int, dtype: torch.dtype, args, kwargs,
-               share: bool = True):
+               share: bool = True, layout: dict | None = None):
         """Context in which every group function reuses one preprocessing of
         the graph (see :mod:`leangnn.nn.shared_graph`) and, with ``kernels``,
         runs its conv through a CSR kernel (:mod:`leangnn.nn.csr`); yields the
-        ``edge_index`` to pass."""
+        ``edge_index`` to pass. ``layout``: the CSR kernels' store, shared by
+        a step's forward and backward (``keep_graph``)."""
         plain = getattr(self, "share_graph", True) and not args and not kwargs
         convs = [b.conv for b in self.blocks]
         with shared_graph(convs, edge_index, num_nodes, dtype,
@@ -327,7 +333,7 @@ class GSRStack(torch.nn.Module):
                 yield graph
                 return
             with csr_kernels(convs, graph, num_nodes, dtype,
-                             looped=graph is not edge_index) as kernels:
+                             looped=graph is not edge_index, cache=layout) as kernels:
                 old, self._kernels = self._kernels, kernels
                 try:
                     yield graph
@@ -502,7 +508,10 @@ class _GSRFunction(torch.autograd.Function):
         args = rest[:num_args]  # the parameters follow; autograd needs them as inputs
         ctx.num_params = len(rest) - num_args
         h = stack._to_groups(x)
-        with stack._graph(edge_index, x.size(0), x.dtype, args, kwargs) as graph:
+        # the CSR layout the forward builds, for the backward (keep_graph)
+        ctx.layout = {} if getattr(stack, "keep_graph", True) else None
+        with stack._graph(edge_index, x.size(0), x.dtype, args, kwargs,
+                          layout=ctx.layout) as graph:
             stack._forward_inplace(h, graph, args, kwargs, run, x.dtype)
         ctx.stack, ctx.run, ctx.kwargs, ctx.num_args = stack, run, kwargs, num_args
         ctx.dtype = x.dtype
@@ -553,10 +562,12 @@ class _GSRFunction(torch.autograd.Function):
         # the activations need the wide stream (for exact reconstruction).
         g = stack._to_groups(grad_out.to(dtype), widen=False)
         # each recomputed graph is differentiated at once: no bit-packed masks
-        with stack._graph(edge_index, h.size(1), dtype, args, kwargs) as graph, \
-                unpacked_masks():
+        layout, ctx.layout = ctx.layout, None  # freed with the backward
+        with stack._graph(edge_index, h.size(1), dtype, args, kwargs,
+                          layout=layout) as graph, unpacked_masks():
             _fused_backward(ctx, stack, h, g, graph, args, arg_req, arg_grads,
                             block_grads, flat_grad)
+        del layout
         if stack.flat is not None:
             pgrads = [flat_grad] * ctx.num_params
         else:
