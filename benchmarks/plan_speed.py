@@ -136,15 +136,27 @@ def estimate_once(row: dict, src: str | None) -> dict:
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
-def epoch_cpu(row: dict, epochs: int = 2) -> float:
+def train_run(args: list[str], src: str | None, epochs: int
+              ) -> tuple[list[dict], dict]:
+    """One ``leangnn train ARGS --epochs E`` in a fresh interpreter with one
+    OpenMP thread (``src``: another tree's ``src/`` first on the path): its
+    ``metrics.jsonl`` records and its ``summary.json``."""
     with tempfile.TemporaryDirectory(prefix="plan-speed-") as tmp:
         out = Path(tmp) / "run"
-        subprocess.run([sys.executable, "-m", "leangnn", "train",
-                        *shlex.split(row["args"]), "--epochs", str(epochs),
-                        "--out", str(out), "--quiet"], env=_env(None), check=True,
-                       capture_output=True, timeout=1800, cwd=ROOT)
+        p = subprocess.run([sys.executable, "-m", "leangnn", "train", *args,
+                            "--epochs", str(epochs), "--out", str(out), "--quiet"],
+                           env=_env(src), capture_output=True, text=True,
+                           timeout=1800, cwd=ROOT)
+        if p.returncode:
+            raise RuntimeError(f"leangnn train {shlex.join(args)}: "
+                               f"{(p.stderr.strip().splitlines() or ['?'])[-1]}")
         rec = [json.loads(x) for x in (out / "metrics.jsonl").read_text().split("\n")
                if x]
+        return rec, json.loads((out / "summary.json").read_text())
+
+
+def epoch_cpu(row: dict, epochs: int = 2) -> float:
+    rec, _ = train_run(shlex.split(row["args"]), None, epochs)
     return statistics.median(r["epoch_cpu_seconds"] for r in rec)
 
 
@@ -237,20 +249,13 @@ def _train_wall(args: list[str], src: str | None, epochs: int
     machine's wall time would be (a shared machine's wall time is not)."""
     import resource
 
-    with tempfile.TemporaryDirectory(prefix="plan-wall-") as tmp:
-        out = Path(tmp) / "run"
-        r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-        t0 = time.perf_counter()
-        p = subprocess.run([sys.executable, "-m", "leangnn", "train", *args,
-                            "--epochs", str(epochs), "--out", str(out), "--quiet"],
-                           env=_env(src), capture_output=True, text=True,
-                           timeout=1800, cwd=ROOT)
-        wall = time.perf_counter() - t0
-        r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-        if p.returncode:
-            raise RuntimeError(p.stderr.strip().splitlines()[-1])
-        cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
-        return wall, cpu, json.loads((out / "summary.json").read_text())
+    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    _, summary = train_run(args, src, epochs)
+    wall = time.perf_counter() - t0
+    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
+    return wall, cpu, summary
 
 
 def _pick_args(args: list[str], plan: dict) -> list[str]:

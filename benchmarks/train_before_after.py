@@ -15,39 +15,24 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
 import statistics
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from plan import CLI_ROWS  # noqa: E402
+from plan_speed import train_run  # noqa: E402  (one leangnn train, one thread)
 
 OUT = ROOT / "benchmarks" / "results" / "train_before_after.json"
 
 
 def run_once(args: str, src: str | None, epochs: int) -> tuple[float, int]:
     """(median epoch CPU seconds, peak bytes) of one ``leangnn train``."""
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    if src:
-        env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
-    with tempfile.TemporaryDirectory(prefix="train-ba-") as tmp:
-        out = Path(tmp) / "run"
-        p = subprocess.run([sys.executable, "-m", "leangnn", "train",
-                            *shlex.split(args), "--epochs", str(epochs),
-                            "--out", str(out), "--quiet"], env=env, cwd=ROOT,
-                           capture_output=True, text=True, timeout=3600)
-        if p.returncode:
-            raise RuntimeError(f"leangnn train {args}: "
-                               f"{(p.stderr.strip().splitlines() or ['?'])[-1]}")
-        rec = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()
-               if x]
-        peak = json.loads((out / "summary.json").read_text())["memory"]["peak_bytes"]
-    return statistics.median(r["epoch_cpu_seconds"] for r in rec), int(peak)
+    rec, summary = train_run(shlex.split(args), src, epochs)
+    return (statistics.median(r["epoch_cpu_seconds"] for r in rec),
+            int(summary["memory"]["peak_bytes"]))
 
 
 def main(argv=None) -> None:
@@ -59,6 +44,9 @@ def main(argv=None) -> None:
     ap.add_argument("--out", type=Path, default=OUT)
     a = ap.parse_args(argv)
     by_name = {r["name"]: r for r in CLI_ROWS}
+    if not (Path(a.before) / "leangnn").is_dir():
+        # (a wrong path would silently run the installed tree on both sides)
+        ap.error(f"--before {a.before!r} has no leangnn package; give a tree's src/")
     unknown = [n for n in a.rows if n not in by_name]
     if unknown:
         ap.error(f"unknown rows {unknown}; known: {sorted(by_name)}")

@@ -212,11 +212,12 @@ class FakeTracker(TorchDispatchMode):
         """``func`` in the fake mode below; for real (``known``) inputs, for
         real where the output is small or fake mode cannot run it."""
         if known and _writes(func):
-            # An op changing real tensors changes them for real, once. (Fake
-            # mode's constant propagation of arithmetic runs ``add_`` on the
-            # real operand before tracing its fake twin, so a second, real
-            # run applied it twice: ``key.add_(major, alpha=-n)`` in a CSR
-            # build decoded wrong indices.)
+            # An op changing real tensors changes them for real, once. Run on
+            # fake twins alone, foreach Adam's step counts (CUDA's default:
+            # one in-place add, then .item()) stayed 0 and lr / (1 - beta1 **
+            # 0) divided by zero; run in fake mode and then for real, an
+            # arithmetic one was applied twice (fake mode's constant
+            # propagation already runs ``add_`` on a real operand).
             return self._real(func, args, kwargs)
         try:
             out = func(*args, **kwargs)
@@ -235,8 +236,7 @@ class FakeTracker(TorchDispatchMode):
             _forget(e)
             out = self._real(func, args, kwargs)  # cheap: graph-sized
         else:
-            if known and (_wants_value(out, self.limit) or
-                          _mutates_small(func, args, kwargs, out, self.limit)):
+            if known and _wants_value(out, self.limit):
                 out = self._real(func, args, kwargs)
         return out
 
@@ -655,15 +655,6 @@ def _writes(func) -> bool:
 
 
 _WRITES: dict = {}
-
-
-def _mutates_small(func, args, kwargs, out, limit: int) -> bool:
-    # An in-place op without a tensor output (the foreach ops) on small real
-    # tensors must change them: foreach Adam (CUDA's default) adds 1 to every
-    # step count in place and then reads them with .item(); run on their fake
-    # twins only, the counts stay 0 and lr / (1 - beta1 ** 0) divides by zero.
-    return func._schema.is_mutable and not _leaves(out) and \
-        _wants_value((args, kwargs), limit)
 
 
 # ------------------------------------------------------------------ a step
