@@ -134,6 +134,46 @@ def test_fit_and_plan_refuse_non_finite_features(data):
             call()
 
 
+def test_plan_and_fit_refuse_missing_labels_empty_graphs_and_bad_epochs(data):
+    model = GCN(8, 16, 2, int(data.y.max()) + 1)
+    unlabelled = data.clone()
+    del unlabelled.y
+    for call in (lambda: leangnn.plan(model, unlabelled, memory_budget="1GiB"),
+                 lambda: leangnn.fit(model, unlabelled, epochs=1,
+                                     memory_budget="1GiB")):
+        with pytest.raises(ValueError, match=r"data: has no targets \(data.y is "
+                           r"None\).*pass loss_fn"):
+            call()
+    # a loss of the user's own needs no labels
+    out = leangnn.fit(model, unlabelled, lambda o, d: o.pow(2).mean(), epochs=2,
+                      memory_budget="1GiB", strategy="full")
+    assert len(out["losses"]) == 2
+    empty = type(data)(x=torch.zeros(0, 8), y=torch.zeros(0, dtype=torch.long),
+                       edge_index=torch.zeros(2, 0, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"data: has no nodes \(num_nodes is 0\)"):
+        leangnn.plan(model, empty, memory_budget="1GiB")
+    for bad in (0, -3, "3", 2.0, True):
+        with pytest.raises(ValueError, match=rf"epochs: expected a positive int, "
+                           rf"got {bad!r}"):
+            leangnn.fit(model, data, epochs=bad, memory_budget="1GiB")
+
+
+def test_a_model_failing_its_dry_run_logs_no_torch_traceback(data, caplog):
+    import logging
+
+    fake_log = logging.getLogger("torch._subclasses.fake_tensor")
+    level = fake_log.level
+    model = GCN(5, 16, 2, 3)  # data.x has 8 features
+    with caplog.at_level(logging.DEBUG), pytest.raises(
+            ValueError, match=r"leangnn.plan: GCN failed in a dry run.*same "
+            r"reduction dim"):
+        leangnn.plan(model, data, memory_budget="1GiB")
+    noisy = [r for r in caplog.records if r.name.startswith("torch._subclasses")
+             and r.levelno >= logging.ERROR]
+    assert noisy == []
+    assert fake_log.level == level  # restored after the trace
+
+
 def test_plan_names_the_model_that_fails_on_the_data(data):
     from torch_geometric.nn import GraphSAGE
     from torch_geometric.utils import sort_edge_index

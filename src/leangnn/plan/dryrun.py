@@ -13,9 +13,11 @@ the other's caller.
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import logging
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -144,7 +146,8 @@ def _trace(model, data, loss_fn, step, lr, weight_decay, clip_norm, dev, round_t
                               heap_threshold, max_ops)
     params = sum(t.untyped_storage().nbytes() for t in
                  {_key(t): t for t in [*model.parameters(), *model.buffers()]}.values())
-    with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+    with torch.random.fork_rng(devices=[]), warnings.catch_warnings(), \
+            _quiet_fake_mode_log():
         # Layout bookkeeping (e.g. flat parameters) may read a fake tensor's
         # data pointer, which is 0 and harmless here.
         warnings.filterwarnings("ignore", message="Accessing the data pointer")
@@ -172,6 +175,21 @@ def _trace(model, data, loss_fn, step, lr, weight_decay, clip_norm, dev, round_t
     return StepTrace(peak, tracker.phases, params, _data_bytes(data), tracker.ops,
                      tracker.written, tracker.flops, list(tracker.frontier),
                      tracker.big_written, tracker.cold_written)
+
+
+@contextlib.contextmanager
+def _quiet_fake_mode_log() -> Iterator[None]:
+    """Mute the fake mode's own log of a failing op for the trace: it logs
+    the whole traceback at ERROR before re-raising, and the caller turns the
+    raised error into one line (a model that does not fit its data printed
+    ~100 lines of torch internals above ``leangnn.plan``'s message)."""
+    log = logging.getLogger("torch._subclasses.fake_tensor")
+    level = log.level
+    log.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
 
 
 def _marking(loss_fn: Callable, tracker: FakeTracker) -> Callable:

@@ -160,9 +160,17 @@ class Estimate:
 
 # ------------------------------------------------------------------ helpers
 def default_loss(data: Data) -> Callable[[Tensor, Data], Tensor]:
-    """Cross-entropy for integer labels, MSE otherwise, on ``node_mask``."""
+    """Cross-entropy for integer labels, MSE otherwise, on ``node_mask``.
+
+    Raises:
+        ValueError: ``data`` has no ``y`` (pass a ``loss_fn`` of your own).
+    """
     import torch.nn.functional as F
 
+    if data.get("y", None) is None:
+        raise ValueError("data: has no targets (data.y is None); the default loss "
+                         "(cross-entropy or MSE on data.y) needs them: set data.y "
+                         "or pass loss_fn(out, data)")
     classify = data.y is not None and not data.y.is_floating_point()
 
     def loss_fn(out: Tensor, d: Data) -> Tensor:

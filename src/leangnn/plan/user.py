@@ -97,6 +97,9 @@ def plan(model: torch.nn.Module, data: Data, memory_budget=None, loss_fn=None,
     t0 = time.perf_counter()
     # a NaN feature would plan fine and then train a NaN model silently
     check_graph(data, "data", labels=loss_fn is None)
+    if not data.num_nodes:
+        raise ValueError("data: has no nodes (num_nodes is "
+                         f"{data.num_nodes!r}); there is nothing to train on")
     dev = torch.device(device)
     budget = resolve_budget(memory_budget, dev)
     cal = calibration or load_calibration(dev)
@@ -227,6 +230,8 @@ def fit(model: torch.nn.Module, data: Data, loss_fn=None, strategy: str = "auto"
     known = ("auto", "full", "reversible", "offload", "prune")
     if strategy not in known:
         raise ValueError(f"strategy: expected one of {known}, got {strategy!r}")
+    if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
+        raise ValueError(f"epochs: expected a positive int, got {epochs!r}")
     table = plan(model, data, memory_budget, loss_fn, device, lr, clip_norm,
                  strategies=None if strategy == "auto" else (strategy,),
                  epochs=epochs)
