@@ -611,6 +611,13 @@ def test_train_auto_records_the_plan_and_resumes(tmp_path, capsys):
     # the measured peak sits beside the estimate (a tiny run in a process whose
     # heap earlier tests grew may add no resident bytes: 0 is a measurement)
     assert plan["estimated_epoch_seconds"] > 0 and s["memory"]["peak_bytes"] >= 0
+    # the measured need beside the budget, counted as the planner counts it
+    check = s["budget_check"]
+    assert plan["estimated_fixed_bytes"] > 0  # model and graph, before the meter
+    assert check["measured_need_bytes"] == s["memory"]["peak_bytes"] + \
+        plan["estimated_fixed_bytes"]
+    assert check["within_budget"] == (check["measured_need_bytes"] <= int(budget))
+    assert check["estimated_need_bytes"] == plan["estimated_peak_bytes"]
     assert "leangnn train: planned reversible(" in out
     assert main([*argv, "--epochs", "2", "--resume"]) == 0
     s2 = json.loads((run / "summary.json").read_text())
@@ -737,3 +744,34 @@ def test_a_reader_that_leaves_the_pipe_ends_quietly(tmp_path, monkeypatch, capsy
     capsys.readouterr()
     assert main(["datasets"]) == 2
     assert capsys.readouterr().err == "leangnn: error: [Errno 32] Broken pipe\n"
+
+
+def test_train_auto_warns_when_the_run_needed_more_than_its_budget(
+        tmp_path, capsys, monkeypatch):
+    """A planned run whose measured need passes its budget finishes and says
+    so in one stderr line, with both figures in summary.json."""
+    import leangnn.plan.planner as planner
+
+    real = planner.budget_check
+
+    def over(plan, peak):
+        c = real(plan, peak)
+        return {**c, "measured_need_bytes": c["memory_budget_bytes"] + (3 << 20),
+                "within_budget": False}
+
+    monkeypatch.setattr(planner, "budget_check", over)
+    run = tmp_path / "run"
+    assert main(["train", *_C17, "--strategy", "auto", "--memory-budget", "1GiB",
+                 "--epochs", "1", "--out", str(run)]) == 0
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if "warning" in ln]
+    assert len(lines) == 1
+    assert "leangnn train: warning: this run needed ~1.0 GiB" in lines[0]
+    assert "above --memory-budget 1.0 GiB" in lines[0]
+    s = json.loads((run / "summary.json").read_text())
+    assert s["budget_check"]["within_budget"] is False
+    # within the budget: no warning
+    monkeypatch.setattr(planner, "budget_check", real)
+    assert main(["train", *_C17, "--strategy", "auto", "--memory-budget", "1GiB",
+                 "--epochs", "1", "--out", str(run), "--force"]) == 0
+    assert "warning" not in capsys.readouterr().err

@@ -194,6 +194,9 @@ def _train(args) -> int:
         print(f"leangnn train: {Trainer.summary_line(summary)}")
         if "plan" in summary:
             print(f"leangnn train: {_plan_line(summary)}")
+            over = _over_budget_line(summary)
+            if over:
+                print(f"leangnn train: warning: {over}", file=sys.stderr)
     return 0
 
 
@@ -330,6 +333,23 @@ def _plan_line(summary: dict) -> str:
             f"estimated peak {format_bytes(p.get('estimated_run_bytes') or 0)}, "
             f"measured {format_bytes(mem or 0)}; epoch estimated {sec(est_t)}, "
             f"measured {sec(t)}")
+
+
+def _over_budget_line(summary: dict) -> str | None:
+    """One line when the planned run needed more than its budget (the
+    planner's estimate of a CPU heap can miss; the run itself finished)."""
+    from .utils import format_bytes
+
+    c = summary.get("budget_check")
+    if not c or c["within_budget"]:
+        return None
+    est = c.get("estimated_need_bytes")
+    return (f"this run needed ~{format_bytes(c['measured_need_bytes'])} (its peak "
+            f"plus the model and graph), above --memory-budget "
+            f"{format_bytes(c['memory_budget_bytes'])}; the planner estimated "
+            f"{format_bytes(est) if est is not None else 'n/a'}. summary.json "
+            "records both under budget_check; a lower --memory-budget leaves "
+            "the planner more margin")
 
 
 def _plan(args) -> int:

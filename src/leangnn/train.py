@@ -408,6 +408,12 @@ class Trainer:
         }
         summary.update(self.strategy.summary())
         summary.update(self.summary_extra)
+        if "plan" in summary:
+            from leangnn.plan.planner import budget_check
+
+            check = budget_check(summary["plan"], peak.peak_bytes)
+            if check is not None:
+                summary["budget_check"] = check
         return summary
 
     @staticmethod

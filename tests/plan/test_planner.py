@@ -280,3 +280,18 @@ def test_pinned_knobs_take_one_value_and_are_checked():
                       pinned={"num_groups": 3})
     with pytest.raises(ValueError, match=r"unknown knob\(s\) \['lr'\]"):
         candidates(cfg, 4096, "cpu", pinned={"lr": 0.1})
+
+
+def test_budget_check_counts_the_need_as_the_planner_does():
+    from leangnn.plan.planner import budget_check
+
+    plan = {"memory_budget_bytes": 100, "estimated_peak_bytes": 90,
+            "estimated_fixed_bytes": 30}
+    assert budget_check(plan, 70) == {
+        "memory_budget_bytes": 100, "estimated_need_bytes": 90,
+        "measured_need_bytes": 100, "within_budget": True}
+    assert budget_check(plan, 71)["within_budget"] is False
+    # nothing to judge: a plan of several ranks, an old plan, no measurement
+    assert budget_check({**plan, "ranks": [{}]}, 70) is None
+    assert budget_check({"memory_budget_bytes": 100}, 70) is None
+    assert budget_check(plan, None) is None

@@ -46,7 +46,7 @@ from leangnn.utils import format_bytes, json_safe, parse_bytes
 __all__ = ["PlanRow", "PlanTable", "plan_config", "choose", "format_table",
            "candidates", "plan_candidates", "resolve_budget", "plan_summary",
            "PLANNED", "GROUPS", "CORE_RATIOS", "OFFLOAD_PARTS", "CPU_DEVICE_SHARES",
-           "PINNABLE", "offload_budgets"]
+           "PINNABLE", "offload_budgets", "budget_check"]
 
 #: the strategies the planner has rows for
 PLANNED = ("full", "reversible", "offload", "prune", "distributed")
@@ -314,11 +314,16 @@ def plan_summary(table: PlanTable) -> dict[str, Any]:
         "pick": None if pick is None else pick.label}
     if pick is not None:
         est = pick.estimate
+        run = None if est is None else max(est.run_bytes, est.later_run_bytes or 0)
         out.update(strategy=pick.strategy, kind=pick.kind, knobs=dict(pick.knobs),
                    config=dict(pick.config),
                    estimated_peak_bytes=pick.need_bytes,
-                   estimated_run_bytes=None if est is None else max(
-                       est.run_bytes, est.later_run_bytes or 0),
+                   estimated_run_bytes=run,
+                   # what the need counts beside the run (model, resident
+                   # graph, offload's host store on a CPU): loaded before
+                   # the meter's baseline, so not in memory.peak_bytes
+                   estimated_fixed_bytes=None if est is None else
+                   est.peak_bytes - run,
                    estimated_epoch_seconds=pick.epoch_seconds,
                    method=None if est is None else est.method)
         if est is not None and est.ranks:
@@ -328,6 +333,29 @@ def plan_summary(table: PlanTable) -> dict[str, Any]:
                     "fits": r.fits, "epoch_seconds": r.epoch_seconds, "why": r.why}
                    for r in table.rows]
     return json_safe(out)
+
+
+def budget_check(plan: dict[str, Any], peak_bytes: int | None
+                 ) -> dict[str, Any] | None:
+    """A planned run's measured need against the budget it was planned for.
+
+    The need is counted as the planner counts it: the measured peak above the
+    loaded state (``memory.peak_bytes``) plus what the plan says was loaded
+    before it (:func:`plan_summary`'s ``estimated_fixed_bytes``). ``None``
+    for a plan without those figures or of several ranks (each rank's peak
+    is in its own record).
+
+    Returns:
+        ``{"memory_budget_bytes", "estimated_need_bytes",
+        "measured_need_bytes", "within_budget"}``.
+    """
+    fixed, budget = plan.get("estimated_fixed_bytes"), plan.get("memory_budget_bytes")
+    if fixed is None or budget is None or peak_bytes is None or plan.get("ranks"):
+        return None
+    need = int(peak_bytes) + int(fixed)
+    return {"memory_budget_bytes": int(budget),
+            "estimated_need_bytes": plan.get("estimated_peak_bytes"),
+            "measured_need_bytes": need, "within_budget": need <= int(budget)}
 
 
 # ---------------------------------------------------------------- budgets
