@@ -94,6 +94,13 @@ def test_fit_auto_trains_a_pyg_gcn_like_plain_pytorch(data):
     assert losses[-1] < losses[0]
     for a, b in zip(model.parameters(), ref.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    # the loop's measured peak and the need it implies, beside the budget
+    est, peak = out["row"].estimate, out["memory"]["peak_bytes"]
+    fixed = est.peak_bytes - max(est.run_bytes, est.later_run_bytes or 0)
+    assert fixed > 0 and peak >= 0 and out["memory"]["method"].startswith("cpu")
+    assert out["budget_check"] == {
+        "memory_budget_bytes": 1 << 30, "estimated_need_bytes": out["row"].need_bytes,
+        "measured_need_bytes": peak + fixed, "within_budget": peak + fixed <= 1 << 30}
 
 
 @pytest.mark.slow

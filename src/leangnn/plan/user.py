@@ -40,6 +40,7 @@ from leangnn.plan.planner import (
     OFFLOAD_PARTS,
     PlanRow,
     PlanTable,
+    budget_check,
     choose,
     estimate_row,
     mark_table,
@@ -221,7 +222,10 @@ def fit(model: torch.nn.Module, data: Data, loss_fn=None, strategy: str = "auto"
 
     Returns:
         ``{"plan": PlanTable, "row": the row used, "strategy": the Strategy,
-        "losses": [...]}``.
+        "losses": [...], "memory": {"peak_bytes", "method"}, "budget_check":
+        {...}}``: the training loop's measured peak above the loaded model and
+        graph (as ``leangnn train``'s ``summary.json``), and the need it
+        implies beside the budget (:func:`~leangnn.plan.planner.budget_check`).
 
     Raises:
         ValueError: nothing fits the budget (one line naming the smallest
@@ -253,6 +257,9 @@ def fit(model: torch.nn.Module, data: Data, loss_fn=None, strategy: str = "auto"
     model.to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=lr, weight_decay=weight_decay)
     strat.setup(model, [data])
+    from leangnn.profile import MemoryMeter
+
+    meter = MemoryMeter(device).start()
     losses = []
     model.train()
     for _ in range(epochs):
@@ -261,8 +268,17 @@ def fit(model: torch.nn.Module, data: Data, loss_fn=None, strategy: str = "auto"
         if clip_norm:
             torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
         optimizer.step()
+    report = meter.stop()
     strat.fit_end(model, [data], loss_fn)
-    return {"plan": table, "row": row, "strategy": strat, "losses": losses}
+    est = row.estimate
+    fixed = None if est is None else \
+        est.peak_bytes - max(est.run_bytes, est.later_run_bytes or 0)
+    check = budget_check({"memory_budget_bytes": table.budget_bytes,
+                          "estimated_peak_bytes": row.need_bytes,
+                          "estimated_fixed_bytes": fixed}, report.peak_bytes)
+    return {"plan": table, "row": row, "strategy": strat, "losses": losses,
+            "memory": {"peak_bytes": report.peak_bytes, "method": report.method},
+            "budget_check": check}
 
 
 def _strategy(row: PlanRow, device):
