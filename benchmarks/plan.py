@@ -702,6 +702,18 @@ HOLDOUT_ROWS = [
     # next layer's activations split (resident ~4x the live tensors)
     dict(name="h-csbm8k-full-res16", args="--dataset csbm:8000 --strategy full "
          "--model res --conv sage --layers 16 --hidden 32"),
+    # the same shape around it (added with the heap model's floor, which
+    # they were not fitted on): deep full-batch stacks on graphs of degree ~23
+    dict(name="h-csbm8k-full-res8", args="--dataset csbm:8000 --strategy full "
+         "--model res --conv sage --layers 8 --hidden 32"),
+    dict(name="h-csbm8k-full-res16-gcn", args="--dataset csbm:8000 --strategy "
+         "full --model res --conv gcn --layers 16 --hidden 32"),
+    dict(name="h-csbm20k-full-res12", args="--dataset csbm:20000 --strategy full "
+         "--model res --conv sage --layers 12 --hidden 16"),
+    dict(name="h-csbm4k-full-res24", args="--dataset csbm:4000 --strategy full "
+         "--model res --conv sage --layers 24 --hidden 32"),
+    dict(name="h-csbm8k-full-sage6", args="--dataset csbm:8000 --strategy full "
+         "--model sage --layers 6 --hidden 32"),
 ]
 for _r in HOLDOUT_ROWS:
     _r["holdout"] = True

@@ -291,14 +291,20 @@ class Calibration:
         return self.heap_scale
 
     def overhead(self, tensor_bytes: int, big: int = 0, heap: int = 0,
-                 families: list[str] | tuple[str, ...] = ()) -> int:
+                 families: list[str] | tuple[str, ...] = (), floor: int = 0) -> int:
         """Allocator bytes on top of ``tensor_bytes`` (never below -it);
-        ``families`` (:func:`heap_families`) select the heap factor."""
+        ``families`` (:func:`heap_families`) select the heap factor, and the
+        resident step is at least ``floor`` (the heap model's,
+        :class:`~leangnn.plan.heapsim.HeapModel`)."""
         # one first-run constant for all: fitted per strategy it overfits
         const = self.const
         factor = self.heap_factor(families)
         if factor is not None and (big or heap):
             resident = big + factor * heap
+            if self.allocator == "glibc-default":
+                # the model follows glibc's dynamic threshold; with a fixed
+                # one the heap holds small blocks only and the factor is ~1
+                resident = max(resident, floor)
         else:
             resident = self.scale * tensor_bytes
         return max(-tensor_bytes, round(resident - tensor_bytes + const))
@@ -383,8 +389,9 @@ class Calibration:
             est.overhead_bytes = round(self.offload_bytes(
                 est.step_bytes, est.work, fams) - est.step_bytes)
         else:
+            floor = est.floor_bytes
             est.overhead_bytes = self.overhead(est.step_bytes, est.big_bytes,
-                                               est.heap_bytes, fams)
+                                               est.heap_bytes, fams, floor)
             # a precomputation outside torch (numpy) peaks before the step's
             # tensors do; its large arrays are pages of their own
             if est.precompute_bytes:
@@ -392,7 +399,9 @@ class Calibration:
                     est.precompute_bytes + self.const) - est.step_bytes)
             if est.later is not None:
                 step, big, heap = est.later
-                est.later_run_bytes = step + self.overhead(step, big, heap, fams)
+                later_floor = floor and floor + max(0, big - est.big_bytes)
+                est.later_run_bytes = step + self.overhead(step, big, heap, fams,
+                                                           later_floor)
         est.epoch_seconds = self.seconds(est.work, fams)
         hint = ""
         if not self.calibrated:

@@ -45,7 +45,7 @@ def trace_step(model: torch.nn.Module, data: Data, loss_fn: Callable,
                concrete_limit: int | None = None,
                plain: bool = True, kernel_workspace: bool | None = None,
                heap_threshold: int | None = None, max_ops: int = MAX_OPS,
-               backend: str = "auto") -> StepTrace:
+               backend: str = "auto", heap_model: bool = True) -> StepTrace:
     """One training step of ``model`` on ``data`` under fake tensors.
 
     The step is the Trainer's: ``zero_grad``, ``step(model, data, loss_fn)``
@@ -72,6 +72,9 @@ def trace_step(model: torch.nn.Module, data: Data, loss_fn: Callable,
             same trace, several times cheaper; CPU steps), ``"fake"`` (this
             module's ``FakeTensorMode`` tracker) or ``"auto"`` (meta on CPU,
             fake elsewhere). (default: ``"auto"``)
+        heap_model (bool, optional): record the heap model's floor
+            (:attr:`StepTrace.heap_floor`); ``False`` is its off switch.
+            (default: ``True``)
 
     Raises:
         UnsupportedOpError: an op the dry run cannot follow.
@@ -97,7 +100,7 @@ def trace_step(model: torch.nn.Module, data: Data, loss_fn: Callable,
     def run(on_meta: bool) -> StepTrace:
         return _trace(model, data, loss_fn, step, lr, weight_decay, clip_norm, dev,
                       round_to, limit, plain, kernel_workspace, heap_threshold,
-                      max_ops, on_meta)
+                      max_ops, on_meta, heap_model)
 
     if gc.get_freeze_count():  # the application froze objects: keep them so
         gc.collect()
@@ -127,7 +130,7 @@ def _run_backend(run: Callable, meta: bool, backend: str) -> StepTrace:
 
 def _trace(model, data, loss_fn, step, lr, weight_decay, clip_norm, dev, round_to,
            limit, plain, kernel_workspace, heap_threshold, max_ops,
-           meta: bool) -> StepTrace:
+           meta: bool, heap_model: bool = True) -> StepTrace:
     gc.collect()
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     # Fake outputs rebuilt from the mode's op cache do not always keep the
@@ -140,10 +143,10 @@ def _trace(model, data, loss_fn, step, lr, weight_decay, clip_norm, dev, round_t
         from leangnn.plan.meta import MetaTracker, disk_memo, meta_model
 
         tracker = MetaTracker(fake_mode, limit, round_to, plain, kernel_workspace,
-                              heap_threshold, max_ops, device=dev)
+                              heap_threshold, max_ops, heap_model, device=dev)
     else:
         tracker = FakeTracker(fake_mode, limit, round_to, plain, kernel_workspace,
-                              heap_threshold, max_ops)
+                              heap_threshold, max_ops, heap_model)
     params = sum(t.untyped_storage().nbytes() for t in
                  {_key(t): t for t in [*model.parameters(), *model.buffers()]}.values())
     with torch.random.fork_rng(devices=[]), warnings.catch_warnings(), \
@@ -174,7 +177,7 @@ def _trace(model, data, loss_fn, step, lr, weight_decay, clip_norm, dev, round_t
             del opt
     return StepTrace(peak, tracker.phases, params, _data_bytes(data), tracker.ops,
                      tracker.written, tracker.flops, list(tracker.frontier),
-                     tracker.big_written, tracker.cold_written)
+                     tracker.big_written, tracker.cold_written, tracker.floor)
 
 
 @contextlib.contextmanager

@@ -102,6 +102,10 @@ class Estimate:
             their own pages and the C heap's high-water at the moment that
             counts (see :class:`~leangnn.plan.fake.FakeTracker`); the
             calibration turns them into resident memory.
+        floor_bytes (int): on CPU, the least resident bytes of the step under
+            glibc's heap (:class:`~leangnn.plan.heapsim.HeapModel`): the
+            calibrated heap factor's figure is raised to it where it is
+            lower (deep stacks with large transient blocks).
         later (tuple, optional): ``(step, big, heap)`` bytes of epochs after
             the first (Adam's moments and every graph's heap already there);
             ``later_run_bytes`` with the overhead. The figures above are the
@@ -131,6 +135,7 @@ class Estimate:
     phases: dict[str, int] = field(default_factory=dict)
     big_bytes: int = 0
     heap_bytes: int = 0
+    floor_bytes: int = 0
     later: tuple[int, int, int] | None = None
     later_run_bytes: int | None = None
     precompute_bytes: int = 0
@@ -224,7 +229,8 @@ def _combine(traces: dict[int, StepTrace], num_layers: int, model_bytes: dict
         return {"peak": t.peak_bytes,
                 "phases": {k: v["peak"] for k, v in t.phases.items()},
                 "work": {k: getattr(t, k) for k in WORK_KEYS},
-                "model_bytes": model_bytes[depths[0]], "heap": t.heap_point()}
+                "model_bytes": model_bytes[depths[0]], "heap": t.heap_point(),
+                "floor": t.heap_floor}
 
     def at(values: list) -> float:
         return _linear(list(zip(depths, values)), num_layers)
@@ -238,7 +244,8 @@ def _combine(traces: dict[int, StepTrace], num_layers: int, model_bytes: dict
                      for k in WORK_KEYS},
             "model_bytes": round(at([model_bytes[d] for d in depths])),
             "heap": (max(0, round(at([p[0] for p in points]))),
-                     max(0, round(at([p[1] for p in points]))))}
+                     max(0, round(at([p[1] for p in points])))),
+            "floor": max(0, round(at([traces[d].heap_floor for d in depths])))}
 
 
 def _model_bytes(model: torch.nn.Module) -> int:
@@ -300,7 +307,8 @@ def estimate_model(model: torch.nn.Module, data: Data, loss_fn: Callable | None 
                    _resident_graph_bytes(data, dev),
                    work=_scale_work(sweeps or c["work"], data, [data]),
                    phases=c["phases"], big_bytes=c["heap"][0],
-                   heap_bytes=c["heap"][1], precompute_bytes=host)
+                   heap_bytes=c["heap"][1], floor_bytes=c["floor"],
+                   precompute_bytes=host)
     return _finish(est, calibration, t0)
 
 
@@ -458,6 +466,9 @@ def estimate_config(cfg, splits, device: torch.device | str | None = None,
                    graph_bytes, method="fake+extrapolated" if extrapolated else "fake",
                    note=note, work=_scale_work(c["work"], scale_from, train),
                    phases=c["phases"], big_bytes=first_fig[1], heap_bytes=first_fig[2],
+                   # bytes kept beside the traced step (plans, moments) sit
+                   # on top of the floor as they do on the big blocks
+                   floor_bytes=c["floor"] and c["floor"] + first_fig[1] - c["heap"][0],
                    precompute_bytes=c["host_peak"])
     if cfg.epochs > 1:
         est.later = _with_history(c, cfg, splits, [g for g in train if g is not big],

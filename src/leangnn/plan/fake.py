@@ -53,6 +53,8 @@ from torch.utils.flop_counter import flop_registry
 from torch.utils.weak import WeakIdKeyDictionary
 from torch_geometric.data import Data
 
+from leangnn.plan.heapsim import HeapModel
+
 __all__ = ["FakeTracker", "StepTrace", "UnsupportedOpError", "fake_model",
            "default_heap_threshold", "tensor_bytes", "MAX_OPS", "TooManyOpsError",
            "COLD_BYTES"]
@@ -116,11 +118,16 @@ class FakeTracker(TorchDispatchMode):
             (default: ``0``, no heap)
         max_ops (int, optional): raise :class:`UnsupportedOpError` after this
             many ops. (default: no limit)
+        heap_model (bool, optional): with a heap, also replay its blocks in
+            :class:`~leangnn.plan.heapsim.HeapModel` and record the floor it
+            gives the resident step (``False``: no floor). (default: ``True``)
 
     Attributes:
         live (int): bytes of tracked storages alive now.
         peak (int): highest ``live``.
         frontier (list): ``(big, heap)`` byte pairs, see ``heap_threshold``.
+        floor (int): highest bytes on their own pages plus the heap model's
+            extent (0 without a heap model).
         phases (dict): phase name -> ``{"start", "peak", "end"}`` bytes.
         ops (int), written (int), flops (int): the work done.
     """
@@ -128,10 +135,11 @@ class FakeTracker(TorchDispatchMode):
     def __init__(self, fake_mode: FakeTensorMode, concrete_limit: int = 1 << 24,
                  round_to: int = 1, plain: bool = True,
                  kernel_workspace: bool | None = None, heap_threshold: int = 0,
-                 max_ops: int = 1 << 62):
+                 max_ops: int = 1 << 62, heap_model: bool = True):
         super().__init__()
         self.heap_threshold, self.max_ops = heap_threshold, max_ops
-        self.small_live = self.small_hw = 0
+        self.small_live = self.small_hw = self.floor = 0
+        self.heap = HeapModel() if heap_model and heap_threshold else None
         self.frontier: list[tuple[int, int]] = []
         self.fake_mode, self.limit, self.round_to = fake_mode, concrete_limit, round_to
         self.plain = plain
@@ -447,6 +455,8 @@ class FakeTracker(TorchDispatchMode):
             if nbytes < self.heap_threshold:
                 self.small_live += nbytes
                 self.small_hw = max(self.small_hw, self.small_live)
+                if self.heap is not None:
+                    self.heap.malloc(key, nbytes)
             else:
                 self.big_written += nbytes
             if self.live > self.peak:
@@ -485,6 +495,8 @@ class FakeTracker(TorchDispatchMode):
         points no other point beats in both (the heap's high-water only
         grows, so a new point beats every earlier one with fewer big bytes)."""
         big, small = self.live - self.small_live + extra, self.small_hw
+        if self.heap is not None:
+            self.floor = max(self.floor, big + self.heap.extent)
         f = self.frontier
         while f and f[-1][0] <= big:
             f.pop()
@@ -509,6 +521,8 @@ class FakeTracker(TorchDispatchMode):
             self.live -= ent[1]
             if ent[1] < self.heap_threshold:
                 self.small_live -= ent[1]
+                if self.heap is not None:
+                    self.heap.free(key)
 
 
 #: constructors of sparse compressed tensors (values are their third argument)
@@ -675,6 +689,8 @@ class StepTrace:
             threshold (pages of their own, faulted in as they are written).
         cold_written (int): bytes of the new storages of at least
             :data:`COLD_BYTES` (written past the core's caches).
+        heap_floor (int): the least resident bytes of the step's tracked
+            blocks under glibc's heap (:attr:`FakeTracker.floor`; 0 without).
     """
 
     peak_bytes: int
@@ -687,6 +703,7 @@ class StepTrace:
     frontier: list[tuple[int, int]] = field(default_factory=list)
     big_written: int = 0
     cold_written: int = 0
+    heap_floor: int = 0
 
     def heap_point(self, scale: float = 2.0) -> tuple[int, int]:
         """The frontier point with the most resident memory when the heap
