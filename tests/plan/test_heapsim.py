@@ -11,6 +11,7 @@ from leangnn.plan.calibration import Calibration
 from leangnn.plan.dryrun import trace_step
 from leangnn.plan.estimate import Estimate, default_loss
 from leangnn.plan.heapsim import HeapModel
+from leangnn.plan.planner import estimate_row
 
 MiB = 1 << 20
 
@@ -106,11 +107,15 @@ def test_the_floor_raises_the_glibc_default_estimate_only():
     default = Calibration("t", "glibc-default", heap_scale=2.0, const=0.0,
                           calibrated=True)
     default.apply(est)
-    assert est.run_bytes == 70 * MiB
+    assert est.run_bytes == 70 * MiB and est.floor_decided
+    # the plan's row says where its need comes from
+    row = estimate_row("full", est, default, "exact", {"strategy": "full"})
+    assert "heap model" in row.detail
     est.floor_bytes = 10 * MiB  # below the factor's figure: the factor's
     default.apply(est)
-    assert est.run_bytes == 2 * MiB + 2 * 14 * MiB
+    assert est.run_bytes == 2 * MiB + 2 * 14 * MiB and not est.floor_decided
+    assert estimate_row("full", est, default, "exact", {}).detail == ""
     est.floor_bytes = 70 * MiB
     Calibration("t", "glibc-mmap", heap_scale=1.0, const=0.0,
                 calibrated=True).apply(est)
-    assert est.run_bytes == 16 * MiB
+    assert est.run_bytes == 16 * MiB and not est.floor_decided

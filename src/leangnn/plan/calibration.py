@@ -392,6 +392,8 @@ class Calibration:
             floor = est.floor_bytes
             est.overhead_bytes = self.overhead(est.step_bytes, est.big_bytes,
                                                est.heap_bytes, fams, floor)
+            est.floor_decided = bool(floor) and est.overhead_bytes != self.overhead(
+                est.step_bytes, est.big_bytes, est.heap_bytes, fams)
             # a precomputation outside torch (numpy) peaks before the step's
             # tensors do; its large arrays are pages of their own
             if est.precompute_bytes:

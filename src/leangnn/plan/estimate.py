@@ -105,7 +105,8 @@ class Estimate:
         floor_bytes (int): on CPU, the least resident bytes of the step under
             glibc's heap (:class:`~leangnn.plan.heapsim.HeapModel`): the
             calibrated heap factor's figure is raised to it where it is
-            lower (deep stacks with large transient blocks).
+            lower (deep stacks with large transient blocks);
+            ``floor_decided`` says that it did.
         later (tuple, optional): ``(step, big, heap)`` bytes of epochs after
             the first (Adam's moments and every graph's heap already there);
             ``later_run_bytes`` with the overhead. The figures above are the
@@ -136,6 +137,7 @@ class Estimate:
     big_bytes: int = 0
     heap_bytes: int = 0
     floor_bytes: int = 0
+    floor_decided: bool = False
     later: tuple[int, int, int] | None = None
     later_run_bytes: int | None = None
     precompute_bytes: int = 0

@@ -389,6 +389,9 @@ def estimate_row(strategy: str, est: Estimate, cal: Calibration, kind: str,
         detail = (f"{len(est.ranks)} ranks, each <= {format_bytes(per)}"
                   + (" on one host" if torch.device(est.device).type == "cpu"
                      else " per device"))
+    if not detail and est.floor_decided:
+        # a need far above the live tensors: say where it comes from
+        detail = "heap model: large blocks freed layer by layer fragment the heap"
     short = ""
     if est.method == "analytic":
         # a lower bound only (measured ~8x under for the dag model): a pick
