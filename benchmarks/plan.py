@@ -382,8 +382,7 @@ GRAPHS["s38417"] = dict(dataset="iscas89/s38417", val_dataset="iscas85/c17",
 def _need(row_est, measured_run: int) -> int:
     """What a row needs in all, measured: the run's peak above the loaded
     state plus the model and graph tensors (as the planner's need counts)."""
-    return int(measured_run + row_est.model_bytes + row_est.graph_bytes
-               + (row_est.host_bytes if row_est.device == "cpu" else 0))
+    return int(measured_run + row_est.fixed_bytes)
 
 
 #: epochs each candidate of an auto case trains: memory over the first, time
@@ -833,7 +832,7 @@ def _cli_estimate(row: dict, splits_cache: dict, cal, ran: dict | None = None
     return {"pick": label, "replanned_pick": replanned,
             "strategy": cfg.strategy, "model": cfg.model,
             "num_layers": cfg.num_layers,
-            "estimated_run_bytes": max(est.run_bytes, est.later_run_bytes or 0),
+            "estimated_run_bytes": est.costliest_run_bytes,
             "tensor_bytes": est.step_bytes, "big_bytes": est.big_bytes,
             "heap_bytes": est.heap_bytes, "later": est.later,
             "estimated_epoch_seconds": est.epoch_seconds,
@@ -1154,7 +1153,8 @@ def main(argv=None) -> int:
                     help="estimate vs measured rows, the auto cases, the "
                          "`leangnn train` rows (cli; not in all), or all")
     ap.add_argument("--report", action="store_true", help="auto section: only "
-                    "rewrite its markdown from results/plan_auto.json")
+                    "rewrite its markdown from results/plan_auto.json (or "
+                    "plan_auto_default.json, --auto-allocator default)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--auto-allocator", choices=["mmap", "default"], default="mmap",
                     help="auto section on CPU: glibc's pinned mmap threshold "

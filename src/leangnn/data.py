@@ -148,7 +148,8 @@ def _named(data: Data, where: str) -> str:
 
 
 def check_graph(data: Data, where: str = "graph", *, in_channels: int | None = None,
-                labels: bool = True, num_classes: int | None = None) -> None:
+                labels: bool = True, num_classes: int | None = None,
+                nodes: bool = False) -> None:
     """Refuse a graph a model cannot train on or predict for, before it is used.
 
     A NaN or Inf in ``x`` (or in ``y`` on the nodes ``node_mask`` scores)
@@ -165,6 +166,8 @@ def check_graph(data: Data, where: str = "graph", *, in_channels: int | None = N
         labels (bool, optional): check ``y`` too. (default: ``True``)
         num_classes (int, optional): ``y`` must hold class ids in
             ``[0, num_classes)``. (default: ``None``, a regression target)
+        nodes (bool, optional): refuse a graph without nodes (one trained
+            on). (default: ``False``)
 
     Raises:
         ValueError: one line naming the graph, the tensor and what is wrong
@@ -180,6 +183,8 @@ def check_graph(data: Data, where: str = "graph", *, in_channels: int | None = N
     n = data.num_nodes
     if x.size(0) != n:
         raise ValueError(f"{what}: x has {x.size(0)} rows for {n} nodes")
+    if nodes and not n:
+        raise ValueError(f"{what}: has no nodes (num_nodes is {n!r})")
     if in_channels is not None and x.size(1) != in_channels:
         raise ValueError(f"{what}: x has {x.size(1)} features per node, the model "
                          f"takes {in_channels}")
@@ -230,6 +235,5 @@ def check_splits(splits: GraphSplits) -> None:
     for split in ("train", "val", "test"):
         for i, g in enumerate(getattr(splits, split)):
             where = f"{split} graph {i}"
-            check_graph(g, where, in_channels=width, num_classes=classes)
-            if split == "train" and g.num_nodes == 0:
-                raise ValueError(f"{_named(g, where)}: has no nodes")
+            check_graph(g, where, in_channels=width, num_classes=classes,
+                        nodes=split == "train")

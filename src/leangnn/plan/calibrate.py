@@ -263,9 +263,6 @@ def _sample(run: dict[str, Any], device: str, mmap: bool | None,
         if est.later is not None:  # the costlier of the first and later epochs
             big, heap = max((big, heap), est.later[1:], key=lambda p: p[0] + 2 * p[1])
         out.update(big_bytes=big, heap_bytes=heap)
-    if est.floor_bytes:
-        # the heap model's floor (not fitted on: kept for a later refit)
-        out["floor_bytes"] = est.floor_bytes
     if m.get("reserved_bytes"):
         out["reserved_bytes"] = m["reserved_bytes"]
         out["allocated_bytes"] = m["run_bytes"] + m["baseline_bytes"]

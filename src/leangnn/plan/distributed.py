@@ -333,7 +333,7 @@ def estimate_distributed(cfg, splits, nproc: int, mode: str = "graph",
             r.ranks = [{"rank": rank, "owned": runner.plan.num_owned,
                         "halo": runner.plan.num_halo,
                         "local_edges": int(runner.plan.edge_ids.numel()),
-                        "run_bytes": max(r.run_bytes, r.later_run_bytes or 0),
+                        "run_bytes": r.costliest_run_bytes,
                         "peak_bytes": r.peak_bytes,
                         "epoch_seconds": r.epoch_seconds}]
             ranks.append(r)
@@ -385,7 +385,7 @@ def _data_mode(cfg, splits, nproc: int, device: torch.device, calibration,
         calibration.apply(est)
     if cost is not None:
         est.epoch_seconds = cost.epoch_seconds(est.epoch_seconds, est.work)
-    est.ranks = [{"rank": r, "run_bytes": max(est.run_bytes, est.later_run_bytes or 0),
+    est.ranks = [{"rank": r, "run_bytes": est.costliest_run_bytes,
                   "peak_bytes": est.peak_bytes, "epoch_seconds": est.epoch_seconds}
                  for r in range(nproc)]
     return est

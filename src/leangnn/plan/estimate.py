@@ -150,14 +150,24 @@ class Estimate:
         return self.step_bytes + self.overhead_bytes
 
     @property
+    def costliest_run_bytes(self) -> int:
+        """:attr:`run_bytes` of the costlier of the first and later epochs."""
+        return max(self.run_bytes, self.later_run_bytes or 0)
+
+    @property
+    def fixed_bytes(self) -> int:
+        """What the need counts beside the run: the model and the resident
+        graph, and on CPU offload's host store (all loaded before the
+        Trainer's meter starts, so not in ``memory.peak_bytes``)."""
+        host = self.host_bytes if torch.device(self.device).type == "cpu" else 0
+        return self.model_bytes + self.graph_bytes + host
+
+    @property
     def peak_bytes(self) -> int:
         """Device bytes the run needs in all (model, resident graph, the
         step of its costliest epoch, overhead); on CPU the host store of
         offload counts too."""
-        run = max(self.run_bytes, self.later_run_bytes or 0)
-        total = self.model_bytes + self.graph_bytes + run
-        return total + (self.host_bytes if torch.device(self.device).type == "cpu"
-                        else 0)
+        return self.fixed_bytes + self.costliest_run_bytes
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -178,7 +188,7 @@ def default_loss(data: Data) -> Callable[[Tensor, Data], Tensor]:
         raise ValueError("data: has no targets (data.y is None); the default loss "
                          "(cross-entropy or MSE on data.y) needs them: set data.y "
                          "or pass loss_fn(out, data)")
-    classify = data.y is not None and not data.y.is_floating_point()
+    classify = not data.y.is_floating_point()
 
     def loss_fn(out: Tensor, d: Data) -> Tensor:
         y, mask = d.y, d.get("node_mask", None)

@@ -314,16 +314,11 @@ def plan_summary(table: PlanTable) -> dict[str, Any]:
         "pick": None if pick is None else pick.label}
     if pick is not None:
         est = pick.estimate
-        run = None if est is None else max(est.run_bytes, est.later_run_bytes or 0)
         out.update(strategy=pick.strategy, kind=pick.kind, knobs=dict(pick.knobs),
                    config=dict(pick.config),
                    estimated_peak_bytes=pick.need_bytes,
-                   estimated_run_bytes=run,
-                   # what the need counts beside the run (model, resident
-                   # graph, offload's host store on a CPU): loaded before
-                   # the meter's baseline, so not in memory.peak_bytes
-                   estimated_fixed_bytes=None if est is None else
-                   est.peak_bytes - run,
+                   estimated_run_bytes=None if est is None else est.costliest_run_bytes,
+                   estimated_fixed_bytes=None if est is None else est.fixed_bytes,
                    estimated_epoch_seconds=pick.epoch_seconds,
                    method=None if est is None else est.method)
         if est is not None and est.ranks:

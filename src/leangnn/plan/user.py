@@ -97,10 +97,7 @@ def plan(model: torch.nn.Module, data: Data, memory_budget=None, loss_fn=None,
     """
     t0 = time.perf_counter()
     # a NaN feature would plan fine and then train a NaN model silently
-    check_graph(data, "data", labels=loss_fn is None)
-    if not data.num_nodes:
-        raise ValueError("data: has no nodes (num_nodes is "
-                         f"{data.num_nodes!r}); there is nothing to train on")
+    check_graph(data, "data", labels=loss_fn is None, nodes=True)
     dev = torch.device(device)
     budget = resolve_budget(memory_budget, dev)
     cal = calibration or load_calibration(dev)
@@ -270,12 +267,10 @@ def fit(model: torch.nn.Module, data: Data, loss_fn=None, strategy: str = "auto"
         optimizer.step()
     report = meter.stop()
     strat.fit_end(model, [data], loss_fn)
-    est = row.estimate
-    fixed = None if est is None else \
-        est.peak_bytes - max(est.run_bytes, est.later_run_bytes or 0)
     check = budget_check({"memory_budget_bytes": table.budget_bytes,
                           "estimated_peak_bytes": row.need_bytes,
-                          "estimated_fixed_bytes": fixed}, report.peak_bytes)
+                          "estimated_fixed_bytes": None if row.estimate is None
+                          else row.estimate.fixed_bytes}, report.peak_bytes)
     return {"plan": table, "row": row, "strategy": strat, "losses": losses,
             "memory": {"peak_bytes": report.peak_bytes, "method": report.method},
             "budget_check": check}
