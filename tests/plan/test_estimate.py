@@ -273,3 +273,59 @@ def test_prune_epoch_work_covers_every_training_graphs_core():
     size = [int(g.num_nodes) + int(g.num_edges) for g in train]
     assert three.work["written"] == pytest.approx(
         one.work["written"] * sum(size) / size[0])
+
+
+def _work_of(trace) -> dict:
+    return {"cold_written": trace.cold_written, "big_written": trace.big_written,
+            "cold_blocks": sorted(trace.cold_blocks.items())}
+
+
+@pytest.mark.parametrize("threshold", [32 << 20, 0])
+def test_chunked_work_matches_a_trace_a_chunk_in_size(threshold):
+    # an offload job of one chunk in four: a quarter of the nodes and edges;
+    # the full step's [E, 64] messages (~80 MB) are past the heap threshold,
+    # a quarter of them (~20 MB) is not, but still past the caches
+    from leangnn.plan.estimate import chunked_work
+
+    def trace(n):
+        g = contextual_sbm(n, avg_degree=40.0, in_channels=8, seed=5)
+        torch.manual_seed(0)
+        model = build_model("sage", 8, 64, int(g.y.max()) + 1, 2)
+        return trace_step(model, g, default_loss(g), heap_threshold=threshold)
+
+    full, quarter = trace(8000), trace(2000)
+    work = chunked_work(_work_of(full), 4, threshold)
+    if threshold:
+        assert full.big_written > 0 and quarter.big_written == 0
+        assert work["big_written"] == 0
+    else:  # no heap (CUDA): every block is fresh in any size
+        assert work["big_written"] == full.big_written
+    assert quarter.cold_written > 0
+    assert work["cold_written"] < full.cold_written
+    assert work["cold_written"] == pytest.approx(4 * quarter.cold_written, rel=0.1)
+    # one chunk, or work traced without block sizes: unchanged
+    assert chunked_work(_work_of(full), 1, threshold) == _work_of(full)
+    old = {"cold_written": 5.0, "big_written": 3.0}
+    assert chunked_work(old, 8, threshold) == old
+
+
+def test_cold_blocks_are_extrapolated_with_depth(splits, monkeypatch):
+    from leangnn.plan import estimate as E
+
+    monkeypatch.setattr(E, "EXTRAPOLATE_ABOVE", 4)
+    big = contextual_sbm(3000, avg_degree=30.0, in_channels=8, seed=2)
+    c = int(big.y.max()) + 1
+    s = GraphSplits([big], [big], [big], "classification", c)
+    cfg = TrainConfig(strategy="full", model="res", conv="sage", num_layers=7,
+                      hidden_channels=16)
+    est = estimate_config(cfg, s)
+    assert est.method == "fake+extrapolated"
+    torch.manual_seed(0)
+    direct = trace_step(build_model("res", 8, 16, c, 7, **cfg.model_options()),
+                        big, default_loss(big), lr=cfg.lr, clip_norm=cfg.clip_norm)
+    got = dict((int(b), n) for b, n in est.work["cold_blocks"])
+    assert got.keys() == direct.cold_blocks.keys()
+    for b, n in direct.cold_blocks.items():
+        assert got[b] == pytest.approx(n, abs=1)
+    assert sum(b * n for b, n in got.items()) == pytest.approx(
+        est.work["cold_written"], rel=1e-6)

@@ -295,3 +295,33 @@ def test_budget_check_counts_the_need_as_the_planner_does():
     assert budget_check({**plan, "ranks": [{}]}, 70) is None
     assert budget_check({"memory_budget_bytes": 100}, 70) is None
     assert budget_check(plan, None) is None
+
+
+@pytest.mark.parametrize("device,offload_s,picked", [
+    ("cpu", 0.8, "offload"),  # clearly faster on a CPU: the one memory
+    ("cpu", 0.95, "full"),  # within the margin: full batch, nothing recomputed
+    ("cuda", 0.5, "full"),  # copies over the bus, time not calibrated there
+])
+def test_a_cpu_pick_is_the_clearly_faster_exact_row(device, offload_s, picked):
+    from leangnn.plan.planner import CPU_TIME_MARGIN, PlanRow, PlanTable, mark_table
+
+    assert 0 < CPU_TIME_MARGIN < 1
+    rows = [PlanRow("full", {"model": "sage"}, need_bytes=90, epoch_seconds=1.0),
+            PlanRow("offload", {"model": "sage", "num_parts": 4}, need_bytes=60,
+                    epoch_seconds=offload_s),
+            PlanRow("offload", {"model": "sage", "num_parts": 8}, need_bytes=50,
+                    epoch_seconds=offload_s + 0.01),
+            # faster still, but approximate: never over an exact row that fits
+            PlanRow("prune", {"model": "sage", "budget_ratio": 0.3},
+                    kind="approximate", need_bytes=10, epoch_seconds=0.01),
+            # faster, but over the budget
+            PlanRow("offload", {"model": "sage", "num_parts": 2}, need_bytes=200,
+                    epoch_seconds=0.1)]
+    table = mark_table(PlanTable(rows, 100, device))
+    pick = choose(table)
+    assert pick.strategy == picked
+    if picked == "offload":
+        assert pick is rows[1] and pick.why.startswith("chosen: the fastest exact")
+        assert rows[0].why == "fits, but slower"
+    else:
+        assert pick is rows[0] and "no recompute" in rows[1].why

@@ -20,7 +20,8 @@ estimates:
   storages of 1 MiB or more (past the core's caches) + b'' bytes written
   into storages at or above the heap threshold (fresh pages, faulted in) +
   c flops`` (non-negative least squares of least relative error over the
-  traced work), and for offload ``k x that + per_job x jobs``; the DAG
+  traced work), and for offload ``k x that + per_job x jobs``, its work in
+  chunk-sized blocks (:func:`~leangnn.plan.estimate.chunked_work`); the DAG
   model's runs get a scale of their own on top.
 
 One JSON file per machine kind (CPU model and allocator setting, or GPU name)
@@ -181,7 +182,9 @@ class Calibration:
             into resident memory on the reference box's VM: csbm:100000's
             message tensors, not the small graphs' heap blocks).
         offload_scale, per_job (float): offload epoch ``= offload_scale x``
-            the full-batch time of its work ``+ per_job x jobs``.
+            the full-batch time of its work ``+ per_job x jobs``, the work's
+            large blocks a chunk in size
+            (:func:`~leangnn.plan.estimate.chunked_work`).
         offload_bytes_scale (float): measured over estimated bytes of offload
             runs, whose estimate is the engine's budget accounting (an upper
             bound by design: safety margins on every job's workspace), or of

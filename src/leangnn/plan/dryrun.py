@@ -177,7 +177,8 @@ def _trace(model, data, loss_fn, step, lr, weight_decay, clip_norm, dev, round_t
             del opt
     return StepTrace(peak, tracker.phases, params, _data_bytes(data), tracker.ops,
                      tracker.written, tracker.flops, list(tracker.frontier),
-                     tracker.big_written, tracker.cold_written, tracker.floor)
+                     tracker.big_written, tracker.cold_written, tracker.floor,
+                     dict(tracker.cold_blocks))
 
 
 @contextlib.contextmanager

@@ -147,6 +147,9 @@ class FakeTracker(TorchDispatchMode):
         self.live = self.peak = 0
         self.ops = self.written = self.flops = self.big_written = 0
         self.cold_written = 0
+        # sizes of the storages behind ``cold_written``: an offloaded step
+        # writes the same bytes in blocks a chunk count smaller
+        self.cold_blocks: dict[int, int] = {}
         self.phases: dict[str, dict[str, int]] = {}
         self._phase: str | None = None
         # storage key -> [tensor objects alive, bytes, phase it was born in]
@@ -452,6 +455,7 @@ class FakeTracker(TorchDispatchMode):
             self.written += nbytes
             if nbytes >= COLD_BYTES:
                 self.cold_written += nbytes
+                self.cold_blocks[nbytes] = self.cold_blocks.get(nbytes, 0) + 1
             if nbytes < self.heap_threshold:
                 self.small_live += nbytes
                 self.small_hw = max(self.small_hw, self.small_live)
@@ -691,6 +695,8 @@ class StepTrace:
             :data:`COLD_BYTES` (written past the core's caches).
         heap_floor (int): the least resident bytes of the step's tracked
             blocks under glibc's heap (:attr:`FakeTracker.floor`; 0 without).
+        cold_blocks (dict): ``{bytes: count}`` of the new storages behind
+            ``cold_written`` (see :func:`~leangnn.plan.estimate.chunked_work`).
     """
 
     peak_bytes: int
@@ -704,6 +710,7 @@ class StepTrace:
     big_written: int = 0
     cold_written: int = 0
     heap_floor: int = 0
+    cold_blocks: dict[int, int] = field(default_factory=dict)
 
     def heap_point(self, scale: float = 2.0) -> tuple[int, int]:
         """The frontier point with the most resident memory when the heap

@@ -29,12 +29,13 @@ from leangnn.plan.calibration import Calibration, calibration_label, load_calibr
 from leangnn.plan.dag import is_dag_model
 from leangnn.plan.estimate import (
     Estimate,
+    chunked_work,
     core_of,
     default_loss,
     estimate_model,
     offload_step,
 )
-from leangnn.plan.fake import UnsupportedOpError
+from leangnn.plan.fake import UnsupportedOpError, default_heap_threshold
 from leangnn.plan.planner import (
     CORE_RATIOS,
     OFFLOAD_PARTS,
@@ -187,7 +188,8 @@ def _offload_model(model, data, device, budget, cal, knobs, full: Estimate
         eng = OffloadEngine(model, data, options=opts)
         counters = eng.simulate(train=True)
     params = full.model_bytes
-    work = {**full.work, "jobs": counters.jobs}
+    work = {**chunked_work(full.work, eng.num_chunks, default_heap_threshold(device)),
+            "jobs": counters.jobs}
     step, dev_step, host = offload_step(eng, counters,
                                         data.x.untyped_storage().nbytes(), params,
                                         device)
