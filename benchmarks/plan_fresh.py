@@ -180,6 +180,27 @@ def markdown(res: dict) -> str:
     return "\n".join(out)
 
 
+def _merged(res: dict, path: Path, names: list[str]) -> dict:
+    """``res`` (the ``--only`` cases) with the other cases of the same check
+    already in ``path`` kept, in case order: a rerun of one case must not
+    drop the rest of the table."""
+    import json
+
+    try:
+        old = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return res
+    same = all(old.get(k) == res[k] for k in ("epochs", "with_cli_auto", "device",
+                                               "budget_fraction", "repeat"))
+    if not same:
+        return res
+    ran = {r["name"] for r in res["rows"]}
+    rows = [r for r in old.get("rows", []) if r.get("name") not in ran] + res["rows"]
+    order = {n: i for i, n in enumerate(names)}
+    rows.sort(key=lambda r: order.get(r.get("name"), len(order)))
+    return {**res, "rows": rows}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=2,
@@ -213,8 +234,11 @@ def main(argv=None) -> int:
     # the default check keeps its name; a long or wider one is its own section
     name = "plan-fresh" if args.epochs == 3 and not args.with_cli_auto else \
         "plan-long"
-    path = write_json(Path(args.out) if args.out else
-                      results_path(name.replace("-", "_") + ".json"), res)
+    out = Path(args.out) if args.out else results_path(name.replace("-", "_")
+                                                       + ".json")
+    if args.only:
+        res = _merged(res, out, names)
+    path = write_json(out, res)
     md = markdown(res)
     write_section(name, md, path.with_suffix(".md"))
     if not args.out:

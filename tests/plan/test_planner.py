@@ -325,3 +325,17 @@ def test_a_cpu_pick_is_the_clearly_faster_exact_row(device, offload_s, picked):
         assert rows[0].why == "fits, but slower"
     else:
         assert pick is rows[0] and "no recompute" in rows[1].why
+
+
+def test_a_lazy_cpu_plan_estimates_offload_beside_a_fitting_full_batch(splits):
+    # on a CPU an offload row can be the pick though full batch fits
+    # (CPU_TIME_MARGIN): lazy planning still estimates it, and picks as the
+    # whole table does
+    cfg = TrainConfig(model="sage", num_layers=2, hidden_channels=8)
+    whole = plan_config(cfg, splits, "1GiB", calibration=EXACT,
+                        strategies=("full", "offload"))
+    lazy = plan_config(cfg, splits, "1GiB", calibration=EXACT,
+                       strategies=("full", "offload"), lazy=True)
+    assert [r.strategy for r in lazy.rows].count("offload") > 0
+    assert all(r.need_bytes is not None for r in lazy.rows)
+    assert lazy.pick.label == whole.pick.label

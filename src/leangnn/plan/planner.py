@@ -621,10 +621,12 @@ def _estimate_rows(cfg, todo: list, budget: int, dev: torch.device, splits,
             if not fits and strategy == "prune" and r.estimate is not None:
                 # never the pick: its core need not wait for training
                 withdraw(replace(cfg, **fields))
-            if lazy and fits and (_SPEED_RANK.get(strategy) == 0 or (
-                    strategy == "distributed" and _mode_first(r))):
-                # full batch fits: nothing exact is faster; the distributed
-                # mode that communicates least fits: none is preferred
+            if lazy and fits and (_SPEED_RANK.get(strategy) == 0 and dev.type != "cpu"
+                                  or strategy == "distributed" and _mode_first(r)):
+                # full batch fits: nothing exact is faster (on a CPU an
+                # offload row can be, CPU_TIME_MARGIN: the exact rows are
+                # all estimated); the distributed mode that communicates
+                # least fits: none is preferred
                 done = True
             if fits and kind == "approximate":
                 ratio = float(fields.get("budget_ratio", 0.0))
