@@ -499,3 +499,39 @@ def test_shipped_reference_calibrations_load():
         assert cal.calibrated and cal.allocator == f.stem and cal.reference
         assert cal.samples == []  # shipped without the measurements
         assert cal.scale > 0 and cal.const >= 0
+
+
+def test_offload_job_edge_bytes_get_a_term_and_a_pooled_fit():
+    # measured = 1.2 x step + 2.5 x a job's edge-sized bytes + const (dense
+    # graphs' E_c x C blocks fragment the heap): the fit recovers both, per
+    # model and pooled for a model without runs of its own
+    samples = _samples(1.0, 0.0, 2e-5, 1e-9, 3e-10)
+    rng = np.random.default_rng(2)
+    off = []
+    for i, s in enumerate(samples[:6]):
+        edge = float(rng.uniform(0.0, 1.5)) * s["tensor_bytes"]
+        off.append(dict(s, work={**s["work"], "jobs": 8, "device_bytes": 1.0,
+                                 "host_bytes": 0.0, "edge_job_bytes": edge},
+                        run_bytes=1.2 * s["tensor_bytes"] + 2.5 * edge,
+                        config={"strategy": "offload",
+                                "model": "sage" if i % 2 else "gcn"}))
+    cal = fit_calibration(samples[6:] + off)
+    # three runs each: one scale per model; six pooled: both terms
+    assert set(cal.offload_edge_scales) == {"offload"}
+    assert cal.offload_scales["offload"] == pytest.approx(1.2, rel=1e-3)
+    assert cal.offload_edge_scales["offload"] == pytest.approx(2.5, rel=1e-3)
+    assert not cal.offload_device_scales
+    four = fit_calibration(samples[6:] + off + [
+        dict(o, config={**o["config"], "model": "gcn"}) for o in off[1::2]])
+    assert four.offload_edge_scales["offload-gcn"] == pytest.approx(2.5, rel=1e-3)
+    for model in ("gat", "gcn"):  # pooled, and a model with 3 runs: one scale
+        est = Estimate("offload", {"model": model}, "cpu", step_bytes=1000,
+                       method="offload-accounting",
+                       work={"ops": 1, "written": 0, "flops": 0, "jobs": 1,
+                             "edge_job_bytes": 400})
+        cal.apply(est)
+        if model == "gat":
+            assert est.run_bytes == pytest.approx(1200 + 1000 + cal.const, abs=2)
+        else:
+            assert est.run_bytes == pytest.approx(
+                1000 * cal.offload_scales["offload-gcn"] + cal.const, abs=2)

@@ -329,3 +329,20 @@ def test_cold_blocks_are_extrapolated_with_depth(splits, monkeypatch):
         assert got[b] == pytest.approx(n, abs=1)
     assert sum(b * n for b, n in got.items()) == pytest.approx(
         est.work["cold_written"], rel=1e-6)
+
+
+def test_job_edge_bytes_is_one_chunks_edges_at_the_largest_per_edge_cost():
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from leangnn.plan.estimate import job_edge_bytes
+
+    fit = lambda e: SimpleNamespace(coef=np.array([4.0, 8.0, e]))  # noqa: E731
+    ws = SimpleNamespace(fits={(0, False): fit(100.0), (0, True): fit(300.0)})
+    assert job_edge_bytes(SimpleNamespace(num_chunks=8, ws=ws), 8000) == 300 * 1000
+    assert job_edge_bytes(SimpleNamespace(num_chunks=4, ws=ws), 8000) == 300 * 2000
+    # one chunk: each job is the whole layer, reusing the last one's blocks
+    assert job_edge_bytes(SimpleNamespace(num_chunks=1, ws=ws), 8000) == 0
+    assert job_edge_bytes(SimpleNamespace(num_chunks=8, ws=SimpleNamespace()),
+                          8000) == 0

@@ -32,6 +32,7 @@ from leangnn.plan.calibration import (
     family_heap_factor,
     fit_calibration,
     fit_long_runs,
+    fit_offload,
     fit_time,
     heap_families,
     kind_path,
@@ -419,8 +420,27 @@ def calibrate_families(families: list[str], device: str = "cpu",
         ValueError: a family no calibration run has, or a calibration that
             has no heap factors (a CPU one with glibc's default heap).
     """
-    runs = _runs_of(families, CALIBRATION_RUNS, heap_families)
     cal = load_calibration(device)
+    if "offload" in families:
+        # the offload runs' memory scales (all models: fitted together)
+        if families != ["offload"]:
+            raise ValueError("--family offload: alone, got "
+                             f"{', '.join(families)}")
+        if not cal.calibrated:
+            raise ValueError(f"--family offload: the calibration of {device} "
+                             f"({cal.kind}) is not measured; run the whole "
+                             "calibration")
+        runs = [r for r in CALIBRATION_RUNS if r.get("strategy") == "offload"]
+        samples = _measure_runs(runs, device, mmap, timeout, repeat, reuse, progress)
+        if not samples:
+            raise RuntimeError("calibrate: every offload run failed")
+        fit_offload(cal, samples)
+        cal.samples = [s for s in cal.samples
+                       if s.get("config", {}).get("strategy") != "offload"] + samples
+        if save:
+            cal.save()
+        return cal
+    runs = _runs_of(families, CALIBRATION_RUNS, heap_families)
     if cal.heap_scale is None or not cal.calibrated:
         raise ValueError(f"--family: the calibration of {device} ({cal.kind}) has "
                          "no heap factors to add to; run the whole calibration")
@@ -616,7 +636,8 @@ def main(argv: list[str] | None = None) -> int:
                         "--long-runs: fit the stored long runs again)")
     p.add_argument("--family", action="append", default=None, metavar="NAME",
                    help="measure only the runs of this op mix (e.g. dag; "
-                        "repeatable) and fit its heap factor (with "
+                        "repeatable; offload: the offload runs' memory scales) "
+                        "and fit its heap factor (with "
                         "--long-runs: its long-run scale) into the stored "
                         "calibration, else the shipped reference, keeping the "
                         "rest")
@@ -696,6 +717,13 @@ def main(argv: list[str] | None = None) -> int:
                                      repeat=args.repeat, reuse=args.reuse)
         except (ValueError, RuntimeError) as e:
             p.error(str(e))
+        if args.family == ["offload"]:
+            factors = ", ".join(
+                f"{k} x{v:.2f} step + x{cal.offload_edge_scales.get(k, 0):.2f} "
+                f"job edge bytes" for k, v in sorted(cal.offload_scales.items()))
+            print(f"{cal.kind}: offload scales {factors}; stored in "
+                  f"{kind_path(cal.kind)}")
+            return 0
         factors = ", ".join(f"{f} x{cal.heap_scales[f]:.2f}" for f in args.family)
         print(f"{cal.kind}: heap factors {factors}; stored in {kind_path(cal.kind)}")
         return 0

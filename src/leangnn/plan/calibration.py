@@ -57,7 +57,7 @@ __all__ = ["Calibration", "heap_families", "machine_kind", "allocator_mode",
            "reference_calibration", "calibration_label", "REFERENCE_DIR",
            "long_run_families", "fit_long_runs", "SHORT_RUN_EPOCHS",
            "family_heap_factor", "HEAVY_HEAP_BYTES", "TIMED_FAMILIES",
-           "DAG_NARROW", "sample_families", "fit_time"]
+           "DAG_NARROW", "sample_families", "fit_time", "fit_offload"]
 
 #: the calibrations shipped with the package, one per CPU allocator mode
 #: (``glibc-default.json``, ...; written by ``python -m leangnn.plan.calibrate
@@ -193,10 +193,10 @@ class Calibration:
             (zero-filled gradient arrays are resident only once written).
         offload_scales (dict, optional): ``offload_bytes_scale`` per model
             (``"offload-sage"``, ...: :func:`heap_families` of the run), the
-            least-relative-error scale over its calibration runs; measured
-            through the Trainer x1.3 for SAGE and x2.1 for GCN (x1.7-2.5 over
-            its runs: its normalisation keeps edge-sized state the
-            accounting does not follow).
+            least-relative-error scale over its calibration runs (with
+            :attr:`offload_edge_scales` beside it where a model has four
+            runs: x1.20 for SAGE, x1.31 for GCN); ``"offload"``: all runs
+            pooled, for a model without runs of its own.
         offload_device_scales (dict, optional): per model as
             ``offload_scales``, a second coefficient on the step's device
             bytes (``work["device_bytes"]``: the job workspace and pool):
@@ -206,6 +206,16 @@ class Calibration:
             large budget with few chunks (csbm:20000, SAGE-3 at 60 MiB: 8
             chunks) measured 1.6-2.8x the one-scale estimate, many chunks
             1.0-1.1x. Fitted where a model has four runs or more.
+        offload_edge_scales (dict, optional): per model as
+            ``offload_scales``, a coefficient on a job's edge-sized bytes
+            (``work["edge_job_bytes"]``, :func:`~leangnn.plan.estimate.
+            job_edge_bytes`) in place of the device bytes: a job's ``E_c x
+            C`` blocks are freed job by job and the next job's kept rows
+            split their holes, so the heap grows by a few of them (the
+            mechanism of :mod:`~leangnn.plan.heapsim`). It is what set the
+            dense csbm graphs (~24 edges per node: GCN measured 2.1-3.1x its
+            accounting) apart from circuits (~1.5: 1.2-1.4x), which one
+            scale per model could not serve both.
         heap_scale (float, optional): CPU: resident bytes per byte of the C
             heap's high-water (freed small blocks stay resident and
             fragment); measured = big bytes + ``heap_scale`` x heap bytes +
@@ -263,6 +273,7 @@ class Calibration:
     heap_scales: dict[str, float] = field(default_factory=dict)
     offload_scales: dict[str, float] = field(default_factory=dict)
     offload_device_scales: dict[str, float] = field(default_factory=dict)
+    offload_edge_scales: dict[str, float] = field(default_factory=dict)
     long_run_epochs: int = 0
     long_run_scales: dict[str, float] = field(default_factory=dict)
     time_scales: dict[str, float] = field(default_factory=dict)
@@ -322,11 +333,14 @@ class Calibration:
                     + self.offload_host_scale * work["host_bytes"] + self.const)
         fam = next((f"offload-{f}" for f in families
                     if f"offload-{f}" in self.offload_scales), None)
+        if fam is None and "offload" in self.offload_scales:
+            fam = "offload"  # the runs of every model, pooled
         if fam is None:
             return self.offload_bytes_scale * step_bytes + self.const
         device = self.offload_device_scales.get(fam, 0.0) * work.get(
             "device_bytes", 0)
-        return self.offload_scales[fam] * step_bytes + device + self.const
+        edges = self.offload_edge_scales.get(fam, 0.0) * work.get("edge_job_bytes", 0)
+        return self.offload_scales[fam] * step_bytes + device + edges + self.const
 
     def seconds(self, work: dict[str, float],
                 families: list[str] | tuple[str, ...] = ()) -> float | None:
@@ -496,8 +510,9 @@ def reference_calibration(device: torch.device | str = "cpu") -> Calibration | N
 _MIN_HEAP_FACTOR = 0.5
 
 
-#: offload runs a model needs before its device bytes get a coefficient of
-#: their own (:attr:`Calibration.offload_device_scales`)
+#: offload runs a model needs before its edge-sized job bytes (or, in older
+#: samples, its device bytes) get a coefficient of their own
+#: (:attr:`Calibration.offload_edge_scales`)
 _MIN_OFFLOAD_PAIR = 4
 
 
@@ -629,7 +644,7 @@ def fit_calibration(samples: list[dict[str, Any]], device="cpu") -> Calibration:
     elif plain:
         cal.scale, cal.const = float(y[0] / max(x[0], 1)), 0.0
     if off:
-        _fit_offload(cal, off)
+        fit_offload(cal, off)
     pred = [s["tensor_bytes"] + cal.overhead(
         int(s["tensor_bytes"]), int(s.get("big_bytes") or 0),
         int(s.get("heap_bytes") or 0), sample_families(s))
@@ -714,7 +729,7 @@ def _spread_margin(samples: list[dict[str, Any]]) -> float:
     return max(1.0, float(np.quantile(ratios, SPREAD_QUANTILE)))
 
 
-def _fit_offload(cal: Calibration, off: list[dict[str, Any]]) -> None:
+def fit_offload(cal: Calibration, off: list[dict[str, Any]]) -> None:
     """The offload memory scales of ``cal`` from offload runs ``off`` (after
     ``cal.const``, which they pay too)."""
     # Offload runs pay the same first-run constant on top of their store.
@@ -729,27 +744,39 @@ def _fit_offload(cal: Calibration, off: list[dict[str, Any]]) -> None:
         top["tensor_bytes"], 1)
     cal.offload_host_scale = None
     # per model: what the Trainer keeps beside the engine's accounting
-    # depends on the conv (GCN's normalisation: edge-sized state); the
-    # scale of least relative error over its runs, as for heap factors
+    # depends on the conv and on the graph's density (a job's edge-sized
+    # blocks fragment the heap); the scales of least relative error over
+    # its runs, as for heap factors
     off_fam: dict[str, list[dict[str, Any]]] = {}
     for s in off:
         for fam in sample_families(s):
             off_fam.setdefault(f"offload-{fam}", []).append(s)
+    if all("edge_job_bytes" in s["work"] for s in off):
+        # a model without runs of its own (GAT, a user's module): all runs
+        # pooled, its edge-sized job bytes counted as theirs are
+        off_fam["offload"] = list(off)
     cal.offload_scales, cal.offload_device_scales = {}, {}
+    cal.offload_edge_scales = {}
     for k, runs in sorted(off_fam.items()):
         y = [s["run_bytes"] - cal.const for s in runs]
         m = [s["run_bytes"] for s in runs]
+        # the second term: a job's edge-sized bytes where the runs carry them
+        # (Calibration.offload_edge_scales), else (older samples) its device
+        # bytes
+        second = "edge_job_bytes" if all("edge_job_bytes" in s["work"]
+                                         for s in runs) else "device_bytes"
         if len(runs) >= _MIN_OFFLOAD_PAIR and all(
-                "device_bytes" in s["work"] for s in runs):
-            # step and device bytes, each a nonnegative coefficient of
+                second in s["work"] for s in runs):
+            # step and the second term, each a nonnegative coefficient of
             # least relative error (two on three runs would fit noise)
-            a = np.array([[s["tensor_bytes"], s["work"]["device_bytes"]]
+            a = np.array([[s["tensor_bytes"], s["work"][second]]
                           for s in runs], dtype=float)
-            step, dev = _relative_lstsq(a, np.asarray(y, dtype=float), True,
+            step, two = _relative_lstsq(a, np.asarray(y, dtype=float), True,
                                         np.asarray(m, dtype=float))
             cal.offload_scales[k] = float(step)
-            if dev > 0:
-                cal.offload_device_scales[k] = float(dev)
+            if two > 0:
+                (cal.offload_edge_scales if second == "edge_job_bytes"
+                 else cal.offload_device_scales)[k] = float(two)
         else:
             cal.offload_scales[k] = max(0.0, _relative_factor(
                 [s["tensor_bytes"] for s in runs], y, m))

@@ -71,7 +71,7 @@ from leangnn.plan.fake import (
 __all__ = ["Estimate", "depth_points", "estimate_model", "estimate_config",
            "default_loss", "largest_graph", "core_of", "offload_step",
            "forget", "withdraw", "plan_scope", "EXTRAPOLATE_ABOVE",
-           "chunked_work"]
+           "chunked_work", "job_edge_bytes"]
 
 #: registered models deeper than this are traced at :func:`depth_points`
 EXTRAPOLATE_ABOVE = 8
@@ -299,6 +299,20 @@ def chunked_work(work: dict[str, Any], chunks: int,
         split = sum(s * c for s, c in blocks if s / chunks >= limit)
         out[key] = max(0.0, work.get(key, 0) - whole + split)
     return out
+
+
+def job_edge_bytes(eng, num_edges: int) -> int:
+    """Edge-sized bytes of an offload engine's typical job: its workspace
+    model's largest per-edge coefficient times the edges of one chunk
+    (``E / chunks``); 0 for one chunk, where every job is the whole layer
+    and the next one reuses its blocks as they were (measured: s38417,
+    GCN-2 in one chunk, 1.35x its accounting, as circuits in many)."""
+    chunks = int(eng.num_chunks)
+    fits = getattr(eng.ws, "fits", None)
+    if chunks <= 1 or not fits:
+        return 0
+    per_edge = max(float(f.coef[2]) for f in fits.values())
+    return round(max(0.0, per_edge) * int(num_edges) / chunks)
 
 
 def _model_bytes(model: torch.nn.Module) -> int:
@@ -873,7 +887,8 @@ def _offload(cfg, splits, big: Data, device: torch.device, knobs: dict,
                 traffic=counters.traffic_bytes,
                 computations=counters.vertex_layer_computations
                 + counters.vertex_layer_recomputations,
-                device_bytes=device_step, host_bytes=host)
+                device_bytes=device_step, host_bytes=host,
+                edge_job_bytes=job_edge_bytes(eng, int(big.num_edges)))
     if device.type == "cpu":
         # one memory: the host store and the "device" pool add up
         return Estimate("offload", knobs, str(device), step, params,

@@ -33,6 +33,7 @@ from leangnn.plan.estimate import (
     core_of,
     default_loss,
     estimate_model,
+    job_edge_bytes,
     offload_step,
 )
 from leangnn.plan.fake import UnsupportedOpError, default_heap_threshold
@@ -189,7 +190,8 @@ def _offload_model(model, data, device, budget, cal, knobs, full: Estimate
         counters = eng.simulate(train=True)
     params = full.model_bytes
     work = {**chunked_work(full.work, eng.num_chunks, default_heap_threshold(device)),
-            "jobs": counters.jobs}
+            "jobs": counters.jobs,
+            "edge_job_bytes": job_edge_bytes(eng, int(data.num_edges))}
     step, dev_step, host = offload_step(eng, counters,
                                         data.x.untyped_storage().nbytes(), params,
                                         device)
