@@ -754,8 +754,8 @@ def test_train_auto_warns_when_the_run_needed_more_than_its_budget(
 
     real = planner.budget_check
 
-    def over(plan, peak):
-        c = real(plan, peak)
+    def over(plan, peak, setup=None):
+        c = real(plan, peak, setup)
         return {**c, "measured_need_bytes": c["memory_budget_bytes"] + (3 << 20),
                 "within_budget": False}
 

@@ -255,12 +255,13 @@ def test_heap_trim_between_phases_changes_no_result(tmp_path, monkeypatch):
               dropout=0.1, epochs=2)
     cfg = TrainConfig(**{**TINY, **kw, "out": str(tmp_path / "on")})
     on = Trainer(cfg, progress=False, trim_heap=True).fit()
-    # before the meter starts, after every epoch and every validation pass,
-    # and once before the test pass
-    assert len(calls) == 1 + 2 * 2 + 1
+    # before the setup (its resident state is measured), before the meter
+    # starts, after every epoch and every validation pass, and once before
+    # the test pass
+    assert len(calls) == 2 + 2 * 2 + 1
     cfg = TrainConfig(**{**TINY, **kw, "out": str(tmp_path / "off")})
     off = Trainer(cfg, progress=False, trim_heap=False).fit()
-    assert len(calls) == 6  # the off switch
+    assert len(calls) == 7  # the off switch
     assert on["metrics"] == off["metrics"]
     assert _lines(tmp_path / "on" / "metrics.jsonl") == _lines(
         tmp_path / "off" / "metrics.jsonl")

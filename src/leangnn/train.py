@@ -26,7 +26,7 @@ from .data import GraphSplits, check_splits, load_graphs
 from .metrics import compute_metrics, load_backends
 from .nn.models import build_model
 from .plan.fits import check_fits
-from .profile import MemoryMeter, SavedTensorsMeter, release_free_heap
+from .profile import MemoryMeter, SavedTensorsMeter, release_free_heap, rss_bytes
 from .rundir import RunDir, environment
 from .strategy import Strategy, build_strategy, node_mask
 from .utils import (
@@ -249,16 +249,21 @@ class Trainer:
         if not resume and "plan" in self.summary_extra:
             run.write_plan(self.summary_extra["plan"])
 
+        load_backends()  # its imports are not the run's memory
+        # what the setup keeps (offload's engine topology, DPR's core) is
+        # resident before the meter starts: measured apart for budget_check
+        self._release_heap()
+        before = rss_bytes()
         self.strategy.setup(self.model, self.splits.train)
         self.device = self.strategy.device  # a rank measures its own device
         if rng is not None:
             # After setup, as in an uninterrupted run, where setup came before
             # the epochs whose random streams the checkpoint continues.
             set_rng_state(rng)
-        load_backends()  # its imports are not the run's memory
         # Start from the pages really in use: heap that setup (or a planner in
         # the same process) freed would otherwise be reused unmetered.
         self._release_heap()
+        self._setup_bytes = max(0, rss_bytes() - before)
         meter = self._meter = MemoryMeter(self.device).start()
         so_far = self._prev_peak
         bar = tqdm(range(start, cfg.epochs), desc=f"train {cfg.strategy}/{cfg.model}",
@@ -397,6 +402,7 @@ class Trainer:
             "metrics": {"test": test, "val": self.evaluate(self.splits.val)},
             "memory": {"peak_bytes": peak.peak_bytes, "method": peak.method,
                        "baseline_bytes": peak.baseline_bytes,
+                       "setup_bytes": self._setup_bytes,
                        "saved_for_backward_bytes": saved},
             "time": {"epoch_seconds_median": statistics.median(times) if times
                      else None, "epoch_seconds_total": float(sum(times))},
@@ -411,7 +417,7 @@ class Trainer:
         if "plan" in summary:
             from leangnn.plan.planner import budget_check
 
-            check = budget_check(summary["plan"], peak.peak_bytes)
+            check = budget_check(summary["plan"], peak.peak_bytes, self._setup_bytes)
             if check is not None:
                 summary["budget_check"] = check
         return summary

@@ -295,6 +295,42 @@ def test_budget_check_counts_the_need_as_the_planner_does():
     assert budget_check({**plan, "ranks": [{}]}, 70) is None
     assert budget_check({"memory_budget_bytes": 100}, 70) is None
     assert budget_check(plan, None) is None
+    # a setup the plan counted apart (offload's engine): the measured one
+    # takes its place; without an estimate of it, the measured growth is not
+    # added again (DPR's core is in the fixed bytes already)
+    off = {**plan, "estimated_setup_bytes": 10}
+    check = budget_check(off, 70, setup_bytes=15)
+    assert check["measured_need_bytes"] == 105 and not check["within_budget"]
+    assert check["estimated_setup_bytes"] == 10
+    assert check["measured_setup_bytes"] == 15
+    assert budget_check(plan, 70, setup_bytes=15)["measured_need_bytes"] == 100
+
+
+def test_offload_need_counts_the_engines_setup(splits):
+    # the engine's topology (edges by target, chunks, partition) is built
+    # before the meter starts and stays: part of the need on a CPU, the
+    # real engine's distinct storages
+    from leangnn.nn.models import build_model
+    from leangnn.offload import OffloadEngine, OffloadOptions
+
+    cfg = TrainConfig(strategy="offload", model="gcn", num_layers=2,
+                      hidden_channels=8, device_budget="1MiB", num_parts=4)
+    est = estimate_config(cfg, splits, calibration=EXACT)
+    g = splits.train[0]
+    eng = OffloadEngine(build_model("gcn", splits.in_channels, 8,
+                                    splits.out_channels, 2), g,
+                        options=OffloadOptions("1MiB", 4))
+    seen, real = set(), 0
+    tensors = [eng.csr.col, eng.csr.rowptr, eng.csr.weight, eng.degree,
+               eng.partition.part]
+    for c in eng.sched.chunks:
+        tensors += [c.edge_index, c.edge_weight, c.sources, c.targets]
+    for t in tensors:
+        if t is not None and t.untyped_storage().data_ptr() not in seen:
+            seen.add(t.untyped_storage().data_ptr())
+            real += t.untyped_storage().nbytes()
+    assert est.setup_bytes == real > 0
+    assert est.fixed_bytes == est.model_bytes + est.graph_bytes + real
 
 
 @pytest.mark.parametrize("device,offload_s,picked", [

@@ -341,6 +341,8 @@ def plan_summary(table: PlanTable) -> dict[str, Any]:
                    estimated_peak_bytes=pick.need_bytes,
                    estimated_run_bytes=None if est is None else est.costliest_run_bytes,
                    estimated_fixed_bytes=None if est is None else est.fixed_bytes,
+                   estimated_setup_bytes=None if est is None or not est.setup_bytes
+                   or torch.device(est.device).type != "cpu" else est.setup_bytes,
                    estimated_epoch_seconds=pick.epoch_seconds,
                    method=None if est is None else est.method)
         if est is not None and est.ranks:
@@ -352,27 +354,39 @@ def plan_summary(table: PlanTable) -> dict[str, Any]:
     return json_safe(out)
 
 
-def budget_check(plan: dict[str, Any], peak_bytes: int | None
-                 ) -> dict[str, Any] | None:
+def budget_check(plan: dict[str, Any], peak_bytes: int | None,
+                 setup_bytes: int | None = None) -> dict[str, Any] | None:
     """A planned run's measured need against the budget it was planned for.
 
     The need is counted as the planner counts it: the measured peak above the
     loaded state (``memory.peak_bytes``) plus what the plan says was loaded
     before it (:func:`plan_summary`'s ``estimated_fixed_bytes``). ``None``
     for a plan without those figures or of several ranks (each rank's peak
-    is in its own record).
+    is in its own record). Where the plan counted a setup's resident state
+    apart (``estimated_setup_bytes``: offload's engine topology) and
+    ``setup_bytes`` was measured (the process's growth over the strategy's
+    setup), the measured one takes its place.
 
     Returns:
         ``{"memory_budget_bytes", "estimated_need_bytes",
-        "measured_need_bytes", "within_budget"}``.
+        "measured_need_bytes", "within_budget"}``, with
+        ``estimated_setup_bytes`` and ``measured_setup_bytes`` where both are
+        known.
     """
     fixed, budget = plan.get("estimated_fixed_bytes"), plan.get("memory_budget_bytes")
     if fixed is None or budget is None or peak_bytes is None or plan.get("ranks"):
         return None
     need = int(peak_bytes) + int(fixed)
+    extra: dict[str, Any] = {}
+    est_setup = plan.get("estimated_setup_bytes")
+    if est_setup and setup_bytes is not None:
+        need += int(setup_bytes) - int(est_setup)
+        extra = {"estimated_setup_bytes": int(est_setup),
+                 "measured_setup_bytes": int(setup_bytes)}
     return {"memory_budget_bytes": int(budget),
             "estimated_need_bytes": plan.get("estimated_peak_bytes"),
-            "measured_need_bytes": need, "within_budget": need <= int(budget)}
+            "measured_need_bytes": need, "within_budget": need <= int(budget),
+            **extra}
 
 
 # ---------------------------------------------------------------- budgets

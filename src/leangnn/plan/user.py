@@ -32,6 +32,7 @@ from leangnn.plan.estimate import (
     chunked_work,
     core_of,
     default_loss,
+    engine_setup_bytes,
     estimate_model,
     job_edge_bytes,
     offload_step,
@@ -196,10 +197,11 @@ def _offload_model(model, data, device, budget, cal, knobs, full: Estimate
                                         data.x.untyped_storage().nbytes(), params,
                                         device)
     cpu = device.type == "cpu"
+    setup = engine_setup_bytes(eng)
     est = Estimate("offload", dict(knobs), str(device),
                    step if cpu else dev_step, params, full.graph_bytes if cpu
-                   else 0, host_bytes=0 if cpu else host, method="offload-accounting",
-                   work=work)
+                   else 0, host_bytes=0 if cpu else host + setup,
+                   method="offload-accounting", work=work, setup_bytes=setup)
     cal.apply(est)
     est.estimate_seconds = time.perf_counter() - t0
     return est
@@ -257,9 +259,13 @@ def fit(model: torch.nn.Module, data: Data, loss_fn=None, strategy: str = "auto"
     loss_fn = loss_fn or default_loss(data)
     model.to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=lr, weight_decay=weight_decay)
-    strat.setup(model, [data])
-    from leangnn.profile import MemoryMeter
+    from leangnn.profile import MemoryMeter, release_free_heap, rss_bytes
 
+    release_free_heap()
+    before = rss_bytes()
+    strat.setup(model, [data])
+    release_free_heap()
+    setup = max(0, rss_bytes() - before)
     meter = MemoryMeter(device).start()
     losses = []
     model.train()
@@ -271,12 +277,18 @@ def fit(model: torch.nn.Module, data: Data, loss_fn=None, strategy: str = "auto"
         optimizer.step()
     report = meter.stop()
     strat.fit_end(model, [data], loss_fn)
+    est = row.estimate
     check = budget_check({"memory_budget_bytes": table.budget_bytes,
                           "estimated_peak_bytes": row.need_bytes,
-                          "estimated_fixed_bytes": None if row.estimate is None
-                          else row.estimate.fixed_bytes}, report.peak_bytes)
+                          "estimated_fixed_bytes": None if est is None
+                          else est.fixed_bytes,
+                          "estimated_setup_bytes": None if est is None
+                          or torch.device(device).type != "cpu"
+                          else est.setup_bytes},
+                         report.peak_bytes, setup)
     return {"plan": table, "row": row, "strategy": strat, "losses": losses,
-            "memory": {"peak_bytes": report.peak_bytes, "method": report.method},
+            "memory": {"peak_bytes": report.peak_bytes, "method": report.method,
+                       "setup_bytes": setup},
             "budget_check": check}
 
 
