@@ -767,7 +767,10 @@ def _cli_measure(row: dict, epochs: int, threads: int | None, timeout: float,
          "epoch_seconds": epochs_s, "wall_seconds": wall,
          "epoch_cpu_seconds": cpu, "epoch_cpu_seconds_median": statistics.median(cpu),
          "strategy": s["strategy"], "model": s["model"],
-         "num_layers": s["num_layers"], "threads": threads}
+         "num_layers": s["num_layers"], "threads": threads,
+         "setup_bytes": s["memory"].get("setup_bytes")}
+    if s.get("budget_check"):
+        m["budget_check"] = s["budget_check"]
     if "plan" in s:
         p_ = s["plan"]
         m["plan"] = {k: p_.get(k) for k in (
