@@ -379,10 +379,15 @@ GRAPHS["s38417"] = dict(dataset="iscas89/s38417", val_dataset="iscas85/c17",
                         test_dataset="iscas85/c432")
 
 
-def _need(row_est, measured_run: int) -> int:
+def _need(row_est, measured_run: int, setup: int | None = None) -> int:
     """What a row needs in all, measured: the run's peak above the loaded
-    state plus the model and graph tensors (as the planner's need counts)."""
-    return int(measured_run + row_est.fixed_bytes)
+    state plus the model and graph tensors (as the planner's need counts),
+    and the setup's resident state measured where it was (``setup``, in
+    place of the estimate's: offload's engine)."""
+    need = int(measured_run + row_est.fixed_bytes)
+    if setup is not None and row_est.setup_bytes and row_est.device == "cpu":
+        need += int(setup) - int(row_est.setup_bytes)
+    return need
 
 
 #: epochs each candidate of an auto case trains: memory over the first, time
@@ -410,9 +415,12 @@ def _measure_auto_row(cfg, allocator: str, device: str, timeout: float) -> dict:
         m = measure_fresh(cfg, epochs=AUTO_EPOCHS, mmap=device == "cpu",
                           timeout=timeout)
         times = m["epoch_seconds"]
-    return {"measured_run_bytes": m["run_bytes"],
-            "measured_epoch_seconds": statistics.median(times[1:]),
-            "measured_epochs_seconds": times}
+    out = {"measured_run_bytes": m["run_bytes"],
+           "measured_epoch_seconds": statistics.median(times[1:]),
+           "measured_epochs_seconds": times}
+    if m.get("setup_bytes") is not None:
+        out["measured_setup_bytes"] = m["setup_bytes"]
+    return out
 
 
 def auto_cases(args, cal) -> dict:
@@ -471,7 +479,8 @@ def auto_cases(args, cal) -> dict:
                     r["measured_error"] = str(e).splitlines()[-1]
             r["config"] = cfg.to_dict()
             if "measured_run_bytes" in r:
-                r["measured_need_bytes"] = _need(row.estimate, r["measured_run_bytes"])
+                r["measured_need_bytes"] = _need(row.estimate, r["measured_run_bytes"],
+                                                 r.get("measured_setup_bytes"))
                 r["measured_fits"] = r["measured_need_bytes"] <= budget
                 log(f"    need {r['measured_need_bytes'] / MiB:.1f} MiB (est. "
                     f"{row.need_bytes / MiB:.1f}), "

@@ -215,6 +215,7 @@ def measure_trainer(cfg, epochs: int = 3, threads: int | None = 1,
     cpu = [r["epoch_cpu_seconds"] for r in records]
     mem = summary["memory"]
     return {"run_bytes": mem["peak_bytes"], "method": mem["method"],
-            "baseline_bytes": mem["baseline_bytes"], "epoch_seconds": times,
+            "baseline_bytes": mem["baseline_bytes"],
+            "setup_bytes": mem.get("setup_bytes"), "epoch_seconds": times,
             "epoch_cpu_seconds": cpu,
             "epoch_peak_bytes": [r.get("peak_bytes") for r in records]}
