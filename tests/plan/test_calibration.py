@@ -535,3 +535,37 @@ def test_offload_job_edge_bytes_get_a_term_and_a_pooled_fit():
         else:
             assert est.run_bytes == pytest.approx(
                 1000 * cal.offload_scales["offload-gcn"] + cal.const, abs=2)
+
+
+def test_heap_factor_splits_by_the_edge_sized_share_of_the_heap():
+    # measured = big + (2.2 x node-sized + 1.4 x edge-sized heap) + const:
+    # the fit recovers both where the runs' shares spread; a finer op mix
+    # with three runs takes its parent's split, scaled to its runs; samples
+    # without shares (older ones) get one factor
+    from leangnn.plan.calibration import family_heap_factors, fit_heap_families
+
+    rng = np.random.default_rng(3)
+    runs = []
+    for i in range(6):
+        heap, big, s = float(rng.uniform(2e7, 2e8)), float(rng.uniform(0, 1e7)), \
+            [0.05, 0.1, 0.2, 0.5, 0.7, 0.8][i]
+        k = 1.1 if i % 2 else 1.0  # the finer mix fragments 10% more
+        runs.append({"heap_bytes": heap, "big_bytes": big, "heap_edge_share": s,
+                     "run_bytes": big + k * heap * ((1 - s) * 2.2 + s * 1.4) + 5e6,
+                     "fine": bool(i % 2)})
+    node, edge = family_heap_factors([r for r in runs if not r["fine"]], 5e6)
+    assert edge is None  # three runs: one factor
+    scales, edges = fit_heap_families(
+        {"gsr": [r for r in runs if not r["fine"]] * 2,  # 6 runs, spread 0.65
+         "gsr-sage": [r for r in runs if r["fine"]]}, 5e6)
+    assert (scales["gsr"], edges["gsr"]) == pytest.approx((2.2, 1.4), rel=1e-3)
+    assert (scales["gsr-sage"], edges["gsr-sage"]) == pytest.approx(
+        (2.42, 1.54), rel=1e-3)
+    old = [{k: v for k, v in r.items() if k != "heap_edge_share"} for r in runs]
+    assert family_heap_factors(old, 5e6)[1] is None
+    # applied: the factor is the share-weighted mean of the two
+    cal = Calibration("t", "glibc-default", heap_scale=3.0, calibrated=True,
+                      heap_scales=scales, heap_edge_scales=edges)
+    assert cal.heap_factor(["gsr-sage", "gsr"], 0.25) == pytest.approx(
+        0.75 * 2.42 + 0.25 * 1.54, rel=1e-3)
+    assert cal.heap_factor(["gat"], 0.25) == 3.0

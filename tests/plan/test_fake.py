@@ -386,3 +386,27 @@ def test_foreach_adam_step_runs_in_the_tracker():
     assert [float(s) for s in steps] == [float(s["step"]) for s in
                                          real.state.values()] == [1.0] * 4
     assert tracker.peak == meter.peak
+
+
+def test_heap_edge_share_follows_the_graphs_density():
+    # SAGE's [E, C] messages are most of a dense graph's heap high-water and
+    # little of a sparse one's; a graph whose edge count is its node count
+    # has no dimension to tell them apart by
+    from leangnn.graphs.synthetic import contextual_sbm
+    from leangnn.nn.models import build_model
+    from leangnn.plan.dryrun import trace_step
+    from leangnn.plan.estimate import default_loss
+
+    def share(g):
+        torch.manual_seed(0)
+        model = build_model("sage", g.num_features, 16, int(g.y.max()) + 1, 2)
+        return trace_step(model, g, default_loss(g), heap_threshold=32 << 20
+                          ).heap_edge_share
+
+    dense = contextual_sbm(3000, avg_degree=30.0, in_channels=8, seed=1)
+    sparse = contextual_sbm(3000, avg_degree=1.5, in_channels=8, seed=1)
+    assert share(dense) > 0.3 > share(sparse) >= 0.0
+    ring = dense.clone()
+    n = ring.num_nodes
+    ring.edge_index = torch.stack([torch.arange(n), (torch.arange(n) + 1) % n])
+    assert share(ring) == 0.0

@@ -29,8 +29,8 @@ from leangnn.plan.calibration import (
     Calibration,
     allocator_mode,
     calibration_path,
-    family_heap_factor,
     fit_calibration,
+    fit_heap_families,
     fit_long_runs,
     fit_offload,
     fit_time,
@@ -263,7 +263,8 @@ def _sample(run: dict[str, Any], device: str, mmap: bool | None,
         big, heap = est.big_bytes, est.heap_bytes
         if est.later is not None:  # the costlier of the first and later epochs
             big, heap = max((big, heap), est.later[1:], key=lambda p: p[0] + 2 * p[1])
-        out.update(big_bytes=big, heap_bytes=heap)
+        out.update(big_bytes=big, heap_bytes=heap,
+                   heap_edge_share=est.heap_edge_share)
     if m.get("reserved_bytes"):
         out["reserved_bytes"] = m["reserved_bytes"]
         out["allocated_bytes"] = m["run_bytes"] + m["baseline_bytes"]
@@ -455,9 +456,15 @@ def calibrate_families(families: list[str], device: str = "cpu",
         # and its finer op mixes (dag-narrow, dag-wide)
         finer = sorted({f for s in mine for f in s["families"]
                         if f.startswith(f"{fam}-")})
+        scales, edges = fit_heap_families(
+            {f: [s for s in mine if f in s["families"]] for f in [fam, *finer]},
+            cal.const)
         for f in [fam, *finer]:
-            cal.heap_scales[f] = family_heap_factor(
-                [s for s in mine if f in s["families"]], cal.const)
+            cal.heap_scales[f] = scales[f]
+            if f in edges:
+                cal.heap_edge_scales[f] = edges[f]
+            else:
+                cal.heap_edge_scales.pop(f, None)
     # the families' earlier runs are superseded (a run may have changed)
     cal.samples = [s for s in cal.samples if not set(families) & set(
         sample_families(s))] + samples
@@ -724,7 +731,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{cal.kind}: offload scales {factors}; stored in "
                   f"{kind_path(cal.kind)}")
             return 0
-        factors = ", ".join(f"{f} x{cal.heap_scales[f]:.2f}" for f in args.family)
+        factors = ", ".join(
+            f"{f} x{cal.heap_scales[f]:.2f}" + (
+                f" (edge-sized x{cal.heap_edge_scales[f]:.2f})"
+                if f in cal.heap_edge_scales else "") for f in args.family)
         print(f"{cal.kind}: heap factors {factors}; stored in {kind_path(cal.kind)}")
         return 0
     cal = calibrate(args.device, args.quick, mmap, repeat=args.repeat,

@@ -56,7 +56,8 @@ __all__ = ["Calibration", "heap_families", "machine_kind", "allocator_mode",
            "calibration_path", "kind_path", "load_calibration", "fit_calibration",
            "reference_calibration", "calibration_label", "REFERENCE_DIR",
            "long_run_families", "fit_long_runs", "SHORT_RUN_EPOCHS",
-           "family_heap_factor", "HEAVY_HEAP_BYTES", "TIMED_FAMILIES",
+           "family_heap_factor", "family_heap_factors", "fit_heap_families",
+           "HEAVY_HEAP_BYTES", "TIMED_FAMILIES",
            "DAG_NARROW", "sample_families", "fit_time", "fit_offload"]
 
 #: the calibrations shipped with the package, one per CPU allocator mode
@@ -206,6 +207,11 @@ class Calibration:
             large budget with few chunks (csbm:20000, SAGE-3 at 60 MiB: 8
             chunks) measured 1.6-2.8x the one-scale estimate, many chunks
             1.0-1.1x. Fitted where a model has four runs or more.
+        heap_edge_scales (dict, optional): per op mix as ``heap_scales``, the
+            factor of the heap's edge-sized share (``Estimate.heap_edge_share``:
+            ``E x C`` messages); ``heap_scales`` is then the node-sized
+            share's (:func:`family_heap_factors`; measured on GSR: x2.18 and
+            x1.42).
         offload_edge_scales (dict, optional): per model as
             ``offload_scales``, a coefficient on a job's edge-sized bytes
             (``work["edge_job_bytes"]``, :func:`~leangnn.plan.estimate.
@@ -271,6 +277,7 @@ class Calibration:
     offload_host_scale: float | None = None
     heap_scale: float | None = None
     heap_scales: dict[str, float] = field(default_factory=dict)
+    heap_edge_scales: dict[str, float] = field(default_factory=dict)
     offload_scales: dict[str, float] = field(default_factory=dict)
     offload_device_scales: dict[str, float] = field(default_factory=dict)
     offload_edge_scales: dict[str, float] = field(default_factory=dict)
@@ -296,23 +303,32 @@ class Calibration:
                    const=float(blas_workspace_bytes(device)))
 
     # ------------------------------------------------------------ applying
-    def heap_factor(self, families: list[str] | tuple[str, ...] = ()) -> float | None:
+    def heap_factor(self, families: list[str] | tuple[str, ...] = (),
+                    edge_share: float = 0.0) -> float | None:
         """The heap factor of the most specific of ``families`` calibrated
-        (:func:`heap_families`), else :attr:`heap_scale`."""
+        (:func:`heap_families`), else :attr:`heap_scale`; where that family
+        has an edge factor (:attr:`heap_edge_scales`), the mean of the two
+        weighted by ``edge_share``, the share of the heap's high-water in
+        edge-sized tensors."""
         for fam in families:
             if fam in self.heap_scales:
-                return self.heap_scales[fam]
+                edge = self.heap_edge_scales.get(fam)
+                if edge is None:
+                    return self.heap_scales[fam]
+                s = min(1.0, max(0.0, float(edge_share)))
+                return (1.0 - s) * self.heap_scales[fam] + s * edge
         return self.heap_scale
 
     def overhead(self, tensor_bytes: int, big: int = 0, heap: int = 0,
-                 families: list[str] | tuple[str, ...] = (), floor: int = 0) -> int:
+                 families: list[str] | tuple[str, ...] = (), floor: int = 0,
+                 edge_share: float = 0.0) -> int:
         """Allocator bytes on top of ``tensor_bytes`` (never below -it);
         ``families`` (:func:`heap_families`) select the heap factor, and the
         resident step is at least ``floor`` (the heap model's,
         :class:`~leangnn.plan.heapsim.HeapModel`)."""
         # one first-run constant for all: fitted per strategy it overfits
         const = self.const
-        factor = self.heap_factor(families)
+        factor = self.heap_factor(families, edge_share)
         if factor is not None and (big or heap):
             resident = big + factor * heap
             if self.allocator == "glibc-default":
@@ -406,11 +422,11 @@ class Calibration:
             est.overhead_bytes = round(self.offload_bytes(
                 est.step_bytes, est.work, fams) - est.step_bytes)
         else:
-            floor = est.floor_bytes
+            floor, share = est.floor_bytes, est.heap_edge_share
             est.overhead_bytes = self.overhead(est.step_bytes, est.big_bytes,
-                                               est.heap_bytes, fams, floor)
+                                               est.heap_bytes, fams, floor, share)
             est.floor_decided = bool(floor) and est.overhead_bytes != self.overhead(
-                est.step_bytes, est.big_bytes, est.heap_bytes, fams)
+                est.step_bytes, est.big_bytes, est.heap_bytes, fams, 0, share)
             # a precomputation outside torch (numpy) peaks before the step's
             # tensors do; its large arrays are pages of their own
             if est.precompute_bytes:
@@ -420,7 +436,7 @@ class Calibration:
                 step, big, heap = est.later
                 later_floor = floor and floor + max(0, big - est.big_bytes)
                 est.later_run_bytes = step + self.overhead(step, big, heap, fams,
-                                                           later_floor)
+                                                           later_floor, share)
         est.epoch_seconds = self.seconds(est.work, fams)
         hint = ""
         if not self.calibrated:
@@ -574,6 +590,63 @@ def family_heap_factor(samples: list[dict[str, Any]], const: float) -> float:
         [s["run_bytes"] for s in samples]))
 
 
+#: runs an op mix needs, their edge shares at least this far apart, before
+#: its heap factor is split into a node- and an edge-sized part
+_MIN_EDGE_RUNS, _MIN_EDGE_SPREAD = 4, 0.3
+
+
+def family_heap_factors(samples: list[dict[str, Any]], const: float,
+                        parent: tuple[float, float] | None = None
+                        ) -> tuple[float, float | None]:
+    """``(factor, edge factor)`` of one op mix's calibration ``samples``: the
+    edge factor (``None``: one factor) applies to the share of the heap's
+    high-water in edge-sized tensors (``heap_edge_share``).
+
+    Why: a GSR step whose heap is mostly ``E x C`` messages (dense csbm
+    graphs, shares 0.5-0.8) measured x1.5-1.8 of it, one mostly of node-sized
+    blocks (circuits, 0.03-0.2) x1.9-2.8: one factor was 25% over on
+    csbm:100000 and 5-15% under on the circuits. Fitted where the runs span
+    shares :data:`_MIN_EDGE_SPREAD` apart; a finer op mix with fewer runs
+    takes its ``parent``'s split, scaled to its runs.
+    """
+    shares = [s.get("heap_edge_share") for s in samples]
+    heap = [s["heap_bytes"] for s in samples]
+    y = [s["run_bytes"] - s["big_bytes"] - const for s in samples]
+    m = [s["run_bytes"] for s in samples]
+    if any(x is None for x in shares):
+        return family_heap_factor(samples, const), None
+    if len(samples) >= _MIN_EDGE_RUNS and max(shares) - min(shares) >= _MIN_EDGE_SPREAD:
+        a = np.array([[h * (1 - x), h * x] for h, x in zip(heap, shares)], dtype=float)
+        node, edge = _relative_lstsq(a, np.asarray(y, dtype=float), True,
+                                     np.asarray(m, dtype=float))
+        if node > 0 and edge > 0:
+            return (max(_MIN_HEAP_FACTOR, float(node)),
+                    max(_MIN_HEAP_FACTOR, float(edge)))
+    if parent is not None:
+        node, edge = parent
+        k = _relative_factor([h * ((1 - x) * node + x * edge)
+                              for h, x in zip(heap, shares)], y, m)
+        return max(_MIN_HEAP_FACTOR, k * node), max(_MIN_HEAP_FACTOR, k * edge)
+    return family_heap_factor(samples, const), None
+
+
+def fit_heap_families(by_fam: dict[str, list[dict[str, Any]]], const: float
+                      ) -> tuple[dict[str, float], dict[str, float]]:
+    """:attr:`Calibration.heap_scales` and :attr:`~Calibration.heap_edge_scales`
+    of the op mixes ``by_fam`` (name -> samples), each coarse one (``gsr``)
+    before its finer ones (``gsr-sage``), which take its split where they
+    cannot fit their own."""
+    scales: dict[str, float] = {}
+    edges: dict[str, float] = {}
+    for fam in sorted(by_fam, key=lambda f: (f.count("-"), f)):
+        up = fam.rsplit("-", 1)[0] if "-" in fam else None
+        parent = (scales[up], edges[up]) if up in edges else None
+        scales[fam], edge = family_heap_factors(by_fam[fam], const, parent)
+        if edge is not None:
+            edges[fam] = edge
+    return scales, edges
+
+
 def fit_calibration(samples: list[dict[str, Any]], device="cpu") -> Calibration:
     """Fit a :class:`Calibration` to measured ``samples`` (each with
     ``tensor_bytes``, ``run_bytes``, ``work``, ``epoch_seconds`` and, on
@@ -616,8 +689,7 @@ def fit_calibration(samples: list[dict[str, Any]], device="cpu") -> Calibration:
         for s in heavy:
             for fam in sample_families(s):
                 by_fam.setdefault(fam, []).append(s)
-        cal.heap_scales = {fam: family_heap_factor(runs, cal.const)
-                           for fam, runs in sorted(by_fam.items())}
+        cal.heap_scales, cal.heap_edge_scales = fit_heap_families(by_fam, cal.const)
     elif cal.allocator.startswith("glibc") and len(heap) >= 2 and \
             len(heap) == len(plain):
         # resident = big blocks + heap_scale x heap high-water + const; the

@@ -139,14 +139,19 @@ def _trace(model, data, loss_fn, step, lr, weight_decay, clip_norm, dev, round_t
     fake_mode.cache_enabled = False
     if heap_threshold is None:
         heap_threshold = default_heap_threshold(dev)
+    # edge-sized heap blocks are told apart by a dimension of the edge count,
+    # with self-loops too (GCN, GAT), where it is not also the node count
+    n, e = int(data.num_nodes or 0), int(data.num_edges or 0)
+    edge_dims = tuple(d for d in (e, e + n) if e and d != n)
     if meta:
         from leangnn.plan.meta import MetaTracker, disk_memo, meta_model
 
         tracker = MetaTracker(fake_mode, limit, round_to, plain, kernel_workspace,
-                              heap_threshold, max_ops, heap_model, device=dev)
+                              heap_threshold, max_ops, heap_model, edge_dims,
+                              device=dev)
     else:
         tracker = FakeTracker(fake_mode, limit, round_to, plain, kernel_workspace,
-                              heap_threshold, max_ops, heap_model)
+                              heap_threshold, max_ops, heap_model, edge_dims)
     params = sum(t.untyped_storage().nbytes() for t in
                  {_key(t): t for t in [*model.parameters(), *model.buffers()]}.values())
     with torch.random.fork_rng(devices=[]), warnings.catch_warnings(), \
@@ -178,7 +183,8 @@ def _trace(model, data, loss_fn, step, lr, weight_decay, clip_norm, dev, round_t
     return StepTrace(peak, tracker.phases, params, _data_bytes(data), tracker.ops,
                      tracker.written, tracker.flops, list(tracker.frontier),
                      tracker.big_written, tracker.cold_written, tracker.floor,
-                     dict(tracker.cold_blocks))
+                     dict(tracker.cold_blocks),
+                     tracker.edge_at_hw / tracker.small_hw if tracker.small_hw else 0.0)
 
 
 @contextlib.contextmanager

@@ -110,6 +110,8 @@ class Estimate:
             calibrated heap factor's figure is raised to it where it is
             lower (deep stacks with large transient blocks);
             ``floor_decided`` says that it did.
+        heap_edge_share (float): on CPU, the share of the heap's
+            high-water in edge-sized tensors (``E x C`` messages).
         setup_bytes (int): host bytes the strategy's setup keeps before the
             first step (offload: every training graph's engine topology,
             :func:`engine_setup_bytes`); on CPU part of the need.
@@ -144,6 +146,7 @@ class Estimate:
     heap_bytes: int = 0
     floor_bytes: int = 0
     floor_decided: bool = False
+    heap_edge_share: float = 0.0
     later: tuple[int, int, int] | None = None
     later_run_bytes: int | None = None
     precompute_bytes: int = 0
@@ -252,7 +255,7 @@ def _combine(traces: dict[int, StepTrace], num_layers: int, model_bytes: dict
                 "work": {**{k: getattr(t, k) for k in WORK_KEYS},
                          "cold_blocks": sorted(t.cold_blocks.items())},
                 "model_bytes": model_bytes[depths[0]], "heap": t.heap_point(),
-                "floor": t.heap_floor}
+                "floor": t.heap_floor, "edge_share": t.heap_edge_share}
 
     def at(values: list) -> float:
         return _linear(list(zip(depths, values)), num_layers)
@@ -269,7 +272,9 @@ def _combine(traces: dict[int, StepTrace], num_layers: int, model_bytes: dict
             "model_bytes": round(at([model_bytes[d] for d in depths])),
             "heap": (max(0, round(at([p[0] for p in points]))),
                      max(0, round(at([p[1] for p in points])))),
-            "floor": max(0, round(at([traces[d].heap_floor for d in depths])))}
+            "floor": max(0, round(at([traces[d].heap_floor for d in depths]))),
+            "edge_share": min(1.0, max(0.0, at([traces[d].heap_edge_share
+                                                for d in depths])))}
 
 
 def _extrapolate_blocks(blocks: list[dict[int, int]], depths: list[int],
@@ -403,7 +408,7 @@ def estimate_model(model: torch.nn.Module, data: Data, loss_fn: Callable | None 
                    work=_scale_work(sweeps or c["work"], data, [data]),
                    phases=c["phases"], big_bytes=c["heap"][0],
                    heap_bytes=c["heap"][1], floor_bytes=c["floor"],
-                   precompute_bytes=host)
+                   heap_edge_share=c["edge_share"], precompute_bytes=host)
     return _finish(est, calibration, t0)
 
 
@@ -567,7 +572,7 @@ def estimate_config(cfg, splits, device: torch.device | str | None = None,
                    # bytes kept beside the traced step (plans, moments) sit
                    # on top of the floor as they do on the big blocks
                    floor_bytes=c["floor"] and c["floor"] + first_fig[1] - c["heap"][0],
-                   precompute_bytes=c["host_peak"])
+                   heap_edge_share=c["edge_share"], precompute_bytes=c["host_peak"])
     if cfg.epochs > 1:
         est.later = _with_history(c, cfg, splits, [g for g in train if g is not big],
                                   True, loss_fn, dev, traced, best_state=True,

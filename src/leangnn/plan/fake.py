@@ -118,6 +118,10 @@ class FakeTracker(TorchDispatchMode):
             (default: ``0``, no heap)
         max_ops (int, optional): raise :class:`UnsupportedOpError` after this
             many ops. (default: no limit)
+        edge_dims (tuple, optional): the graph's edge counts (``E``, and
+            ``E + N`` for the convs that add self-loops): heap blocks of
+            tensors with a dimension of one of these sizes are counted apart
+            (``edge_at_hw``). (default: none)
         heap_model (bool, optional): with a heap, also replay its blocks in
             :class:`~leangnn.plan.heapsim.HeapModel` and record the floor it
             gives the resident step (``False``: no floor). (default: ``True``)
@@ -128,6 +132,8 @@ class FakeTracker(TorchDispatchMode):
         frontier (list): ``(big, heap)`` byte pairs, see ``heap_threshold``.
         floor (int): highest bytes on their own pages plus the heap model's
             extent (0 without a heap model).
+        edge_at_hw (int): heap bytes of edge-sized tensors when the heap's
+            high-water was last raised.
         phases (dict): phase name -> ``{"start", "peak", "end"}`` bytes.
         ops (int), written (int), flops (int): the work done.
     """
@@ -135,10 +141,15 @@ class FakeTracker(TorchDispatchMode):
     def __init__(self, fake_mode: FakeTensorMode, concrete_limit: int = 1 << 24,
                  round_to: int = 1, plain: bool = True,
                  kernel_workspace: bool | None = None, heap_threshold: int = 0,
-                 max_ops: int = 1 << 62, heap_model: bool = True):
+                 max_ops: int = 1 << 62, heap_model: bool = True,
+                 edge_dims: tuple[int, ...] = ()):
         super().__init__()
         self.heap_threshold, self.max_ops = heap_threshold, max_ops
         self.small_live = self.small_hw = self.floor = 0
+        # heap bytes of edge-sized tensors (a dimension in ``edge_dims``),
+        # live now and at the heap's high-water
+        self.edge_dims = frozenset(d for d in edge_dims if d)
+        self.edge_live = self.edge_at_hw = 0
         self.heap = HeapModel() if heap_model and heap_threshold else None
         self.frontier: list[tuple[int, int]] = []
         self.fake_mode, self.limit, self.round_to = fake_mode, concrete_limit, round_to
@@ -450,7 +461,8 @@ class FakeTracker(TorchDispatchMode):
             nbytes = t.untyped_storage().nbytes()
             r = self.round_to
             nbytes = -(-nbytes // r) * r
-            self._refs[key] = [1, nbytes, self._phase]
+            edge = not self.edge_dims.isdisjoint(t.shape)
+            self._refs[key] = [1, nbytes, self._phase, edge]
             self.live += nbytes
             self.written += nbytes
             if nbytes >= COLD_BYTES:
@@ -458,7 +470,10 @@ class FakeTracker(TorchDispatchMode):
                 self.cold_blocks[nbytes] = self.cold_blocks.get(nbytes, 0) + 1
             if nbytes < self.heap_threshold:
                 self.small_live += nbytes
-                self.small_hw = max(self.small_hw, self.small_live)
+                if edge:
+                    self.edge_live += nbytes
+                if self.small_live > self.small_hw:
+                    self.small_hw, self.edge_at_hw = self.small_live, self.edge_live
                 if self.heap is not None:
                     self.heap.malloc(key, nbytes)
             else:
@@ -525,6 +540,8 @@ class FakeTracker(TorchDispatchMode):
             self.live -= ent[1]
             if ent[1] < self.heap_threshold:
                 self.small_live -= ent[1]
+                if ent[3]:
+                    self.edge_live -= ent[1]
                 if self.heap is not None:
                     self.heap.free(key)
 
@@ -697,6 +714,8 @@ class StepTrace:
             blocks under glibc's heap (:attr:`FakeTracker.floor`; 0 without).
         cold_blocks (dict): ``{bytes: count}`` of the new storages behind
             ``cold_written`` (see :func:`~leangnn.plan.estimate.chunked_work`).
+        heap_edge_share (float): the share of the heap's high-water in
+            edge-sized tensors (a dimension of the graph's edge count).
     """
 
     peak_bytes: int
@@ -711,6 +730,7 @@ class StepTrace:
     cold_written: int = 0
     heap_floor: int = 0
     cold_blocks: dict[int, int] = field(default_factory=dict)
+    heap_edge_share: float = 0.0
 
     def heap_point(self, scale: float = 2.0) -> tuple[int, int]:
         """The frontier point with the most resident memory when the heap
