@@ -379,16 +379,15 @@ GRAPHS["s38417"] = dict(dataset="iscas89/s38417", val_dataset="iscas85/c17",
                         test_dataset="iscas85/c432")
 
 
-def _need(row_est, measured_run: int, setup: int | None = None) -> int:
-    """What a row needs in all, measured: the run's peak above the loaded
-    state plus the model and graph tensors (as the planner's need counts),
-    and the setup's resident state measured where it was (``setup``, in
-    place of the estimate's: offload's engine)."""
-    need = int(measured_run + row_est.fixed_bytes)
-    if setup is not None and row_est.setup_bytes and row_est.device == "cpu":
-        need += int(setup) - int(row_est.setup_bytes)
-    return need
+def _need(row, measured_run: int, setup: int | None = None) -> int:
+    """What a row needs in all, measured, as ``leangnn train``'s
+    ``budget_check`` counts it: the run's peak above the loaded state plus
+    the model and graph tensors, the setup's resident state as measured
+    where it was (``setup``, in place of the estimate's: offload's engine)."""
+    from leangnn.plan.planner import budget_check, need_figures
 
+    return budget_check({"memory_budget_bytes": 0, **need_figures(row)},
+                        measured_run, setup)["measured_need_bytes"]
 
 #: epochs each candidate of an auto case trains: memory over the first, time
 #: the median of the rest
@@ -494,7 +493,7 @@ def auto_cases(args, cal) -> dict:
                     r["measured_error"] = str(e).splitlines()[-1]
             r["config"] = cfg.to_dict()
             if "measured_run_bytes" in r:
-                r["measured_need_bytes"] = _need(row.estimate, r["measured_run_bytes"],
+                r["measured_need_bytes"] = _need(row, r["measured_run_bytes"],
                                                  r.get("measured_setup_bytes"))
                 r["measured_fits"] = r["measured_need_bytes"] <= budget
                 log(f"    need {r['measured_need_bytes'] / MiB:.1f} MiB (est. "

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 
@@ -14,6 +16,7 @@ from leangnn.profile import (
     peak_rss_bytes,
     release_free_heap,
     reset_peak_rss,
+    resident_growth,
     rss_bytes,
     run_with_peak_rss,
 )
@@ -208,3 +211,16 @@ def test_run_with_peak_rss_sees_the_child_peak():
     with pytest.raises(TimeoutError):
         run_with_peak_rss([sys.executable, "-c", "import time; time.sleep(30)"],
                           timeout=0.5)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="needs /proc")
+def test_resident_growth_is_what_the_block_left_allocated():
+    calls = []
+    with resident_growth(lambda: calls.append(1)) as grown:
+        kept = torch.ones(64 << 20, dtype=torch.uint8)  # 64 MiB, written
+    assert calls == [1, 1]  # freed heap returned before and after
+    assert grown["bytes"] >= 0.9 * kept.numel()
+    with resident_growth() as gone:
+        t = torch.ones(64 << 20, dtype=torch.uint8)
+        del t
+    assert gone["bytes"] < 0.25 * kept.numel()

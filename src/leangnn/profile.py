@@ -42,6 +42,7 @@ from torch.utils._pytree import tree_flatten
 __all__ = [
     "MemoryReport",
     "MemoryMeter",
+    "resident_growth",
     "PhaseMeter",
     "SavedTensorsMeter",
     "LiveBytesMeter",
@@ -185,6 +186,26 @@ def release_free_heap() -> bool:
         return True
     except (OSError, AttributeError):
         return False
+
+
+@contextmanager
+def resident_growth(release: Callable[[], object] | None = None):
+    """The process's resident growth over a ``with`` block: what the block
+    left allocated (``grown["bytes"]``, set on exit), with freed heap
+    returned before and after it (``release``: default
+    :func:`release_free_heap`; the Trainer passes its own, which honours
+    its off switch).
+
+    Used for a strategy's setup (offload's engine topology, DPR's core),
+    which is resident before a run's :class:`MemoryMeter` starts.
+    """
+    release = release or release_free_heap
+    grown = {"bytes": 0}
+    release()
+    before = rss_bytes()
+    yield grown
+    release()
+    grown["bytes"] = max(0, rss_bytes() - before)
 
 
 class PhaseMeter:

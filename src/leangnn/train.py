@@ -26,7 +26,12 @@ from .data import GraphSplits, check_splits, load_graphs
 from .metrics import compute_metrics, load_backends
 from .nn.models import build_model
 from .plan.fits import check_fits
-from .profile import MemoryMeter, SavedTensorsMeter, release_free_heap, rss_bytes
+from .profile import (
+    MemoryMeter,
+    SavedTensorsMeter,
+    release_free_heap,
+    resident_growth,
+)
 from .rundir import RunDir, environment
 from .strategy import Strategy, build_strategy, node_mask
 from .utils import (
@@ -250,20 +255,20 @@ class Trainer:
             run.write_plan(self.summary_extra["plan"])
 
         load_backends()  # its imports are not the run's memory
-        # what the setup keeps (offload's engine topology, DPR's core) is
-        # resident before the meter starts: measured apart for budget_check
-        self._release_heap()
-        before = rss_bytes()
-        self.strategy.setup(self.model, self.splits.train)
-        self.device = self.strategy.device  # a rank measures its own device
-        if rng is not None:
-            # After setup, as in an uninterrupted run, where setup came before
-            # the epochs whose random streams the checkpoint continues.
-            set_rng_state(rng)
-        # Start from the pages really in use: heap that setup (or a planner in
-        # the same process) freed would otherwise be reused unmetered.
-        self._release_heap()
-        self._setup_bytes = max(0, rss_bytes() - before)
+        # What the setup keeps (offload's engine topology, DPR's core) is
+        # resident before the meter starts: measured apart for budget_check.
+        # The meter starts from the pages really in use: heap that setup (or
+        # a planner in the same process) freed would otherwise be reused
+        # unmetered.
+        with resident_growth(self._release_heap) as grown:
+            self.strategy.setup(self.model, self.splits.train)
+            self.device = self.strategy.device  # a rank measures its own device
+            if rng is not None:
+                # After setup, as in an uninterrupted run, where setup came
+                # before the epochs whose random streams the checkpoint
+                # continues.
+                set_rng_state(rng)
+        self._setup_bytes = grown["bytes"]
         meter = self._meter = MemoryMeter(self.device).start()
         so_far = self._prev_peak
         bar = tqdm(range(start, cfg.epochs), desc=f"train {cfg.strategy}/{cfg.model}",

@@ -45,7 +45,8 @@ from leangnn.plan.collectives import comm_key, measure_collectives
 from leangnn.utils import atomic_write_text, cache_root, format_bytes
 
 __all__ = ["measurements_path", "long_runs_path", "calibrate",
-           "calibrate_families", "calibrate_long_runs", "CALIBRATION_RUNS", "main"]
+           "calibrate_families", "calibrate_offload", "calibrate_long_runs",
+           "CALIBRATION_RUNS", "main"]
 
 _SMALL = "epfl/priority,iscas85/c3540,epfl/cavlc"
 #: a mid-size circuit none of the benchmark rows trains on
@@ -421,26 +422,13 @@ def calibrate_families(families: list[str], device: str = "cpu",
         ValueError: a family no calibration run has, or a calibration that
             has no heap factors (a CPU one with glibc's default heap).
     """
-    cal = load_calibration(device)
     if "offload" in families:
-        # the offload runs' memory scales (all models: fitted together)
         if families != ["offload"]:
             raise ValueError("--family offload: alone, got "
                              f"{', '.join(families)}")
-        if not cal.calibrated:
-            raise ValueError(f"--family offload: the calibration of {device} "
-                             f"({cal.kind}) is not measured; run the whole "
-                             "calibration")
-        runs = [r for r in CALIBRATION_RUNS if r.get("strategy") == "offload"]
-        samples = _measure_runs(runs, device, mmap, timeout, repeat, reuse, progress)
-        if not samples:
-            raise RuntimeError("calibrate: every offload run failed")
-        fit_offload(cal, samples)
-        cal.samples = [s for s in cal.samples
-                       if s.get("config", {}).get("strategy") != "offload"] + samples
-        if save:
-            cal.save()
-        return cal
+        return calibrate_offload(device, mmap, timeout, save, progress, repeat,
+                                 reuse)
+    cal = load_calibration(device)
     runs = _runs_of(families, CALIBRATION_RUNS, heap_families)
     if cal.heap_scale is None or not cal.calibrated:
         raise ValueError(f"--family: the calibration of {device} ({cal.kind}) has "
@@ -469,6 +457,31 @@ def calibrate_families(families: list[str], device: str = "cpu",
     cal.samples = [s for s in cal.samples if not set(families) & set(
         sample_families(s))] + samples
     cal.fit_time_scales(samples)
+    if save:
+        cal.save()
+    return cal
+
+
+def calibrate_offload(device: str = "cpu", mmap: bool | None = None,
+                      timeout: float | None = 900, save: bool = True,
+                      progress: bool = True, repeat: int = 1,
+                      reuse: bool = False) -> Calibration:
+    """Measure the offload runs of :data:`CALIBRATION_RUNS` alone and fit
+    the offload memory scales (:func:`~leangnn.plan.calibration.fit_offload`:
+    every model together) into this machine's calibration (the stored one,
+    else the shipped reference), keeping the rest (``--family offload``).
+    Arguments as for :func:`calibrate`."""
+    cal = load_calibration(device)
+    if not cal.calibrated:
+        raise ValueError(f"--family offload: the calibration of {device} "
+                         f"({cal.kind}) is not measured; run the whole calibration")
+    runs = [r for r in CALIBRATION_RUNS if r.get("strategy") == "offload"]
+    samples = _measure_runs(runs, device, mmap, timeout, repeat, reuse, progress)
+    if not samples:
+        raise RuntimeError("calibrate: every offload run failed")
+    fit_offload(cal, samples)
+    cal.samples = [s for s in cal.samples
+                   if s.get("config", {}).get("strategy") != "offload"] + samples
     if save:
         cal.save()
     return cal

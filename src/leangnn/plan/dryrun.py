@@ -183,8 +183,7 @@ def _trace(model, data, loss_fn, step, lr, weight_decay, clip_norm, dev, round_t
     return StepTrace(peak, tracker.phases, params, _data_bytes(data), tracker.ops,
                      tracker.written, tracker.flops, list(tracker.frontier),
                      tracker.big_written, tracker.cold_written, tracker.floor,
-                     dict(tracker.cold_blocks),
-                     tracker.edge_at_hw / tracker.small_hw if tracker.small_hw else 0.0)
+                     dict(tracker.cold_blocks), tracker.heap_edge_share)
 
 
 @contextlib.contextmanager

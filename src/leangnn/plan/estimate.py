@@ -71,7 +71,8 @@ from leangnn.plan.fake import (
 __all__ = ["Estimate", "depth_points", "estimate_model", "estimate_config",
            "default_loss", "largest_graph", "core_of", "offload_step",
            "forget", "withdraw", "plan_scope", "EXTRAPOLATE_ABOVE",
-           "chunked_work", "job_edge_bytes", "engine_setup_bytes"]
+           "chunked_work", "job_edge_bytes", "engine_setup_bytes",
+           "offload_estimate"]
 
 #: registered models deeper than this are traced at :func:`depth_points`
 EXTRAPOLATE_ABOVE = 8
@@ -165,14 +166,19 @@ class Estimate:
         return max(self.run_bytes, self.later_run_bytes or 0)
 
     @property
+    def counted_setup_bytes(self) -> int:
+        """The part of ``setup_bytes`` the need counts: all of it on a CPU,
+        none on CUDA (host memory, checked apart)."""
+        return self.setup_bytes if torch.device(self.device).type == "cpu" else 0
+
+    @property
     def fixed_bytes(self) -> int:
         """What the need counts beside the run: the model and the resident
         graph, and on CPU offload's host store and what its setup keeps
         (``setup_bytes``; all loaded before the Trainer's meter starts, so
         not in ``memory.peak_bytes``)."""
-        host = self.host_bytes + self.setup_bytes \
-            if torch.device(self.device).type == "cpu" else 0
-        return self.model_bytes + self.graph_bytes + host
+        host = self.host_bytes if torch.device(self.device).type == "cpu" else 0
+        return self.model_bytes + self.graph_bytes + host + self.counted_setup_bytes
 
     @property
     def peak_bytes(self) -> int:
@@ -899,16 +905,6 @@ def _offload(cfg, splits, big: Data, device: torch.device, knobs: dict,
     _LIKE[key] = (GraphStamp(big), eng)
     if _PLANNING:
         offer_graph(eng, big)
-    params = _model_bytes(model)
-    step, device_step, host = offload_step(eng, counters,
-                                           big.x.untyped_storage().nbytes(),
-                                           params, device)
-    knobs["chunks"] = eng.num_chunks
-    # every training graph gets an engine at setup: theirs scaled from this
-    # one's by size, as the epoch's work is
-    size = int(big.num_nodes) + int(big.num_edges)
-    setup = round(engine_setup_bytes(eng) * sum(
-        int(g.num_nodes) + int(g.num_edges) for g in splits.train) / max(1, size))
     # The compute of an offloaded epoch is that of full-batch training plus
     # the recomputation and the per-job work; time is fitted on both.
     if _full_work(key, big) is None:  # the same for every part count and budget
@@ -919,21 +915,40 @@ def _offload(cfg, splits, big: Data, device: torch.device, knobs: dict,
         except UnsupportedOpError:
             work = {}
         _remember_full_work(cfg, big, splits, device, work)
-    work = chunked_work(_full_work(key, big), eng.num_chunks,
-                        default_heap_threshold(device))
-    work.update(jobs=counters.jobs * len(splits.train),
+    knobs["chunks"] = eng.num_chunks
+    est = offload_estimate(eng, counters, big, splits.train, _model_bytes(model),
+                           _full_work(key, big), knobs, device)
+    if device.type == "cpu":
+        est.note = "CPU device: host store and device pool share memory"
+    return est
+
+
+def offload_estimate(eng, counters, data: Data, graphs: list[Data], params: int,
+                     full_work: dict, knobs: dict, device: torch.device) -> Estimate:
+    """The estimate of an offload row from a counting engine ``eng`` and its
+    epoch's ``counters`` on ``data``, the largest of the training ``graphs``
+    (each gets an engine of its own), with a model of ``params`` bytes whose
+    full-batch epoch does ``full_work``."""
+    step, device_step, host = offload_step(eng, counters,
+                                           data.x.untyped_storage().nbytes(),
+                                           params, device)
+    # every training graph gets an engine at setup: theirs scaled from this
+    # one's by size, as the epoch's work is
+    size = int(data.num_nodes) + int(data.num_edges)
+    setup = round(engine_setup_bytes(eng) * sum(
+        int(g.num_nodes) + int(g.num_edges) for g in graphs) / max(1, size))
+    work = chunked_work(full_work, eng.num_chunks, default_heap_threshold(device))
+    work.update(jobs=counters.jobs * len(graphs),
                 traffic=counters.traffic_bytes,
                 computations=counters.vertex_layer_computations
                 + counters.vertex_layer_recomputations,
                 device_bytes=device_step, host_bytes=host,
-                edge_job_bytes=job_edge_bytes(eng, int(big.num_edges)))
+                edge_job_bytes=job_edge_bytes(eng, int(data.num_edges)))
     if device.type == "cpu":
         # one memory: the host store and the "device" pool add up
         return Estimate("offload", knobs, str(device), step, params,
-                        _resident_graph_bytes(big, device),
-                        method="offload-accounting", work=work, setup_bytes=setup,
-                        note="CPU device: host store and device pool share memory")
+                        _resident_graph_bytes(data, device),
+                        method="offload-accounting", work=work, setup_bytes=setup)
     return Estimate("offload", knobs, str(device), device_step, params, 0,
                     host_bytes=host + setup, method="offload-accounting", work=work,
                     setup_bytes=setup)
-

@@ -509,6 +509,11 @@ class FakeTracker(TorchDispatchMode):
             ph["peak"] = max(ph["peak"], top)
         self._point(nbytes)
 
+    @property
+    def heap_edge_share(self) -> float:
+        """The share of the heap's high-water in edge-sized tensors."""
+        return self.edge_at_hw / self.small_hw if self.small_hw else 0.0
+
     def _point(self, extra: int) -> None:
         """Record (bytes on their own pages, heap high-water) now, keeping the
         points no other point beats in both (the heap's high-water only

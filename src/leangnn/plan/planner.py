@@ -46,7 +46,8 @@ from leangnn.utils import format_bytes, json_safe, parse_bytes
 __all__ = ["PlanRow", "PlanTable", "plan_config", "choose", "format_table",
            "candidates", "plan_candidates", "resolve_budget", "plan_summary",
            "PLANNED", "GROUPS", "CORE_RATIOS", "OFFLOAD_PARTS", "CPU_DEVICE_SHARES",
-           "PINNABLE", "offload_budgets", "budget_check", "CPU_TIME_MARGIN"]
+           "PINNABLE", "offload_budgets", "budget_check", "need_figures",
+           "CPU_TIME_MARGIN"]
 
 #: the strategies the planner has rows for
 PLANNED = ("full", "reversible", "offload", "prune", "distributed")
@@ -338,11 +339,8 @@ def plan_summary(table: PlanTable) -> dict[str, Any]:
         est = pick.estimate
         out.update(strategy=pick.strategy, kind=pick.kind, knobs=dict(pick.knobs),
                    config=dict(pick.config),
-                   estimated_peak_bytes=pick.need_bytes,
+                   **need_figures(pick),
                    estimated_run_bytes=None if est is None else est.costliest_run_bytes,
-                   estimated_fixed_bytes=None if est is None else est.fixed_bytes,
-                   estimated_setup_bytes=None if est is None or not est.setup_bytes
-                   or torch.device(est.device).type != "cpu" else est.setup_bytes,
                    estimated_epoch_seconds=pick.epoch_seconds,
                    method=None if est is None else est.method)
         if est is not None and est.ranks:
@@ -352,6 +350,16 @@ def plan_summary(table: PlanTable) -> dict[str, Any]:
                     "fits": r.fits, "epoch_seconds": r.epoch_seconds, "why": r.why}
                    for r in table.rows]
     return json_safe(out)
+
+
+def need_figures(row: PlanRow) -> dict[str, Any]:
+    """What :func:`budget_check` reads of a row: its estimated need, the
+    fixed part of it, and the setup part it counts (``None`` where none)."""
+    est = row.estimate
+    return {"estimated_peak_bytes": row.need_bytes,
+            "estimated_fixed_bytes": None if est is None else est.fixed_bytes,
+            "estimated_setup_bytes": None if est is None
+            else est.counted_setup_bytes or None}
 
 
 def budget_check(plan: dict[str, Any], peak_bytes: int | None,

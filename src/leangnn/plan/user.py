@@ -29,15 +29,12 @@ from leangnn.plan.calibration import Calibration, calibration_label, load_calibr
 from leangnn.plan.dag import is_dag_model
 from leangnn.plan.estimate import (
     Estimate,
-    chunked_work,
     core_of,
     default_loss,
-    engine_setup_bytes,
     estimate_model,
-    job_edge_bytes,
-    offload_step,
+    offload_estimate,
 )
-from leangnn.plan.fake import UnsupportedOpError, default_heap_threshold
+from leangnn.plan.fake import UnsupportedOpError
 from leangnn.plan.planner import (
     CORE_RATIOS,
     OFFLOAD_PARTS,
@@ -47,6 +44,7 @@ from leangnn.plan.planner import (
     choose,
     estimate_row,
     mark_table,
+    need_figures,
     offload_budgets,
     resolve_budget,
     unavailable_row,
@@ -189,19 +187,8 @@ def _offload_model(model, data, device, budget, cal, knobs, full: Estimate
     with torch.random.fork_rng(devices=[]):
         eng = OffloadEngine(model, data, options=opts)
         counters = eng.simulate(train=True)
-    params = full.model_bytes
-    work = {**chunked_work(full.work, eng.num_chunks, default_heap_threshold(device)),
-            "jobs": counters.jobs,
-            "edge_job_bytes": job_edge_bytes(eng, int(data.num_edges))}
-    step, dev_step, host = offload_step(eng, counters,
-                                        data.x.untyped_storage().nbytes(), params,
-                                        device)
-    cpu = device.type == "cpu"
-    setup = engine_setup_bytes(eng)
-    est = Estimate("offload", dict(knobs), str(device),
-                   step if cpu else dev_step, params, full.graph_bytes if cpu
-                   else 0, host_bytes=0 if cpu else host + setup,
-                   method="offload-accounting", work=work, setup_bytes=setup)
+    est = offload_estimate(eng, counters, data, [data], full.model_bytes, full.work,
+                           dict(knobs), device)
     cal.apply(est)
     est.estimate_seconds = time.perf_counter() - t0
     return est
@@ -259,13 +246,11 @@ def fit(model: torch.nn.Module, data: Data, loss_fn=None, strategy: str = "auto"
     loss_fn = loss_fn or default_loss(data)
     model.to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=lr, weight_decay=weight_decay)
-    from leangnn.profile import MemoryMeter, release_free_heap, rss_bytes
+    from leangnn.profile import MemoryMeter, resident_growth
 
-    release_free_heap()
-    before = rss_bytes()
-    strat.setup(model, [data])
-    release_free_heap()
-    setup = max(0, rss_bytes() - before)
+    with resident_growth() as grown:
+        strat.setup(model, [data])
+    setup = grown["bytes"]
     meter = MemoryMeter(device).start()
     losses = []
     model.train()
@@ -277,15 +262,8 @@ def fit(model: torch.nn.Module, data: Data, loss_fn=None, strategy: str = "auto"
         optimizer.step()
     report = meter.stop()
     strat.fit_end(model, [data], loss_fn)
-    est = row.estimate
     check = budget_check({"memory_budget_bytes": table.budget_bytes,
-                          "estimated_peak_bytes": row.need_bytes,
-                          "estimated_fixed_bytes": None if est is None
-                          else est.fixed_bytes,
-                          "estimated_setup_bytes": None if est is None
-                          or torch.device(device).type != "cpu"
-                          else est.setup_bytes},
-                         report.peak_bytes, setup)
+                          **need_figures(row)}, report.peak_bytes, setup)
     return {"plan": table, "row": row, "strategy": strat, "losses": losses,
             "memory": {"peak_bytes": report.peak_bytes, "method": report.method,
                        "setup_bytes": setup},
