@@ -345,7 +345,8 @@ def _over_budget_line(summary: dict) -> str | None:
         return None
     est = c.get("estimated_need_bytes")
     return (f"this run needed ~{format_bytes(c['measured_need_bytes'])} (its peak "
-            f"plus the model and graph), above --memory-budget "
+            f"plus the model, the graph and what its setup keeps), above "
+            f"--memory-budget "
             f"{format_bytes(c['memory_budget_bytes'])}; the planner estimated "
             f"{format_bytes(est) if est is not None else 'n/a'}. summary.json "
             "records both under budget_check; a lower --memory-budget leaves "
