@@ -119,3 +119,29 @@ def test_check_fits_counts_a_csbm_graph_before_it_exists(monkeypatch):
         fits.check_fits(TrainConfig(dataset="csbm:1e6"))
     with pytest.raises(ValueError, match="activations"):
         fits.check_fits(TrainConfig(dataset="csbm:2e5", num_layers=64))
+
+
+def test_parameter_counts_are_kept_per_registered_model():
+    # counts are memoised per configuration; a model registered again under
+    # the same name is counted anew
+    from torch_geometric.nn.models import GCN
+
+    from leangnn.nn.models import register_model
+
+    def small(i, h, o, n, **kw):
+        return GCN(i, h, n, o)
+
+    def wide(i, h, o, n, **kw):
+        return GCN(i, 2 * h, n, o)
+
+    register_model("_count_probe", small, layerwise=False)
+    try:
+        cfg = TrainConfig(model="_count_probe", num_layers=2, hidden_channels=8)
+        first = fits.parameter_count(cfg, 5, 3)
+        assert fits.parameter_count(cfg, 5, 3) == first == sum(
+            p.numel() for p in GCN(5, 8, 2, 3).parameters())
+        register_model("_count_probe", wide, replace=True)
+        assert fits.parameter_count(cfg, 5, 3) == sum(
+            p.numel() for p in GCN(5, 16, 2, 3).parameters())
+    finally:
+        MODELS.pop("_count_probe", None)

@@ -320,3 +320,29 @@ def test_auto_falls_back_to_fake_mode_on_a_meta_failure(graph, monkeypatch):
     assert dataclasses.asdict(auto) == dataclasses.asdict(fake)
     with pytest.raises(UnsupportedOpError, match="value-dependent"):
         trace_step(_FeatureMask(graph.num_features), graph, loss_fn)
+
+
+@pytest.mark.parametrize("name,opts", [("res", dict(conv="gcn", dropout=0.2)),
+                                       ("gsr", dict(conv="gat", num_groups=2)),
+                                       ("sage", {})])
+def test_a_model_built_on_meta_traces_as_the_real_one(graph, name, opts):
+    # the planner builds its models on the meta device and lets the trace
+    # spend them (own_model) instead of initialising and copying real ones
+    depth = 2 if name == "gsr" else 3
+    torch.manual_seed(0)
+    real = build_model(name, graph.num_features, 32, 8, depth, **opts)
+    with torch.device("meta"):
+        meta = build_model(name, graph.num_features, 32, 8, depth, **opts)
+    loss_fn = default_loss(graph)
+    ref = trace_step(real, graph, loss_fn, backend="meta")
+    kept = trace_step(meta, graph, loss_fn, backend="meta")
+    spent = trace_step(meta, graph, loss_fn, backend="meta", own_model=True)
+    assert dataclasses.asdict(spent) == dataclasses.asdict(ref)
+    assert dataclasses.asdict(kept) == dataclasses.asdict(ref)
+    # traced as it is: the spent model holds its (meta) gradients; a copy
+    # leaves the caller's model untouched, real or meta
+    assert all(p.grad is not None and p.grad.is_meta for p in meta.parameters())
+    assert all(p.grad is None for p in real.parameters())
+    # the fake backend (a CUDA step's) copies a meta model into fake tensors
+    fake = trace_step(meta, graph, loss_fn, backend="fake", own_model=True)
+    assert dataclasses.asdict(fake) == dataclasses.asdict(ref)

@@ -45,7 +45,8 @@ def trace_step(model: torch.nn.Module, data: Data, loss_fn: Callable,
                concrete_limit: int | None = None,
                plain: bool = True, kernel_workspace: bool | None = None,
                heap_threshold: int | None = None, max_ops: int = MAX_OPS,
-               backend: str = "auto", heap_model: bool = True) -> StepTrace:
+               backend: str = "auto", heap_model: bool = True,
+               own_model: bool = False) -> StepTrace:
     """One training step of ``model`` on ``data`` under fake tensors.
 
     The step is the Trainer's: ``zero_grad``, ``step(model, data, loss_fn)``
@@ -75,6 +76,9 @@ def trace_step(model: torch.nn.Module, data: Data, loss_fn: Callable,
         heap_model (bool, optional): record the heap model's floor
             (:attr:`StepTrace.heap_floor`); ``False`` is its off switch.
             (default: ``True``)
+        own_model (bool, optional): ``model`` is the caller's to spend: one
+            built on the meta device is traced as it is (its parameters get
+            gradients) instead of copied first. (default: ``False``)
 
     Raises:
         UnsupportedOpError: an op the dry run cannot follow.
@@ -100,7 +104,7 @@ def trace_step(model: torch.nn.Module, data: Data, loss_fn: Callable,
     def run(on_meta: bool) -> StepTrace:
         return _trace(model, data, loss_fn, step, lr, weight_decay, clip_norm, dev,
                       round_to, limit, plain, kernel_workspace, heap_threshold,
-                      max_ops, on_meta, heap_model)
+                      max_ops, on_meta, heap_model, own_model)
 
     if gc.get_freeze_count():  # the application froze objects: keep them so
         gc.collect()
@@ -130,7 +134,8 @@ def _run_backend(run: Callable, meta: bool, backend: str) -> StepTrace:
 
 def _trace(model, data, loss_fn, step, lr, weight_decay, clip_norm, dev, round_to,
            limit, plain, kernel_workspace, heap_threshold, max_ops,
-           meta: bool, heap_model: bool = True) -> StepTrace:
+           meta: bool, heap_model: bool = True, own_model: bool = False
+           ) -> StepTrace:
     gc.collect()
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     # Fake outputs rebuilt from the mode's op cache do not always keep the
@@ -159,7 +164,11 @@ def _trace(model, data, loss_fn, step, lr, weight_decay, clip_norm, dev, round_t
         # Layout bookkeeping (e.g. flat parameters) may read a fake tensor's
         # data pointer, which is 0 and harmless here.
         warnings.filterwarnings("ignore", message="Accessing the data pointer")
-        fmodel = meta_model(model) if meta else fake_model(model, fake_mode, dev)
+        if meta and own_model and _on_meta(model):
+            fmodel = model  # (a copy costs a tenth of a small model's trace)
+        else:
+            fmodel = meta_model(model) if meta else fake_model(model, fake_mode,
+                                                               dev)
         fmodel.train()
         foreach = True if dev.type == "cuda" else None
         # the meta tracker enters the fake mode itself, for the ops it must;
@@ -184,6 +193,11 @@ def _trace(model, data, loss_fn, step, lr, weight_decay, clip_norm, dev, round_t
                      tracker.written, tracker.flops, list(tracker.frontier),
                      tracker.big_written, tracker.cold_written, tracker.floor,
                      dict(tracker.cold_blocks), tracker.heap_edge_share)
+
+
+def _on_meta(model: torch.nn.Module) -> bool:
+    tensors = [*model.parameters(), *model.buffers()]
+    return bool(tensors) and all(t.is_meta for t in tensors)
 
 
 @contextlib.contextmanager

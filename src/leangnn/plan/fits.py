@@ -82,14 +82,36 @@ def _is_cpu(device: str) -> bool:
     return torch.device(device).type == "cpu"
 
 
-def _count(cfg, num_layers: int, in_channels: int, out_channels: int) -> int:
-    from leangnn.nn.models import build_model
+#: parameter counts by model entry, sizes and options: every configuration
+#: made (each plan row's, each ``replace``) validates by counting, and a
+#: count builds two models (a tenth of a small row's estimate, measured)
+_COUNTS: dict[tuple, tuple[object, int]] = {}
+_COUNTS_MAX = 4096
 
+
+def _count(cfg, num_layers: int, in_channels: int, out_channels: int) -> int:
+    from leangnn.nn.models import build_model, get_model
+
+    opts = cfg.model_options()
+    entry = get_model(cfg.model) if isinstance(cfg.model, str) else None
+    try:
+        key = (cfg.model, id(entry), cfg.hidden_channels, num_layers, in_channels,
+               out_channels, tuple(sorted(opts.items())))
+        hit = _COUNTS.get(key)
+    except TypeError:  # an unhashable option: counted every time
+        key, hit = None, None
+    # (the entry itself is kept and compared: a model registered again under
+    # the same name is counted anew)
+    if hit is not None and hit[0] is entry:
+        return hit[1]
     # Built on the meta device: shapes only, no memory and no RNG draws.
     with torch.random.fork_rng(devices=[]), torch.device("meta"):
         model = build_model(cfg.model, in_channels, cfg.hidden_channels,
-                            out_channels, num_layers, **cfg.model_options())
-    return sum(p.numel() for p in model.parameters())
+                            out_channels, num_layers, **opts)
+    n = sum(p.numel() for p in model.parameters())
+    if key is not None and len(_COUNTS) < _COUNTS_MAX:
+        _COUNTS[key] = (entry, n)
+    return n
 
 
 def parameter_count(cfg, in_channels: int = PROBE_IN_CHANNELS,
