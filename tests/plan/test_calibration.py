@@ -68,6 +68,29 @@ def test_fit_prices_fresh_pages_apart():
     assert cal.seconds(old) < samples[0]["epoch_seconds"]
 
 
+def test_fit_prices_sparse_products_apart():
+    """Samples whose sparse products (GSR's CSR kernels, DPR's adjacency)
+    cost more per FLOP than dense ones: the fit finds the extra price, and a
+    dense work (no sparse FLOPs) pays none of it."""
+    rng = np.random.default_rng(2)
+    samples = []
+    for _ in range(10):
+        work = {"ops": float(rng.integers(100, 5000)),
+                "written": float(rng.uniform(1e8, 1e10)),
+                "flops": float(rng.uniform(1e8, 1e11)), "graphs": 1}
+        work["sparse_flops"] = work["flops"] * float(rng.uniform(0, 0.9))
+        sec = 2e-5 * work["ops"] + 1e-10 * work["written"] + \
+            3e-12 * work["flops"] + 1.5e-10 * work["sparse_flops"]
+        samples.append({"tensor_bytes": 1e6, "run_bytes": 1e6, "work": work,
+                        "epoch_seconds": sec})
+    cal = fit_calibration(samples)
+    assert (cal.per_op, cal.per_byte, cal.per_flop, cal.per_sparse_flop) == \
+        pytest.approx((2e-5, 1e-10, 3e-12, 1.5e-10), rel=1e-4)
+    dense = {**samples[0]["work"], "sparse_flops": 0.0}
+    assert cal.seconds(dense) == pytest.approx(
+        samples[0]["epoch_seconds"] - 1.5e-10 * samples[0]["work"]["sparse_flops"])
+
+
 def test_time_fit_keeps_to_the_terms_its_samples_tell_apart():
     # CUDA (no heap threshold): every byte is a "fresh" one, the extra
     # terms say nothing new; a quick calibration's four runs fit three terms

@@ -174,6 +174,8 @@ def test_attention_spmm_with_fake_weights_matches_real(heads, backend):
     # per head: the product, its transpose's and the sampled product, each
     # one multiply-add per entry and channel
     assert tracker.flops == heads * 3 * 2 * e * c
+    # all of them in products with a sparse matrix, priced apart
+    assert tracker.sparse_flops == tracker.flops
 
 
 def test_data_dependent_shapes_of_the_graph_are_followed():

@@ -106,7 +106,8 @@ def test_traces_do_not_depend_on_earlier_real_steps(graph):
 ], ids=["gcn", "gin", "sage", "gat"])
 def test_pyg_models_trace_alike(graph, make):
     torch.manual_seed(0)
-    _same(make(), graph)
+    # PyG's message passing: gathers and scatters, no sparse products
+    assert _same(make(), graph).sparse_flops == 0
 
 
 def test_dpr_core_through_its_adjacency(graph):
@@ -119,7 +120,26 @@ def test_dpr_core_through_its_adjacency(graph):
     assert core.get("adj_t", None) is not None
     torch.manual_seed(0)
     step = _adj_step if core.get("edge_index", None) is None else None
-    _same(build_model("gcn", 12, 16, 8, 2), core, step)
+    model = build_model("gcn", 12, 16, 8, 2)
+    trace = _same(model, core, step)
+    # its aggregations are products with the core's CSR adjacency: the
+    # reference counts them in a real step, 2 nnz multiply-adds per column
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class SparseProducts(TorchDispatchMode):
+        flops = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            sparse = [a for a in args if isinstance(a, torch.Tensor)
+                      and a.layout != torch.strided]
+            if sparse and func.__name__.split(".")[0].endswith("mm"):
+                SparseProducts.flops += 2 * sparse[0]._nnz() * out.size(-1)
+            return out
+
+    with SparseProducts():
+        _adj_step(model, core, default_loss(core))
+    assert trace.sparse_flops == SparseProducts.flops > 0
 
 
 def test_meta_matches_a_real_step(graph):

@@ -727,7 +727,9 @@ def main(argv: list[str] | None = None) -> int:
               f"{cal.per_byte * 1e9:.3f} ns/B written + "
               f"{cal.per_cold_byte * 1e9:.3f} ns/B more past the caches + "
               f"{cal.per_big_byte * 1e9:.3f} ns/B more in fresh pages + "
-              f"{cal.per_flop * 1e12:.3f} ns/kFLOP (median error "
+              f"{cal.per_flop * 1e12:.3f} ns/kFLOP + "
+              f"{cal.per_sparse_flop * 1e12:.3f} ns/kFLOP more in sparse "
+              "products (median error "
               f"{cal.error.get('time_median', 0):.1%}); stored in "
               f"{kind_path(cal.kind)}")
         return 0

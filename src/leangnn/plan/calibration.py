@@ -182,6 +182,10 @@ class Calibration:
             faulted in as it is first written (~0.55 ns/B more than a write
             into resident memory on the reference box's VM: csbm:100000's
             message tensors, not the small graphs' heap blocks).
+        per_sparse_flop (float): seconds per FLOP of a product with a sparse
+            matrix, on top of ``per_flop`` (``work["sparse_flops"]``): GSR's
+            CSR kernels and DPR's core adjacency gather rows spread over
+            memory, a dense product's FLOPs do not.
         offload_scale, per_job (float): offload epoch ``= offload_scale x``
             the full-batch time of its work ``+ per_job x jobs``, the work's
             large blocks a chunk in size
@@ -271,6 +275,7 @@ class Calibration:
     per_flop: float = 2e-10
     per_cold_byte: float = 0.0
     per_big_byte: float = 0.0
+    per_sparse_flop: float = 0.0
     offload_scale: float = 2.0
     per_job: float = 2e-3
     offload_bytes_scale: float = 1.0
@@ -857,7 +862,7 @@ def fit_offload(cal: Calibration, off: list[dict[str, Any]]) -> None:
 #: the traced work the time fit prices, in :class:`Calibration`'s order
 _TIME_TERMS = (("ops", "per_op"), ("written", "per_byte"),
                ("cold_written", "per_cold_byte"), ("big_written", "per_big_byte"),
-               ("flops", "per_flop"))
+               ("flops", "per_flop"), ("sparse_flops", "per_sparse_flop"))
 
 
 def _time_terms(samples: list[dict[str, Any]]) -> list[tuple[str, str]]:

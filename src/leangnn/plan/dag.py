@@ -282,6 +282,7 @@ def trace_levels(run: Callable[[], object], data: Data):
         b, f, w = getattr(bare, k), getattr(full, k), getattr(wider, k)
         per[k] = _split(f - b, n_key, u_key, w - f, n_more, u_more)
     work = {"ops": bare.ops, "written": bare.written, "flops": bare.flops,
+            "sparse_flops": bare.sparse_flops,
             "big_written": bare.big_written, "cold_written": bare.cold_written,
             "sweep": per}
     return max(full, wider, key=lambda t: t.peak_bytes), work

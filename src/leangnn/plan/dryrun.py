@@ -192,7 +192,8 @@ def _trace(model, data, loss_fn, step, lr, weight_decay, clip_norm, dev, round_t
     return StepTrace(peak, tracker.phases, params, _data_bytes(data), tracker.ops,
                      tracker.written, tracker.flops, list(tracker.frontier),
                      tracker.big_written, tracker.cold_written, tracker.floor,
-                     dict(tracker.cold_blocks), tracker.heap_edge_share)
+                     dict(tracker.cold_blocks), tracker.heap_edge_share,
+                     tracker.sparse_flops)
 
 
 def _on_meta(model: torch.nn.Module) -> bool:

@@ -228,7 +228,8 @@ def largest_graph(graphs: list[Data]) -> Data:
 #: StepTrace`): ops, bytes of new storages, of those of 1 MiB or more (past
 #: the core's caches), of those at or above the heap threshold (fresh pages:
 #: faulted in as written) and FLOPs
-WORK_KEYS = ("ops", "written", "cold_written", "big_written", "flops")
+WORK_KEYS = ("ops", "written", "cold_written", "big_written", "flops",
+             "sparse_flops")
 
 
 def depth_points(num_layers: int) -> tuple[int, ...]:
@@ -477,7 +478,8 @@ def _scale_work(work: dict[str, float], big: Data, graphs: list[Data]) -> dict:
     share = sum(int(g.num_nodes) + int(g.num_edges) for g in graphs) / max(1, size)
     out = {"ops": work["ops"] * len(graphs), "written": work["written"] * share,
            "flops": work["flops"] * share,
-           **{k: work.get(k, 0) * share for k in ("cold_written", "big_written")},
+           **{k: work.get(k, 0) * share
+              for k in ("cold_written", "big_written", "sparse_flops")},
            # each graph's blocks are smaller than the largest's: counted as the
            # totals are (bytes by share), their sizes kept
            "cold_blocks": [[b, c * share] for b, c in work.get("cold_blocks", ())],

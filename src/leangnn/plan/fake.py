@@ -157,6 +157,7 @@ class FakeTracker(TorchDispatchMode):
         self.kernel_workspace = plain if kernel_workspace is None else kernel_workspace
         self.live = self.peak = 0
         self.ops = self.written = self.flops = self.big_written = 0
+        self.sparse_flops = 0
         self.cold_written = 0
         # sizes of the storages behind ``cold_written``: an offloaded step
         # writes the same bytes in blocks a chunk count smaller
@@ -405,10 +406,12 @@ class FakeTracker(TorchDispatchMode):
             self._spike(ws)
         sparse = [a for a in args if isinstance(a, Tensor)
                   and a.layout != torch.strided]
-        if sparse and func._overloadpacket in _SPARSE_PARTS:
-            # a view of a matrix's parts: no work (the formula below would
-            # count nnz x the part's length: 0.5 TFLOP of accessors in DPR's
-            # GCN step on csbm:50000, priced at 2 s once FLOPs had a cost)
+        if sparse and (func._overloadpacket in _SPARSE_PARTS
+                       or "mm" not in func._overloadpacket.__name__):
+            # a view of a matrix's parts, its transpose, a conversion: no
+            # FLOPs (the formula below would count nnz x the part's length:
+            # 0.5 TFLOP of accessors in DPR's GCN step on csbm:50000, priced
+            # at 2 s once FLOPs had a cost); only products (``*mm``) do any
             return
         if sparse:
             # a sparse product: 2 nnz multiply-adds per output column (the
@@ -419,6 +422,7 @@ class FakeTracker(TorchDispatchMode):
             if func is aten.sparse_sampled_addmm.default:
                 cols = args[1].size(-1)  # a dot product of that length per entry
             self.flops += 2 * nnz * cols
+            self.sparse_flops += 2 * nnz * cols
             return
         fn = flop_registry.get(func._overloadpacket)
         if fn is not None:
@@ -710,6 +714,8 @@ class StepTrace:
         param_bytes (int): the model's parameters (and buffers).
         data_bytes (int): the graph's tensors.
         ops (int), written (int), flops (int): work of the step.
+        sparse_flops (int): the share of ``flops`` in products with a sparse
+            matrix (gathers from rows spread over memory, priced apart).
         frontier (list): see :class:`FakeTracker`.
         big_written (int): bytes of the new storages at or above the heap
             threshold (pages of their own, faulted in as they are written).
@@ -736,6 +742,7 @@ class StepTrace:
     heap_floor: int = 0
     cold_blocks: dict[int, int] = field(default_factory=dict)
     heap_edge_share: float = 0.0
+    sparse_flops: int = 0
 
     def heap_point(self, scale: float = 2.0) -> tuple[int, int]:
         """The frontier point with the most resident memory when the heap
