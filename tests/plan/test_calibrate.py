@@ -239,6 +239,9 @@ def test_calibrate_families_fits_one_family_and_keeps_the_rest(tmp_path,
     assert cal.time_scales["dag"] == pytest.approx(0.4 / before.seconds(
         {"ops": 10, "written": 1e6, "flops": 1e6}))
     assert load_calibration("cpu").heap_scales["dag"] == pytest.approx(1.7)
+    # stamped as a refit, the whole calibration's date kept
+    assert set(cal.refitted) == {*before.refitted, "heap dag"}
+    assert cal.measured_at == before.measured_at
     with pytest.raises(ValueError, match=r"no calibration run of \['nope'\]"):
         cmod.calibrate_families(["nope"], "cpu")
     assert cmod.main(["--family", "dag", "--repeat", "1", "--reuse"]) == 0
@@ -284,6 +287,8 @@ def test_calibrate_time_fits_the_time_terms_and_keeps_the_memory_fit(
     assert (cal.const, cal.heap_scales, cal.budget_scale) == \
         (before.const, before.heap_scales, before.budget_scale)
     assert load_calibration("cpu").per_big_byte == pytest.approx(6e-10, rel=1e-4)
+    assert "time" in load_calibration("cpu").refitted
+    assert cal.measured_at == before.measured_at
     assert cmod.main(["--time-only", "--repeat", "1", "--reuse"]) == 0
     assert "ns/B more in fresh pages" in capsys.readouterr().out
 

@@ -592,3 +592,22 @@ def test_heap_factor_splits_by_the_edge_sized_share_of_the_heap():
     assert cal.heap_factor(["gsr-sage", "gsr"], 0.25) == pytest.approx(
         0.75 * 2.42 + 0.25 * 1.54, rel=1e-3)
     assert cal.heap_factor(["gat"], 0.25) == 3.0
+
+
+def test_a_partial_refit_is_stamped_beside_the_measurement():
+    # a reference refitted by --time-only or --family says so, not only
+    # when the whole calibration was measured
+    cal = fit_calibration(_samples(1.3, 5e6, 2e-5, 1e-9, 3e-10))
+    assert cal.refitted == {} and cal.origin() == f"{cal.kind}, {cal.measured_at}"
+    cal.stamp("time")
+    cal.stamp("heap gsr")
+    assert set(cal.refitted) == {"time", "heap gsr"}
+    assert cal.origin().startswith(f"{cal.kind}, {cal.measured_at} (refitted: ")
+    assert "heap gsr " in cal.origin() and "time " in cal.origin()
+    back = Calibration.from_dict(cal.to_dict())
+    assert back.refitted == cal.refitted
+    # an older file without the field loads with nothing refitted
+    old = {k: v for k, v in cal.to_dict().items() if k != "refitted"}
+    assert Calibration.from_dict(old).refitted == {}
+    # measured as a whole again: the stamps go
+    assert fit_calibration(_samples(1.3, 5e6, 2e-5, 1e-9, 3e-10)).refitted == {}

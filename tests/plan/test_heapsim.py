@@ -115,6 +115,15 @@ def test_the_floor_raises_the_glibc_default_estimate_only():
     default.apply(est)
     assert est.run_bytes == 2 * MiB + 2 * 14 * MiB and not est.floor_decided
     assert estimate_row("full", est, default, "exact", {}).detail == ""
+    # above the factor's figure by a few KiB (a tiny graph, its need the
+    # constant's): it still sets the need, but the row does not name it
+    est.floor_bytes = 2 * MiB + 2 * 14 * MiB + 8 * 1024
+    default.apply(est)
+    assert est.run_bytes == est.floor_bytes and not est.floor_decided
+    assert estimate_row("full", est, default, "exact", {}).detail == ""
+    est.floor_bytes = round(1.06 * (2 * MiB + 2 * 14 * MiB))  # 6%, ~1.8 MiB
+    default.apply(est)
+    assert est.run_bytes == est.floor_bytes and est.floor_decided
     est.floor_bytes = 70 * MiB
     Calibration("t", "glibc-mmap", heap_scale=1.0, const=0.0,
                 calibrated=True).apply(est)

@@ -387,6 +387,7 @@ def calibrate_time(device: str = "cpu", mmap: bool | None = None,
     cal.time_scales = {}
     fit_time(cal, samples)
     cal.fit_time_scales(samples)
+    cal.stamp("time")
     if save:
         cal.save()
     return cal
@@ -444,6 +445,7 @@ def calibrate_families(families: list[str], device: str = "cpu",
         # and its finer op mixes (dag-narrow, dag-wide)
         finer = sorted({f for s in mine for f in s["families"]
                         if f.startswith(f"{fam}-")})
+        cal.stamp(f"heap {fam}")
         scales, edges = fit_heap_families(
             {f: [s for s in mine if f in s["families"]] for f in [fam, *finer]},
             cal.const)
@@ -480,6 +482,7 @@ def calibrate_offload(device: str = "cpu", mmap: bool | None = None,
     if not samples:
         raise RuntimeError("calibrate: every offload run failed")
     fit_offload(cal, samples)
+    cal.stamp("offload")
     cal.samples = [s for s in cal.samples
                    if s.get("config", {}).get("strategy") != "offload"] + samples
     if save:
@@ -538,6 +541,7 @@ def calibrate_long_runs(device: str = "cpu", epochs: int = LONG_RUN_EPOCHS,
     runs = _read_long_runs(path) if reuse else None
     if runs is not None:
         fit_long_runs(cal, runs, families)
+        cal.stamp("long runs")
         if save:
             cal.save()
         return cal
@@ -565,6 +569,7 @@ def calibrate_long_runs(device: str = "cpu", epochs: int = LONG_RUN_EPOCHS,
                   f"{len(peaks)} (x{max(peaks) / short:.2f})",
                   file=sys.stderr, flush=True)
     fit_long_runs(cal, runs, families)
+    cal.stamp("long runs")
     if families:
         runs = [r for r in (_read_long_runs(path, quiet=True) or [])
                 if not set(families) & set(r.get("families") or ())] + runs

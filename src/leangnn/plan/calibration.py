@@ -157,6 +157,12 @@ def heap_families(strategy: str | None, knobs: dict[str, Any] | None
 #: long-run scale (:meth:`Calibration.long_run_scale`)
 SHORT_RUN_EPOCHS = 3
 
+#: the heap model's floor is named in a plan row's detail
+#: (``Estimate.floor_decided``) when it raised the need by at least this
+#: share and this many bytes
+FLOOR_DETAIL_SHARE = 0.05
+FLOOR_DETAIL_BYTES = 1 << 20
+
 
 @dataclass
 class Calibration:
@@ -261,6 +267,9 @@ class Calibration:
         calibrated (bool): measured (``False``: defaults).
         reference (str): for a shipped reference calibration, the machine it
             was measured on; empty when measured on this machine.
+        measured_at (str): when the whole calibration was measured.
+        refitted (dict): what a partial calibration (``--time-only``,
+            ``--family``, ``--long-runs``) fitted again since, and when.
         error (dict): median and worst relative error of the fit.
         samples (list): the measurements fitted.
     """
@@ -293,6 +302,7 @@ class Calibration:
     calibrated: bool = False
     reference: str = ""
     measured_at: str = ""
+    refitted: dict[str, str] = field(default_factory=dict)
     error: dict[str, float] = field(default_factory=dict)
     samples: list[dict[str, Any]] = field(default_factory=list)
 
@@ -430,8 +440,14 @@ class Calibration:
             floor, share = est.floor_bytes, est.heap_edge_share
             est.overhead_bytes = self.overhead(est.step_bytes, est.big_bytes,
                                                est.heap_bytes, fams, floor, share)
-            est.floor_decided = bool(floor) and est.overhead_bytes != self.overhead(
-                est.step_bytes, est.big_bytes, est.heap_bytes, fams, 0, share)
+            without = self.overhead(est.step_bytes, est.big_bytes, est.heap_bytes,
+                                    fams, 0, share)
+            # (said only where it moved the need by a share worth naming: on a
+            # tiny graph it decides by a few KiB of a need made of the
+            # constant, and the plan's detail then misled)
+            raised = est.overhead_bytes - without
+            est.floor_decided = bool(floor) and raised >= max(
+                FLOOR_DETAIL_BYTES, FLOOR_DETAIL_SHARE * (est.step_bytes + without))
             # a precomputation outside torch (numpy) peaks before the step's
             # tensors do; its large arrays are pages of their own
             if est.precompute_bytes:
@@ -455,8 +471,17 @@ class Calibration:
 
     # ------------------------------------------------------------- storage
     def origin(self) -> str:
-        """Where and when it was measured: a shipped reference's ``reference``."""
-        return f"{self.kind}, {self.measured_at}"
+        """Where and when it was measured (and what was fitted again since):
+        a shipped reference's ``reference``."""
+        again = "; ".join(f"{what} {when}" for what, when in sorted(
+            self.refitted.items()))
+        return f"{self.kind}, {self.measured_at}" + (f" (refitted: {again})"
+                                                     if again else "")
+
+    def stamp(self, what: str) -> None:
+        """Record that ``what`` (e.g. ``"time"``, ``"heap gsr"``) was fitted
+        again now, the rest kept."""
+        self.refitted[what] = time.strftime("%Y-%m-%d %H:%M:%S")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -659,6 +684,7 @@ def fit_calibration(samples: list[dict[str, Any]], device="cpu") -> Calibration:
     cal = Calibration.default(device)
     cal.calibrated, cal.samples = True, samples
     cal.measured_at = time.strftime("%Y-%m-%d %H:%M:%S")
+    cal.refitted = {}
     plain = [s for s in samples if "jobs" not in s.get("work", {})]
     off = [s for s in samples if "jobs" in s.get("work", {})]
     x = np.array([s["tensor_bytes"] for s in plain], dtype=float)

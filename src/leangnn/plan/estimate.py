@@ -110,7 +110,8 @@ class Estimate:
             glibc's heap (:class:`~leangnn.plan.heapsim.HeapModel`): the
             calibrated heap factor's figure is raised to it where it is
             lower (deep stacks with large transient blocks);
-            ``floor_decided`` says that it did.
+            ``floor_decided`` says that it did, by at least 5% and 1 MiB
+            (:data:`~leangnn.plan.calibration.FLOOR_DETAIL_SHARE`).
         heap_edge_share (float): on CPU, the share of the heap's
             high-water in edge-sized tensors (``E x C`` messages).
         setup_bytes (int): host bytes the strategy's setup keeps before the
