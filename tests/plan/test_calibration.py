@@ -44,51 +44,37 @@ def test_fit_recovers_memory_and_time_coefficients():
         (2e-5, 1e-9, 3e-10), rel=1e-4)
 
 
-def test_fit_prices_fresh_pages_apart():
-    """Samples whose big blocks cost more per byte than heap writes: the fit
-    finds both terms (the reference box: ~0.55 ns/B more)."""
+@pytest.mark.parametrize("key,name,price,part_of", [
+    # big blocks cost more per byte than heap writes (the reference box:
+    # ~0.55 ns/B more)
+    ("big_written", "per_big_byte", 5e-10, "written"),
+    # sparse products (GSR's CSR kernels, DPR's adjacency) cost more per
+    # FLOP than dense ones
+    ("sparse_flops", "per_sparse_flop", 1.5e-10, "flops"),
+])
+def test_fit_prices_a_share_of_the_work_apart(key, name, price, part_of):
+    """Samples whose share ``key`` of ``part_of`` costs ``price`` more: the
+    fit finds both terms, and a work without that share pays none of it."""
     rng = np.random.default_rng(1)
     samples = []
     for _ in range(10):
         work = {"ops": float(rng.integers(100, 5000)),
                 "written": float(rng.uniform(1e8, 1e10)),
                 "flops": float(rng.uniform(1e8, 1e11)), "graphs": 1}
-        work["big_written"] = work["written"] * float(rng.uniform(0, 0.9))
+        work[key] = work[part_of] * float(rng.uniform(0, 0.9))
         sec = 2e-5 * work["ops"] + 1e-10 * work["written"] + \
-            5e-10 * work["big_written"] + 3e-12 * work["flops"]
+            price * work[key] + 3e-12 * work["flops"]
         samples.append({"tensor_bytes": 1e6, "run_bytes": 1e6, "work": work,
                         "epoch_seconds": sec})
     cal = fit_calibration(samples)
-    assert (cal.per_op, cal.per_byte, cal.per_big_byte, cal.per_flop) == \
-        pytest.approx((2e-5, 1e-10, 5e-10, 3e-12), rel=1e-4)
+    assert (cal.per_op, cal.per_byte, getattr(cal, name), cal.per_flop) == \
+        pytest.approx((2e-5, 1e-10, price, 3e-12), rel=1e-4)
     assert cal.seconds(samples[0]["work"]) == pytest.approx(
         samples[0]["epoch_seconds"])
     # a work without the term (a DAG sweep's, an old sample's) prices none
-    old = {k: v for k, v in samples[0]["work"].items() if k != "big_written"}
-    assert cal.seconds(old) < samples[0]["epoch_seconds"]
-
-
-def test_fit_prices_sparse_products_apart():
-    """Samples whose sparse products (GSR's CSR kernels, DPR's adjacency)
-    cost more per FLOP than dense ones: the fit finds the extra price, and a
-    dense work (no sparse FLOPs) pays none of it."""
-    rng = np.random.default_rng(2)
-    samples = []
-    for _ in range(10):
-        work = {"ops": float(rng.integers(100, 5000)),
-                "written": float(rng.uniform(1e8, 1e10)),
-                "flops": float(rng.uniform(1e8, 1e11)), "graphs": 1}
-        work["sparse_flops"] = work["flops"] * float(rng.uniform(0, 0.9))
-        sec = 2e-5 * work["ops"] + 1e-10 * work["written"] + \
-            3e-12 * work["flops"] + 1.5e-10 * work["sparse_flops"]
-        samples.append({"tensor_bytes": 1e6, "run_bytes": 1e6, "work": work,
-                        "epoch_seconds": sec})
-    cal = fit_calibration(samples)
-    assert (cal.per_op, cal.per_byte, cal.per_flop, cal.per_sparse_flop) == \
-        pytest.approx((2e-5, 1e-10, 3e-12, 1.5e-10), rel=1e-4)
-    dense = {**samples[0]["work"], "sparse_flops": 0.0}
-    assert cal.seconds(dense) == pytest.approx(
-        samples[0]["epoch_seconds"] - 1.5e-10 * samples[0]["work"]["sparse_flops"])
+    old = {k: v for k, v in samples[0]["work"].items() if k != key}
+    assert cal.seconds(old) == pytest.approx(
+        samples[0]["epoch_seconds"] - price * samples[0]["work"][key])
 
 
 def test_time_fit_keeps_to_the_terms_its_samples_tell_apart():
