@@ -140,8 +140,22 @@ def test_store_and_load_per_machine_kind(tmp_path, monkeypatch):
     assert back.calibrated and back.scale == pytest.approx(cal.scale)
     assert json.loads(path.read_text())["kind"] == machine_kind("cpu")
     path.write_text("{not json")
-    # damaged: defaults, no crash
-    assert not load_calibration("cpu", reference=False).calibrated
+    # damaged: defaults, no crash, and said (naming the file)
+    with pytest.warns(UserWarning, match=f"{path}: damaged calibration ignored"):
+        assert not load_calibration("cpu", reference=False).calibrated
+    # a field of the wrong kind (hand-edited, another version's): the same,
+    # naming the field, never a TypeError in the middle of a plan
+    for field, bad in (("per_op", "fast"), ("per_sparse_flop", float("nan")),
+                       ("heap_scales", [1.0]), ("calibrated", "yes")):
+        path.write_text(json.dumps({**cal.to_dict(), field: bad}))
+        with pytest.warns(UserWarning, match=f"field '{field}': expected"):
+            assert not load_calibration("cpu", reference=False).calibrated
+    # an optional coefficient may be null; an old file's missing field is its
+    # default
+    path.write_text(json.dumps({**cal.to_dict(), "offload_host_scale": None}))
+    assert load_calibration("cpu", reference=False).calibrated
+    with pytest.raises(ValueError, match="expected a JSON object"):
+        Calibration.from_dict([1, 2])
 
 
 def test_cpu_fit_splits_big_blocks_and_heap(monkeypatch):

@@ -488,14 +488,45 @@ class Calibration:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Calibration:
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in known})
+        """The calibration stored as ``d`` (unknown keys ignored, missing
+        ones at their defaults).
+
+        Raises:
+            ValueError: a field of the wrong kind (e.g. a string where a
+                number belongs, a non-finite coefficient), naming it.
+        """
+        if not isinstance(d, dict):
+            raise ValueError(f"expected a JSON object, got {type(d).__name__}")
+        kept = {}
+        for f in fields(cls):
+            if f.name in d:
+                _check_field(f.name, str(f.type), d[f.name])
+                kept[f.name] = d[f.name]
+        return cls(**kept)
 
     def save(self, path: str | Path | None = None) -> Path:
         path = Path(path) if path else kind_path(self.kind)
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(path, json.dumps(self.to_dict(), indent=1) + "\n")
         return path
+
+
+def _check_field(name: str, kind: str, value: Any) -> None:
+    """``ValueError`` unless ``value`` is of the field's declared ``kind``
+    (a stored file's damage found when it is read, not as a bare
+    ``TypeError`` in the middle of a plan)."""
+    if value is None and "None" in kind:
+        return
+    base = kind.split("|")[0].strip()
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    ok = {"float": number and np.isfinite(value) if number else False,
+          "int": isinstance(value, int) and not isinstance(value, bool),
+          "bool": isinstance(value, bool), "str": isinstance(value, str)}.get(base)
+    if ok is None:
+        ok = isinstance(value, dict) if base.startswith("dict") else \
+            isinstance(value, list) if base.startswith("list") else True
+    if not ok:
+        raise ValueError(f"field {name!r}: expected {kind}, got {value!r}")
 
 
 def load_calibration(device: torch.device | str = "cpu",
@@ -506,8 +537,14 @@ def load_calibration(device: torch.device | str = "cpu",
     path = calibration_path(device)
     try:
         return Calibration.from_dict(json.loads(path.read_text()))
-    except (OSError, ValueError, TypeError):
+    except FileNotFoundError:
         pass
+    except (OSError, ValueError, TypeError) as e:
+        import warnings
+
+        warnings.warn(f"{path}: damaged calibration ignored ({e}); run python -m "
+                      "leangnn.plan.calibrate to measure this machine again",
+                      stacklevel=2)
     ref = reference_calibration(device) if reference else None
     return ref or Calibration.default(device)
 
