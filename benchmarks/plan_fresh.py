@@ -179,7 +179,7 @@ def markdown(res: dict) -> str:
     for r in res["rows"]:
         if "peaks" not in r:
             out.append(f"| {r['name']} | {r['budget']} | failed: {r['error']} "
-                       "| | | | | |")
+                       "| | | | | | |")
             continue
         peaks = ", ".join(f"{p / mib:.1f}" for p in r["peaks"])
         needs = ", ".join(f"{p / mib:.1f}" for p in r.get("needs", []))

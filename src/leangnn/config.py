@@ -392,15 +392,25 @@ _WANT = {int: "an integer", float: "a number", str: "a string", bool: "true or f
 
 
 def _check_type(cfg: TrainConfig, name: str, hint: Any) -> None:
-    """The value of ``name`` must be one of the annotated types: ``bool`` is
-    no integer, an integer is a float, NumPy scalars count as Python ones,
-    and floats are finite."""
-    value = getattr(cfg, name)
+    """The value of ``name`` must be one of the annotated types (see
+    :func:`checked_scalar`)."""
+    setattr(cfg, name, checked_scalar(name, getattr(cfg, name), hint))
+
+
+def checked_scalar(name: str, value: Any, hint: Any) -> Any:
+    """``value`` as one of the scalar types of ``hint`` (``int``, ``float``,
+    ``str``, ``bool``, optionally ``None``): ``bool`` is no integer, an
+    integer is a float, NumPy scalars count as Python ones, and floats are
+    finite. Also for stored records (a calibration's fields).
+
+    Raises:
+        ConfigError: naming ``name``, what was expected and ``value``.
+    """
     types = typing.get_args(hint) or (hint,)
     if value is None:
         if type(None) not in types:
             _bad(name, value, _WANT[types[0]])
-        return
+        return None
     if isinstance(value, bool | np.bool_):
         ok, value = bool in types, bool(value)
     elif isinstance(value, numbers.Integral):
@@ -416,7 +426,7 @@ def _check_type(cfg: TrainConfig, name: str, hint: Any) -> None:
         _bad(name, value, want + (" (or omitted)" if type(None) in types else ""))
     if isinstance(value, float) and not math.isfinite(value):
         _bad(name, value, "a finite number")
-    setattr(cfg, name, value)
+    return value
 
 
 def _one_of(choices) -> str:

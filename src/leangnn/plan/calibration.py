@@ -36,12 +36,14 @@ machine's (used to rank candidates only). Estimates made with it say so.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import platform
 import re
 import sys
 import time
+import typing
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -497,12 +499,8 @@ class Calibration:
         """
         if not isinstance(d, dict):
             raise ValueError(f"expected a JSON object, got {type(d).__name__}")
-        kept = {}
-        for f in fields(cls):
-            if f.name in d:
-                _check_field(f.name, str(f.type), d[f.name])
-                kept[f.name] = d[f.name]
-        return cls(**kept)
+        return cls(**{f.name: _checked_field(f.name, d[f.name]) for f in fields(cls)
+                      if f.name in d})
 
     def save(self, path: str | Path | None = None) -> Path:
         path = Path(path) if path else kind_path(self.kind)
@@ -511,22 +509,30 @@ class Calibration:
         return path
 
 
-def _check_field(name: str, kind: str, value: Any) -> None:
-    """``ValueError`` unless ``value`` is of the field's declared ``kind``
-    (a stored file's damage found when it is read, not as a bare
-    ``TypeError`` in the middle of a plan)."""
-    if value is None and "None" in kind:
-        return
-    base = kind.split("|")[0].strip()
-    number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    ok = {"float": number and np.isfinite(value) if number else False,
-          "int": isinstance(value, int) and not isinstance(value, bool),
-          "bool": isinstance(value, bool), "str": isinstance(value, str)}.get(base)
-    if ok is None:
-        ok = isinstance(value, dict) if base.startswith("dict") else \
-            isinstance(value, list) if base.startswith("list") else True
-    if not ok:
-        raise ValueError(f"field {name!r}: expected {kind}, got {value!r}")
+def _checked_field(name: str, value: Any) -> Any:
+    """``value`` as the type of :class:`Calibration`'s field ``name`` (a
+    stored file's damage found when it is read, not as a bare ``TypeError``
+    in the middle of a plan): its scalars checked as a configuration's are,
+    its records as JSON objects or arrays.
+
+    Raises:
+        ValueError: naming the field, what was expected and ``value``.
+    """
+    from leangnn.config import checked_scalar
+
+    hint = _field_hints()[name]
+    label = f"field {name!r}"
+    want = {dict: "a JSON object", list: "a JSON array"}.get(typing.get_origin(hint))
+    if want is None:
+        return checked_scalar(label, value, hint)
+    if not isinstance(value, typing.get_origin(hint)):
+        raise ValueError(f"{label}: expected {want}, got {value!r}")
+    return value
+
+
+@functools.cache
+def _field_hints() -> dict[str, Any]:
+    return typing.get_type_hints(Calibration)
 
 
 def load_calibration(device: torch.device | str = "cpu",

@@ -156,8 +156,8 @@ class FakeTracker(TorchDispatchMode):
         self.plain = plain
         self.kernel_workspace = plain if kernel_workspace is None else kernel_workspace
         self.live = self.peak = 0
-        self.ops = self.written = self.flops = self.big_written = 0
-        self.sparse_flops = 0
+        self.ops = self.written = self.flops = self.sparse_flops = 0
+        self.big_written = 0
         self.cold_written = 0
         # sizes of the storages behind ``cold_written``: an offloaded step
         # writes the same bytes in blocks a chunk count smaller
@@ -406,8 +406,7 @@ class FakeTracker(TorchDispatchMode):
             self._spike(ws)
         sparse = [a for a in args if isinstance(a, Tensor)
                   and a.layout != torch.strided]
-        if sparse and (func._overloadpacket in _SPARSE_PARTS
-                       or "mm" not in func._overloadpacket.__name__):
+        if sparse and "mm" not in func._overloadpacket.__name__:
             # a view of a matrix's parts, its transpose, a conversion: no
             # FLOPs (the formula below would count nnz x the part's length:
             # 0.5 TFLOP of accessors in DPR's GCN step on csbm:50000, priced
@@ -560,10 +559,6 @@ _SPARSE_CTORS = {aten.sparse_compressed_tensor, aten._sparse_compressed_tensor_u
                  aten.sparse_csr_tensor, aten._sparse_csr_tensor_unsafe,
                  aten.sparse_csc_tensor, aten._sparse_csc_tensor_unsafe,
                  aten.sparse_bsr_tensor, aten.sparse_bsc_tensor}
-#: accessors of a sparse tensor's parts (views: no work, nothing allocated)
-_SPARSE_PARTS = {aten.values, aten._values, aten.indices, aten._indices,
-                 aten.crow_indices, aten.col_indices, aten.ccol_indices,
-                 aten.row_indices}
 _ZEROS = {aten.zeros.default, aten.new_zeros.default, aten.zeros_like.default}
 
 #: functional ops autograd's backward uses under a Python mode where a plain

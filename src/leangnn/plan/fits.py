@@ -93,16 +93,17 @@ def _count(cfg, num_layers: int, in_channels: int, out_channels: int) -> int:
     from leangnn.nn.models import build_model, get_model
 
     opts = cfg.model_options()
-    entry = get_model(cfg.model) if isinstance(cfg.model, str) else None
+    # keyed by the registry entry's identity (kept alive beside the count, so
+    # no later entry takes its id): a model registered again under the same
+    # name is counted anew
+    entry = get_model(cfg.model)
     try:
         key = (cfg.model, id(entry), cfg.hidden_channels, num_layers, in_channels,
                out_channels, tuple(sorted(opts.items())))
         hit = _COUNTS.get(key)
     except TypeError:  # an unhashable option: counted every time
         key, hit = None, None
-    # (the entry itself is kept and compared: a model registered again under
-    # the same name is counted anew)
-    if hit is not None and hit[0] is entry:
+    if hit is not None:
         return hit[1]
     # Built on the meta device: shapes only, no memory and no RNG draws.
     with torch.random.fork_rng(devices=[]), torch.device("meta"):
