@@ -299,6 +299,8 @@ def test_calibrate_time_fits_the_time_terms_and_keeps_the_memory_fit(
     (["--save-reference", "--time-only"], "--time-only"),
     (["--family", "dag", "--time-only"], "--family"),
     (["--family", "dag", "--collectives", "2"], "--family"),
+    (["--time-only", "--quick"], "--quick"),
+    (["--family", "dag", "--quick"], "--quick"),
 ])
 def test_two_jobs_in_one_call_are_refused_naming_the_flags(argv, named, capsys,
                                                            monkeypatch):

@@ -683,6 +683,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.family and clash:
         p.error(f"--family: only with a calibration run or --long-runs, got it "
                 f"with {clash[0]}")
+    if args.quick and (args.time_only or args.family) and args.long_runs is None:
+        # (they measure their own runs; --quick was silently ignored)
+        p.error("--quick: only with the whole calibration, --long-runs or "
+                f"--collectives, got it with "
+                f"{'--time-only' if args.time_only else '--family'}")
     if args.collectives is not None:
         try:
             cal = calibrate_collectives(args.collectives, args.device, args.quick)
