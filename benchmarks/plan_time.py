@@ -102,7 +102,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", nargs="+", help="these rows alone")
     ap.add_argument("--timeout", type=float, default=900.0)
     args = ap.parse_args(argv)
-    cals = {"this": load_calibration("cpu"), "other": _other_calibration(args.against)}
+    try:
+        other = _other_calibration(args.against)
+    except (OSError, ValueError, subprocess.CalledProcessError) as e:
+        ap.error(f"--against {args.against}: not a calibration ({e})")
+    cals = {"this": load_calibration("cpu"), "other": other}
     rows, cache = [], {}
     for row in CLI_ROWS:
         if row["name"].startswith("csbm2m") or (args.only and row["name"]
