@@ -280,6 +280,34 @@ def test_memoised_outputs_are_fresh_and_views_stay_views():
     assert _kernel(aten.add.Tensor, (i, 1.0), {}).dtype == torch.float32
 
 
+
+def test_memoised_in_place_ops_return_their_operand_and_still_check():
+    # an in-place op's kernel, once seen to leave its operand as it was, is
+    # not run again for the same metadata; one that changes the operand's
+    # metadata (``t_``, ``unsqueeze_``) runs every time, and one that failed
+    # fails again
+    from leangnn.plan.meta import _MEMO, _SELF, _kernel
+
+    aten = torch.ops.aten
+    x, g = torch.empty(5, 3, device="meta"), torch.empty(5, 3, device="meta")
+    for _ in range(2):
+        assert _kernel(aten.lerp_.Scalar, (x, g, 0.1), {}) is x
+        assert _kernel(aten.addcdiv_.default, (x, g, g), {"value": -0.5}) is x
+    assert any(v is _SELF for k, v in _MEMO.items() if k[0] is aten.lerp_.Scalar)
+    assert not any(k[0] is aten.t_.default for k in _MEMO)
+    y = torch.empty(5, 3, device="meta")
+    for shape in ((3, 5), (5, 3)):  # transposed back and forth: never memoised
+        assert _kernel(aten.t_.default, (y,), {}) is y
+        assert tuple(y.shape) == shape
+    z = torch.empty(4, device="meta")
+    for _ in range(2):
+        _kernel(aten.unsqueeze_.default, (z, 0), {})
+    assert tuple(z.shape) == (1, 1, 4)
+    small = torch.empty(3, device="meta")
+    for _ in range(2):  # broadcasting into a smaller operand: refused each time
+        with pytest.raises(RuntimeError):
+            _kernel(aten.add_.Tensor, (small, x), {})
+
 def test_a_model_on_the_meta_device_traces_as_the_real_one(graph):
     # trace_step's documented input "real or meta parameters" (the fake path
     # cannot move a meta copy back to the CPU: fake tensors' swap fails)
