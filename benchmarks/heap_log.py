@@ -21,7 +21,11 @@ with markers at each backward, optimizer step and the Trainer's
 * the same extent when the log is replayed against glibc (``heaplog/replay.c``)
   with every block, and with only the blocks of at least 1 KiB or 64 KiB:
   how much of the growth the small objects (tensor and autograd objects,
-  which no tensor tracker sees) cause.
+  which no tensor tracker sees) cause;
+* where those small requests (under 1 KiB) land: how many of the epoch's
+  went into pages of a freed block of 1 MiB or more (a hole that a later
+  large block could have taken), and how many of those are still alive
+  when the epoch's last backward ends.
 
 Needs Linux with glibc and gcc. The run is slowed by the log (24 bytes per
 call) and stops logging after 24M calls (reported).
@@ -49,6 +53,7 @@ HERE = Path(__file__).resolve().parent
 OUT = HERE / "results" / "heap_log.json"
 CAP = 24 << 20  # mlog.c's buffer, in records
 PAGE = 4096
+SMALL, LARGE = 1024, 1 << 20
 MARKS = {1: "backward", 2: "backward end", 3: "step", 4: "step end", 7: "trim",
          8: "trim end"}
 
@@ -102,10 +107,15 @@ def run(args: list[str], lib: Path, tmp: Path) -> tuple[Path, list[dict]]:
     return log, rec
 
 
-def resident(log: Path) -> tuple[list[tuple[int, int, float, float]], int]:
-    """``(event, code, resident MiB, break MiB)`` at every marker, each marker
-    preceded by a pseudo-marker of code 0 holding the high-waters since the
-    marker before; and the number of events."""
+def resident(log: Path) -> tuple[list[tuple], int]:
+    """Markers ``(event, code, resident MiB, break MiB, small, in holes,
+    alive)``, each preceded by a pseudo-marker of code 0 holding the
+    high-waters since the marker before; and the number of events.
+
+    ``small``: requests under 1 KiB so far; ``in holes``: those placed in
+    a page of a freed block of 1 MiB or more that no later large block has
+    taken; ``alive``: the events that made those still not freed.
+    """
     a = np.fromfile(log, dtype=np.uint64).reshape(-1, 3)
     op = (a[:, 0] >> np.uint64(56)).astype(np.int64)
     size = (a[:, 0] & np.uint64((1 << 56) - 1)).astype(np.int64)
@@ -113,12 +123,16 @@ def resident(log: Path) -> tuple[list[tuple[int, int, float, float]], int]:
     heap = (op != 9) & (op != 2) & (ptr < brk) & (ptr > brk - (4 << 30))
     start = int(ptr[heap].min()) // PAGE * PAGE
     res = np.zeros(int((brk.max() - start) // PAGE) + 2, bool)
+    large = np.zeros(len(res), np.int8)  # 1: a live large block, 2: freed
     live: dict[int, int] = {}
-    out, n, hw, hw_brk = [], 0, 0, 0
+    carved: dict[int, int] = {}  # pointer -> event
+    out, n, hw, hw_brk, small, holed = [], 0, 0, 0, 0, 0
     for i in np.flatnonzero(heap | (op == 2) | (op == 9)).tolist():
         o = int(op[i])
         if o == 9:
-            out.append((i, 0, hw * PAGE / 2**20, (hw_brk - start) / 2**20))
+            counts = (small, holed, sorted(carved.values()))
+            out.append((i, 0, hw * PAGE / 2**20, (hw_brk - start) / 2**20,
+                        *counts))
             if int(size[i]) == 8:  # after malloc_trim: only covered pages stay
                 cover = np.zeros(len(res) + 1, np.int32)
                 for p, s in live.items():
@@ -128,14 +142,25 @@ def resident(log: Path) -> tuple[list[tuple[int, int, float, float]], int]:
                 res[int((brk[i] - start) // PAGE) + 1:] = False
                 n = int(res.sum())
             out.append((i, int(size[i]), n * PAGE / 2**20,
-                        (int(brk[i]) - start) / 2**20))
+                        (int(brk[i]) - start) / 2**20, *counts))
             hw, hw_brk = n, int(brk[i])
         elif o == 2:
-            live.pop(int(ptr[i]), None)
+            p = int(ptr[i])
+            s = live.pop(p, 0)
+            carved.pop(p, None)
+            if s >= LARGE:
+                large[(p - start) // PAGE:(p + s - 1 - start) // PAGE + 1] = 2
         else:
             p, s = int(ptr[i]), max(int(size[i]), 1)
             live[p] = s
             lo, hi = (p - start) // PAGE, (p + s - 1 - start) // PAGE + 1
+            if s >= LARGE:
+                large[lo:hi] = 1
+            elif s < SMALL:
+                small += 1
+                if large[lo] == 2:
+                    holed += 1
+                    carved[p] = i
             if hi - lo == 1:
                 if not res[lo]:
                     res[lo] = True
@@ -190,6 +215,10 @@ def main(argv: list[str] | None = None) -> int:
                                      if k < len(rec) else None),
                "resident_mib": max(m[2] for m in seg) - base,
                "extent_mib": max(m[3] for m in seg)}
+        ends = [m for m in seg if m[1] == 2] or seg[-1:]
+        row.update(small_requests=ends[-1][4] - seg[0][4],
+                   small_in_holes=ends[-1][5] - seg[0][5],
+                   small_in_holes_alive=sum(b >= e0 for b in ends[-1][6]))
         for m, r in reps.items():
             row[f"replay_extent_mib_min{m}"] = max(
                 [b for e, b, _ in r if e0 <= e <= e1] or [0.0])
@@ -201,14 +230,16 @@ def main(argv: list[str] | None = None) -> int:
     from leangnn.utils import atomic_write_text
     atomic_write_text(OUT, json.dumps({"rows": keep + [result]}, indent=1))
     print(f"{'epoch':>5} {'measured':>9} {'resident':>9} {'extent':>8} "
-          f"{'replay all':>10} {'>=1KiB':>8} {'>=64KiB':>8}   (MiB)")
+          f"{'replay all':>10} {'>=1KiB':>8} {'>=64KiB':>8}   (MiB)   "
+          "small requests: in holes, alive after the backward")
     for r in rows:
         meas = r["measured_peak_mib"]
         print(f"{r['epoch']:>5} {meas if meas is None else round(meas, 1):>9} "
               f"{r['resident_mib']:9.1f} {r['extent_mib']:8.1f} "
               f"{r['replay_extent_mib_min0']:10.1f} "
               f"{r['replay_extent_mib_min1024']:8.1f} "
-              f"{r['replay_extent_mib_min65536']:8.1f}")
+              f"{r['replay_extent_mib_min65536']:8.1f}   {r['small_requests']:>8}: "
+              f"{r['small_in_holes']}, {r['small_in_holes_alive']}")
     if events >= CAP:
         print(f"heap_log: the log filled ({CAP} calls); later epochs are missing")
     print(f"heap_log: {events} calls logged, {len(rows)} epochs -> {OUT}")

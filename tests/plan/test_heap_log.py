@@ -43,7 +43,8 @@ def test_resident_pages_follow_blocks_and_trims(tmp_path):
         (9, 1, 0, top),                     # backward
         (1, 8 * MiB, BASE + 4 * MiB, top),  # 12 MiB
         (2, 0, BASE + 4 * MiB, top),        # freed: still resident
-        (1, 100, BASE + 12 * MiB, top),     # one page more
+        (1, 64, BASE + 5 * MiB, top),       # a small one in its hole
+        (1, 100, BASE + 12 * MiB, top),     # one page more, not in a hole
         (9, 2, 0, top),
         (9, 8, 0, top),                     # trim: the freed 8 MiB goes
         (9, 1, 0, top),
@@ -52,15 +53,18 @@ def test_resident_pages_follow_blocks_and_trims(tmp_path):
         (9, 8, 0, top),
     ])
     marks, events = tool.resident(log)
-    assert events == 12
+    assert events == 13
     real = [m for m in marks if m[1]]
     assert [m[1] for m in real] == [8, 1, 2, 8, 1, 2, 8]
     # between the first backward and its end: 4 + 8 MiB and one page
     hw = [m for m in marks if m[1] == 0][2]
     assert hw[2] == pytest.approx(12 + 4096 / MiB)
-    # after the second trim: the 4 MiB block and the small one's page
-    assert real[3][2] == pytest.approx(4 + 4096 / MiB)
-    assert real[5][2] == pytest.approx(6 + 4096 / MiB)
+    # after the second trim: the 4 MiB block and the small ones' two pages
+    assert real[3][2] == pytest.approx(4 + 8192 / MiB)
+    assert real[5][2] == pytest.approx(6 + 4096 / MiB)  # (one page was in)
+    # small requests so far, of them in a freed large block, of those alive
+    assert real[2][4:] == (2, 1, [5]) and real[5][4:] == (2, 1, [5])
+    assert real[0][4:] == (0, 0, [])
     assert real[0][3] == pytest.approx(16.0)  # break above the heap's start
     assert tool.epochs(marks) == [(1, 7), (7, 13)]
 
