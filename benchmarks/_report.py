@@ -22,7 +22,7 @@ from pathlib import Path
 from leangnn.utils import atomic_write_text, temp_path
 
 __all__ = ["ROOT", "README", "results_path", "markdown_path", "write_json",
-           "write_section", "can_plot", "figure"]
+           "merge_rows", "write_section", "can_plot", "figure"]
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "benchmarks" / "README.md"
@@ -44,6 +44,18 @@ def write_json(path: str | Path, obj) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, json.dumps(obj, indent=1) + "\n")
     return path
+
+
+def merge_rows(path: str | Path, rows: list[dict]) -> list[dict]:
+    """Write ``rows`` into the JSON at ``path`` (``{"rows": [...]}``,
+    atomically), replacing the stored rows of the same ``name``; returns the
+    stored rows kept."""
+    path = Path(path)
+    old = json.loads(path.read_text()) if path.is_file() else {}
+    done = {r["name"] for r in rows}
+    keep = [x for x in old.get("rows", []) if x["name"] not in done]
+    write_json(path, {"rows": keep + rows})
+    return keep
 
 
 def write_section(name: str, markdown: str, path: str | Path = README) -> Path:

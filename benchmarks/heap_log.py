@@ -50,6 +50,9 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from _report import merge_rows  # noqa: E402
+
 OUT = HERE / "results" / "heap_log.json"
 CAP = 24 << 20  # mlog.c's buffer, in records
 PAGE = 4096
@@ -225,10 +228,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(row)
     result = {"name": a.name, "args": args, "events": events,
               "log_full": events >= CAP, "epochs": rows}
-    old = json.loads(OUT.read_text()) if OUT.is_file() else {"rows": []}
-    keep = [r for r in old["rows"] if r["name"] != a.name]
-    from leangnn.utils import atomic_write_text
-    atomic_write_text(OUT, json.dumps({"rows": keep + [result]}, indent=1))
+    merge_rows(OUT, [result])
     print(f"{'epoch':>5} {'measured':>9} {'resident':>9} {'extent':>8} "
           f"{'replay all':>10} {'>=1KiB':>8} {'>=64KiB':>8}   (MiB)   "
           "small requests: in holes, alive after the backward")

@@ -62,6 +62,7 @@ TRACES_OUT = ROOT / "benchmarks" / "results" / "plan_trace_speed.json"
 COST_OUT = ROOT / "benchmarks" / "results" / "plan_cost.json"
 WALL_OUT = ROOT / "benchmarks" / "results" / "plan_auto_wall.json"
 sys.path.insert(0, str(ROOT / "benchmarks"))
+from _report import merge_rows  # noqa: E402
 from plan import CLI_ROWS  # noqa: E402  (the cli section's command lines)
 
 # rows of the cli section (offload and auto: the estimate is more than the
@@ -105,19 +106,6 @@ print(json.dumps({"cpu": cpu, "pick": pick, "run_bytes": est.run_bytes,
                   "step_bytes": est.step_bytes, "peak_bytes": est.peak_bytes,
                   "epoch_seconds": est.epoch_seconds}))
 """
-
-
-def _merge_rows(path: Path, rows: list[dict]) -> list[dict]:
-    """Write ``rows`` into the JSON at ``path`` (atomically), replacing the
-    stored rows of the same names; returns the stored rows kept."""
-    from leangnn.utils import atomic_write_text
-
-    old = json.loads(path.read_text()) if path.is_file() else {}
-    done = {r["name"] for r in rows}
-    keep = [x for x in old.get("rows", []) if x["name"] not in done]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(path, json.dumps({"rows": keep + rows}, indent=1))
-    return keep
 
 
 def _env(src: str | None) -> dict:
@@ -231,7 +219,7 @@ def traces(names: list[str], rounds: int) -> None:
              "error": res.get("error")}
         print(json.dumps(r), flush=True)
         rows.append(r)
-    keep = _merge_rows(TRACES_OUT, rows)
+    keep = merge_rows(TRACES_OUT, rows)
     lines = ["| row | traces | dry runs CPU s, fake | meta | speed-up (target >= 5x) "
              "| traces equal |", "|---|---:|---:|---:|---:|---|"]
     for r in keep + rows:
@@ -324,7 +312,7 @@ def cli_wall(names: list[str], rounds: int, before: str | None, epochs: int,
                                               if "auto_before" in cm else None)}
         print(json.dumps(r), flush=True)
         rows.append(r)
-    keep = _merge_rows(out, rows)
+    keep = merge_rows(out, rows)
     lines = ["| row | pick | process CPU s (wall s), pick | auto | auto before "
              "| auto adds | before |", "|---|---|---:|---:|---:|---:|---:|"]
 

@@ -56,7 +56,6 @@ int posix_memalign(void **r, size_t al, size_t s) {
 void *memalign(size_t al, size_t s) { void *p = __libc_memalign(al, s); lg(5, s, p); return p; }
 void *aligned_alloc(size_t al, size_t s) { void *p = __libc_memalign(al, s); lg(5, s, p); return p; }
 void mlog_mark(uint64_t code) { lg(9, code, 0); }
-uint64_t mlog_count(void) { return n; }
 
 __attribute__((destructor)) static void dump(void) {
   const char *f = getenv("MLOG_OUT");

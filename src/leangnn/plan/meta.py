@@ -154,22 +154,6 @@ def _minimal(shape, stride, dtype) -> Tensor:
     return torch.empty_strided(shape, stride, dtype=dtype, device=_META)
 
 
-def _in_place(func) -> bool:
-    """Whether ``func`` writes its first operand and returns it alone
-    (``add_``, ``lerp_``): its result is that operand."""
-    ok = _IN_PLACE.get(func)
-    if ok is None:
-        s = func._schema
-        ret, first = s.returns, s.arguments[:1]
-        ok = len(ret) == 1 and bool(first) and ret[0].alias_info is not None and \
-            ret[0].alias_info.is_write and first[0].alias_info is not None and \
-            first[0].alias_info.before_set == ret[0].alias_info.before_set and \
-            not any(a.alias_info is not None for a in s.arguments[1:])
-        _IN_PLACE[func] = ok
-    return ok
-
-
-_IN_PLACE: dict = {}
 #: the memo's mark of an in-place op whose kernel returned its operand as it was
 _SELF = ("self",)
 
@@ -179,11 +163,11 @@ def _kernel(func, args, kwargs):
     same op on the same metadata ran before, and an in-place op's operand
     returned as it is when the same op on the same metadata left it so."""
     if not _fresh(func):
-        if not _in_place(func):
+        if not args or not _writes(func):  # (not views: ``t_``, ``resize_``)
             return func(*args, **kwargs)
         # An in-place op on meta tensors writes nothing; its kernel only
-        # checks the operands (and a few, ``resize_``, ``t_``, change the
-        # operand's metadata: those are seen changing and not memoised).
+        # checks the operands (a kernel seen returning another tensor, an
+        # ``out=``, or changing its operand's metadata is not memoised).
         # Adam's step is such ops, 5 per parameter: ~40% of a residual
         # stack's dry run went to these checks.
         try:
