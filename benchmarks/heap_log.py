@@ -119,11 +119,15 @@ def resident(log: Path) -> tuple[list[tuple], int]:
     a page of a freed block of 1 MiB or more that no later large block has
     taken; ``alive``: the events that made those still not freed.
     """
-    a = np.fromfile(log, dtype=np.uint64).reshape(-1, 3)
+    raw = np.fromfile(log, dtype=np.uint64) if log.is_file() else np.zeros(0)
+    a = raw[:raw.size // 3 * 3].astype(np.uint64).reshape(-1, 3)  # whole records
     op = (a[:, 0] >> np.uint64(56)).astype(np.int64)
     size = (a[:, 0] & np.uint64((1 << 56) - 1)).astype(np.int64)
     ptr, brk = a[:, 1].astype(np.int64), a[:, 2].astype(np.int64)
     heap = (op != 9) & (op != 2) & (ptr < brk) & (ptr > brk - (4 << 30))
+    if not heap.any():
+        raise ValueError(f"{log}: no heap allocation in the log (was the logger "
+                         "preloaded? LD_PRELOAD needs glibc)")
     start = int(ptr[heap].min()) // PAGE * PAGE
     res = np.zeros(int((brk.max() - start) // PAGE) + 2, bool)
     large = np.zeros(len(res), np.int8)  # 1: a live large block, 2: freed
@@ -205,7 +209,10 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="heap-log-") as tmp:
         lib, rep = build(Path(tmp))
         log, rec = run(args, lib, Path(tmp))
-        marks, events = resident(log)
+        try:
+            marks, events = resident(log)
+        except ValueError as e:
+            sys.exit(f"heap_log: {e}")
         reps = {m: replay(rep, log, m) for m in (0, 1024, 65536)}
     spans = epochs(marks)
     base = marks[spans[0][0]][2] if spans else 0.0

@@ -78,6 +78,23 @@ def test_the_epochs_need_a_backward_between_trims(tmp_path):
     assert tool.epochs(marks) == []  # validation and a step alone: no epoch
 
 
+def test_a_log_cut_short_or_empty(tmp_path):
+    tool = _tool()
+    top = BASE + MiB
+    log = _log(tmp_path / "c.log", [(1, 64, BASE, top), (9, 8, 0, top),
+                                    (1, 2 * MiB, BASE + 4096, top)])
+    data = log.read_bytes()
+    log.write_bytes(data[:-8])  # the last record cut in its middle
+    marks, events = tool.resident(log)
+    assert events == 2 and [m[1] for m in marks] == [0, 8]
+    for bad in (b"", data[:16]):  # nothing, or no whole record
+        log.write_bytes(bad)
+        with pytest.raises(ValueError, match="no heap allocation in the log"):
+            tool.resident(log)
+    with pytest.raises(ValueError, match="no heap allocation"):
+        tool.resident(tmp_path / "missing.log")
+
+
 @pytest.mark.slow  # ~30 s: compiles the logger and runs a short training
 @pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
 def test_heap_log_end_to_end(tmp_path, monkeypatch):
