@@ -46,7 +46,7 @@ def trace_step(model: torch.nn.Module, data: Data, loss_fn: Callable,
                plain: bool = True, kernel_workspace: bool | None = None,
                heap_threshold: int | None = None, max_ops: int = MAX_OPS,
                backend: str = "auto", heap_model: bool = True,
-               own_model: bool = False) -> StepTrace:
+               own_model: bool = False, memo: bool = True) -> StepTrace:
     """One training step of ``model`` on ``data`` under fake tensors.
 
     The step is the Trainer's: ``zero_grad``, ``step(model, data, loss_fn)``
@@ -79,6 +79,9 @@ def trace_step(model: torch.nn.Module, data: Data, loss_fn: Callable,
         own_model (bool, optional): ``model`` is the caller's to spend: one
             built on the meta device is traced as it is (its parameters get
             gradients) instead of copied first. (default: ``False``)
+        memo (bool, optional): compute each op on the graph's real tensors
+            once (:class:`~leangnn.plan.values.ValueMemo`; a model's layers
+            repeat them); ``False`` is its off switch. (default: ``True``)
 
     Raises:
         UnsupportedOpError: an op the dry run cannot follow.
@@ -102,9 +105,11 @@ def trace_step(model: torch.nn.Module, data: Data, loss_fn: Callable,
     # collection after the trace): a full collection over a process with
     # torch, PyG and scipy loaded costs ~0.3-0.6 s, a tenth of a trace.
     def run(on_meta: bool) -> StepTrace:
-        return _trace(model, data, loss_fn, step, lr, weight_decay, clip_norm, dev,
-                      round_to, limit, plain, kernel_workspace, heap_threshold,
-                      max_ops, on_meta, heap_model, own_model)
+        args = (model, data, loss_fn, step, lr, weight_decay, clip_norm, dev,
+                round_to, limit, plain, kernel_workspace, heap_threshold, max_ops,
+                on_meta, heap_model, own_model)
+        # (None: the model wrote memory the value memo shared; again without)
+        return _trace(*args, memo) or _trace(*args, False)
 
     if gc.get_freeze_count():  # the application froze objects: keep them so
         gc.collect()
@@ -134,8 +139,8 @@ def _run_backend(run: Callable, meta: bool, backend: str) -> StepTrace:
 
 def _trace(model, data, loss_fn, step, lr, weight_decay, clip_norm, dev, round_to,
            limit, plain, kernel_workspace, heap_threshold, max_ops,
-           meta: bool, heap_model: bool = True, own_model: bool = False
-           ) -> StepTrace:
+           meta: bool, heap_model: bool = True, own_model: bool = False,
+           memo: bool = True) -> StepTrace | None:
     gc.collect()
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     # Fake outputs rebuilt from the mode's op cache do not always keep the
@@ -153,10 +158,10 @@ def _trace(model, data, loss_fn, step, lr, weight_decay, clip_norm, dev, round_t
 
         tracker = MetaTracker(fake_mode, limit, round_to, plain, kernel_workspace,
                               heap_threshold, max_ops, heap_model, edge_dims,
-                              device=dev)
+                              memo, device=dev)
     else:
         tracker = FakeTracker(fake_mode, limit, round_to, plain, kernel_workspace,
-                              heap_threshold, max_ops, heap_model, edge_dims)
+                              heap_threshold, max_ops, heap_model, edge_dims, memo)
     params = sum(t.untyped_storage().nbytes() for t in
                  {_key(t): t for t in [*model.parameters(), *model.buffers()]}.values())
     with torch.random.fork_rng(devices=[]), warnings.catch_warnings(), \
@@ -189,6 +194,8 @@ def _trace(model, data, loss_fn, step, lr, weight_decay, clip_norm, dev, round_t
             tracker.finish()
             peak = tracker.peak
             del opt
+    if tracker.values is not None and tracker.values.conflict:
+        return None
     return StepTrace(peak, tracker.phases, params, _data_bytes(data), tracker.ops,
                      tracker.written, tracker.flops, list(tracker.frontier),
                      tracker.big_written, tracker.cold_written, tracker.floor,

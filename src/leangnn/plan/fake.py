@@ -54,6 +54,8 @@ from torch.utils.weak import WeakIdKeyDictionary
 from torch_geometric.data import Data
 
 from leangnn.plan.heapsim import HeapModel
+from leangnn.plan.values import ValueMemo
+from leangnn.plan.values import writes as _writes
 
 __all__ = ["FakeTracker", "StepTrace", "UnsupportedOpError", "fake_model",
            "default_heap_threshold", "tensor_bytes", "MAX_OPS", "TooManyOpsError",
@@ -125,6 +127,10 @@ class FakeTracker(TorchDispatchMode):
         heap_model (bool, optional): with a heap, also replay its blocks in
             :class:`~leangnn.plan.heapsim.HeapModel` and record the floor it
             gives the resident step (``False``: no floor). (default: ``True``)
+        memo (bool, optional): compute an op on real tensors once per trace
+            (:class:`~leangnn.plan.values.ValueMemo`: a repeat gets a copy of
+            its first outputs; the trace is the same). ``False`` is its off
+            switch. (default: ``True``)
 
     Attributes:
         live (int): bytes of tracked storages alive now.
@@ -142,8 +148,9 @@ class FakeTracker(TorchDispatchMode):
                  round_to: int = 1, plain: bool = True,
                  kernel_workspace: bool | None = None, heap_threshold: int = 0,
                  max_ops: int = 1 << 62, heap_model: bool = True,
-                 edge_dims: tuple[int, ...] = ()):
+                 edge_dims: tuple[int, ...] = (), memo: bool = True):
         super().__init__()
+        self.values = ValueMemo() if memo else None
         self.heap_threshold, self.max_ops = heap_threshold, max_ops
         self.small_live = self.small_hw = self.floor = 0
         # heap bytes of edge-sized tensors (a dimension in ``edge_dims``),
@@ -193,6 +200,8 @@ class FakeTracker(TorchDispatchMode):
 
     def finish(self) -> None:
         self._end_phase()
+        if self.values is not None:
+            self.values.clear()
 
     # ------------------------------------------------------------ dispatch
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -227,9 +236,38 @@ class FakeTracker(TorchDispatchMode):
             out = self._real(func, args, kwargs)
             self._note(func, args, kwargs, tensors, out)
             return out
-        out = self._run(func, args, kwargs, known)
+        out = self._known(func, args, kwargs, tensors, kwargs) if known else \
+            self._run(func, args, kwargs, False)
         self._note(func, args, kwargs, tensors, out)
         return out
+
+    def _known(self, func, args, kwargs, tensors, rkwargs):
+        """An op on real tensors alone (``rkwargs``: its arguments for a run
+        on real tensors): a copy of its earlier output on the same values
+        (:attr:`values`) or :meth:`_compute`."""
+        memo = self.values
+        if memo is None:
+            return self._compute(func, args, kwargs, rkwargs)
+        key = memo.key(func, args, kwargs, self._given)
+        if _writes(func):  # (for real, once)
+            memo.writing(func, args, kwargs)
+            out = self._compute(func, args, kwargs, rkwargs)
+            memo.wrote(key, func, args, kwargs)
+            return out
+        if key is None:
+            return self._compute(func, args, kwargs, rkwargs)
+        out = memo.get(key)
+        if out is None:
+            out = self._compute(func, args, kwargs, rkwargs)
+            memo.put(key, func, out, tensors, self._is_fake)
+        return out
+
+    def _given(self, t: Tensor) -> bool:
+        """Whether the real tensor ``t`` was not made in the trace."""
+        return not self._is_fake(t) and self._canon(_key(t)) not in self._refs
+
+    def _compute(self, func, args, kwargs, rkwargs):
+        return self._run(func, args, kwargs, True)
 
     def _run(self, func, args, kwargs, known: bool):
         """``func`` in the fake mode below; for real (``known``) inputs, for
@@ -682,18 +720,6 @@ def _wants_value(out, limit: int) -> bool:
                             for t in ts)
 
 
-def _writes(func) -> bool:
-    """Whether the aten op writes to an argument (in place, ``out=``); not
-    the views that only change metadata (``transpose_``, ``detach_``)."""
-    ok = _WRITES.get(func)
-    if ok is None:
-        ok = _WRITES[func] = torch.Tag.inplace_view not in func.tags and any(
-            a.alias_info is not None and a.alias_info.is_write
-            for a in func._schema.arguments)
-    return ok
-
-
-_WRITES: dict = {}
 
 
 # ------------------------------------------------------------------ a step

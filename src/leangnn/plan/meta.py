@@ -53,6 +53,7 @@ from leangnn.plan.fake import (
     _wants_value,
     _writes,
 )
+from leangnn.plan.values import fresh
 
 __all__ = ["MetaTracker", "meta_model", "disk_memo"]
 
@@ -60,8 +61,6 @@ aten = torch.ops.aten
 _META = torch.device("meta")
 _STRIDED = torch.strided
 
-# func -> whether its outputs are fresh tensors (no alias, no mutation)
-_FRESH: dict = {}
 # (func, metadata of the arguments) -> [(shape, stride, dtype)] of the outputs
 _MEMO: dict = {}
 _MEMO_MAX = 1 << 16
@@ -116,17 +115,6 @@ def _from_disk(entry) -> list | None:
     return spec if all(isinstance(s[2], torch.dtype) for s in spec) else None
 
 
-def _fresh(func) -> bool:
-    ok = _FRESH.get(func)
-    if ok is None:
-        s = func._schema
-        ok = bool(s.returns) and all(
-            r.alias_info is None and str(r.type) == "Tensor" for r in s.returns) and \
-            not any(a.alias_info is not None for a in s.arguments)
-        _FRESH[func] = ok
-    return ok
-
-
 def _makes(func) -> bool:
     """Whether ``func`` takes a ``device`` (a factory op)."""
     ok = _MAKES.get(func)
@@ -162,7 +150,7 @@ def _kernel(func, args, kwargs):
     """``func`` on meta tensors; a fresh output rebuilt from the memo when the
     same op on the same metadata ran before, and an in-place op's operand
     returned as it is when the same op on the same metadata left it so."""
-    if not _fresh(func):
+    if not fresh(func):
         if not args or not _writes(func):  # (not views: ``t_``, ``resize_``)
             return func(*args, **kwargs)
         # An in-place op on meta tensors writes nothing; its kernel only
@@ -299,18 +287,10 @@ class MetaTracker(FakeTracker):
         elif func is aten.values.default and args[0] in self._values:
             values = self._values[args[0]]
             out = values.view(values.shape)
-        elif known and ("sparse" in func.__name__ or _writes(func)):
-            # (a write to real tensors: for real, once, as the fake tracker)
+        elif known and "sparse" in func.__name__:
             out = self._real(func, args, rkwargs)
         elif known:
-            try:
-                out = self._meta(func, args, kwargs)
-            except Exception as e:  # fake mode's errors here: run it for real
-                _forget(e)
-                out = self._real(func, args, rkwargs)
-            else:
-                if _wants_value(out, self.limit):
-                    out = self._real(func, args, rkwargs)
+            out = self._known(func, args, kwargs, tensors, rkwargs)
         elif func is aten.mm.default and _csr_times_meta(args):
             # CSR x dense, fake mode's result without its conversion of the
             # matrix (measured: a fresh contiguous product either way)
@@ -323,6 +303,18 @@ class MetaTracker(FakeTracker):
                 _forget(e)
                 out = self._via_fake(func, args, rkwargs)
         self._note(func, args, kwargs, tensors, out)
+        return out
+
+    def _compute(self, func, args, kwargs, rkwargs):
+        if _writes(func):  # a write to real tensors: for real, once, as fake's
+            return self._real(func, args, rkwargs)
+        try:
+            out = self._meta(func, args, kwargs)
+        except Exception as e:  # fake mode's errors here: run it for real
+            _forget(e)
+            return self._real(func, args, rkwargs)
+        if _wants_value(out, self.limit):
+            return self._real(func, args, rkwargs)
         return out
 
     def _one_device(self, func, types, args, kwargs, t: Tensor):
