@@ -343,10 +343,49 @@ def test_kernel_answers_kept_on_disk_give_the_same_trace(graph, tmp_path,
     # (ops whose output is a view are never kept: looked up once, missed)
     assert sum(1 for h in hits if h) > 20 and sum(1 for h in hits if not h) < 5
     assert files[0].read_text() == kept  # nothing new to add
+    assert '"self"' in kept  # Adam's in-place checks are kept too
     files[0].write_text("{not json")  # a damaged file only costs the kernels
     M._MEMO.clear()
     assert dataclasses.asdict(trace_step(model, graph, loss_fn, backend="meta")) \
         == dataclasses.asdict(first)
+
+
+class _Spy:
+    """An op overload that records its calls (named as the op on disk)."""
+
+    def __init__(self, op, calls):
+        self.op, self.calls = op, calls
+
+    def __getattr__(self, name):
+        return getattr(self.op, name)
+
+    def __repr__(self):
+        return repr(self.op)
+
+    def __call__(self, *args, **kwargs):
+        self.calls.append(args)
+        return self.op(*args, **kwargs)
+
+
+def test_in_place_checks_kept_on_disk_are_not_run_again(tmp_path, monkeypatch):
+    # a new process (empty in-process memo) skips an in-place op's kernel
+    # that left the same operands as they were; one that failed still fails
+    from leangnn.plan import meta as M
+
+    aten = torch.ops.aten
+    monkeypatch.setenv("LEANGNN_CACHE", str(tmp_path))
+    x, g = torch.empty(5, 3, device="meta"), torch.empty(5, 3, device="meta")
+    small = torch.empty(3, device="meta")
+    for fresh_process in (True, False):
+        M._MEMO.clear()
+        ran = []
+        lerp = _Spy(aten.lerp_.Scalar, ran)
+        with M.disk_memo("spy"):
+            assert M._kernel(lerp, (x, g, 0.1), {}) is x
+            with pytest.raises(RuntimeError):
+                M._kernel(_Spy(aten.add_.Tensor, ran), (small, x), {})
+        assert len(ran) == (2 if fresh_process else 1)  # the failure, again
+    assert '"self"' in next((tmp_path / "meta").rglob("spy.json")).read_text()
 
 
 def test_auto_falls_back_to_fake_mode_on_a_meta_failure(graph, monkeypatch):

@@ -25,7 +25,8 @@ op by op:
   each, and cost more on their first call in a process; a repeated op costs
   a dictionary look-up). The memo is kept on disk too, one small file per
   traced graph size and PyTorch version (:func:`disk_memo`), so a new
-  process planning the same graph skips the kernels as well.
+  process planning the same graph skips the kernels as well; so are the
+  checks of in-place ops (Adam's step) that left their operand as it was.
 
 Traces equal the fake tracker's (live bytes per phase, heap frontier, work;
 tested model by model). CPU steps only: fake tensors report the step's
@@ -162,12 +163,26 @@ def _kernel(func, args, kwargs):
             key = (func, _sig(args), _sig(tuple(kwargs.items())))
         except TypeError:
             return func(*args, **kwargs)
-        if _MEMO.get(key) is _SELF:
+        seen = _MEMO.get(key)
+        if seen is _SELF:
             return args[0]
+        skey = None
+        if seen is None and _DISK:  # (not looked up yet in this process)
+            skey = repr(key)
+            if _DISK.get(skey) == "self":
+                _MEMO[key] = _SELF
+                return args[0]
         before = _sig(args[0])
         out = func(*args, **kwargs)
-        if out is args[0] and _sig(out) == before and len(_MEMO) < _MEMO_MAX:
+        if len(_MEMO) >= _MEMO_MAX:
+            return out
+        if out is args[0] and _sig(out) == before:
             _MEMO[key] = _SELF
+            skey = skey or repr(key)
+            if " at 0x" not in skey:
+                _NEW[skey] = "self"
+        else:
+            _MEMO[key] = ()  # (): run the kernel, no look-up
         return out
     try:
         # (the default dtype: a factory op's without a dtype argument)
