@@ -80,7 +80,7 @@ def test_the_memo_answers_a_repeated_layer(graph, monkeypatch):
 
 
 def test_a_repeat_is_a_new_storage_with_the_first_values():
-    memo = ValueMemo()
+    memo = ValueMemo(min_numel=0)
     ei = torch.tensor([[0, 1, 2, 2], [1, 2, 0, 2]])
     k1 = memo.key(aten.add.Tensor, (ei, ei), {}, _given)
     out = aten.add.Tensor(ei, ei)
@@ -98,7 +98,7 @@ def test_a_repeat_is_a_new_storage_with_the_first_values():
 
 
 def test_keys_follow_values_not_objects():
-    memo = ValueMemo()
+    memo = ValueMemo(min_numel=0)
     a = torch.arange(6)
     k = memo.key(aten.mul.Tensor, (a, 2), {}, _given)
     assert memo.key(aten.mul.Tensor, (a, 2.0), {}, _given) != k  # int vs float
@@ -109,10 +109,22 @@ def test_keys_follow_values_not_objects():
     # random ops have no key; neither does a tensor the trace made and counts
     assert memo.key(aten.bernoulli.default, (a.float(),), {}, _given) is None
     assert memo.key(aten.mul.Tensor, (a, 2), {}, lambda t: False) is None
+    # operands all smaller than min_numel: not worth the bookkeeping
+    small = ValueMemo(min_numel=7)
+    assert small.key(aten.mul.Tensor, (a, 2), {}, _given, [a]) is None
+    big = torch.arange(7)
+    assert small.key(aten.mul.Tensor, (big, 2), {}, _given, [big]) is not None
+    assert small.key(aten.arange.default, (7,), {}, _given, []) is not None
+    # ... but a small output of a named op is named (self-loops of a small
+    # graph: arange, view, repeat)
+    r = aten.arange.default(5)
+    small.put(small.key(aten.arange.default, (5,), {}, _given, []),
+              aten.arange.default, r, [], lambda t: False)
+    assert small.key(aten.view.default, (r, [1, 5]), {}, _given, [r]) is not None
 
 
 def test_a_write_to_a_kept_output_keeps_its_first_values():
-    memo = ValueMemo()
+    memo = ValueMemo(min_numel=0)
     x = torch.arange(5)
     key = memo.key(aten.new_zeros.default, (x, [5]), {}, _given)
     z = aten.new_zeros.default(x, [5])
@@ -126,7 +138,7 @@ def test_a_write_to_a_kept_output_keeps_its_first_values():
 
 
 def test_a_write_to_memory_shared_with_a_repeat_is_a_conflict():
-    memo = ValueMemo()
+    memo = ValueMemo(min_numel=0)
     x = torch.arange(5)
     key = memo.key(aten.mul.Tensor, (x, 3), {}, _given)
     y = aten.mul.Tensor(x, 3)
@@ -171,7 +183,7 @@ def test_a_conflicting_model_is_traced_again_without_the_memo(graph, monkeypatch
 
 
 def test_the_kept_bytes_are_capped():
-    memo = ValueMemo(max_bytes=64)
+    memo = ValueMemo(max_bytes=64, min_numel=0)
     x = torch.arange(100)
     key = memo.key(aten.mul.Tensor, (x, 3), {}, _given)
     memo.put(key, aten.mul.Tensor, aten.mul.Tensor(x, 3), [x], lambda t: False)

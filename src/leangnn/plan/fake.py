@@ -248,7 +248,7 @@ class FakeTracker(TorchDispatchMode):
         memo = self.values
         if memo is None:
             return self._compute(func, args, kwargs, rkwargs)
-        key = memo.key(func, args, kwargs, self._given)
+        key = memo.key(func, args, kwargs, self._given, tensors)
         if _writes(func):  # (for real, once)
             memo.writing(func, args, kwargs)
             out = self._compute(func, args, kwargs, rkwargs)

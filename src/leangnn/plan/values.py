@@ -87,6 +87,10 @@ class ValueMemo:
     Args:
         max_bytes (int, optional): bytes of outputs kept; an op past it runs
             again. (default: ``256 MiB``)
+        min_numel (int, optional): an op whose tensor operands are all
+            smaller and unnamed runs each time, unnamed (its bookkeeping
+            would cost more than the op: Adam's step counters; an op on the
+            small output of a named op is named). (default: ``4096``)
 
     Attributes:
         hits (int): ops answered from the memo.
@@ -94,8 +98,9 @@ class ValueMemo:
         conflict (bool): a write reached memory shared with a repeat.
     """
 
-    def __init__(self, max_bytes: int = 256 << 20):
-        self.max_bytes, self.bytes, self.hits = max_bytes, 0, 0
+    def __init__(self, max_bytes: int = 256 << 20, min_numel: int = 4096):
+        self.max_bytes, self.min_numel = max_bytes, min_numel
+        self.bytes = self.hits = 0
         self.conflict = False
         self._tags = WeakIdKeyDictionary()  # tensor -> (token, its version then)
         self._bases: dict[tuple, int] = {}  # identity of a given tensor -> token
@@ -109,12 +114,16 @@ class ValueMemo:
         return (f"{self.__class__.__name__}(ops={len(self._ops)}, hits={self.hits}, "
                 f"bytes={self.bytes})")
 
-    def key(self, func, args, kwargs, given: Callable[[Tensor], bool]
-            ) -> tuple | None:
+    def key(self, func, args, kwargs, given: Callable[[Tensor], bool],
+            tensors: list[Tensor] = ()) -> tuple | None:
         """The op's key, or ``None`` if it has none (a random op, an
-        operand without a token). ``given(t)``: whether the real tensor
-        ``t`` was not made in the trace (the tracker does not count it)."""
-        if not _pure(func):
+        operand without a token, operands ``tensors`` all unnamed and
+        smaller than :attr:`min_numel`). ``given(t)``: whether the real
+        tensor ``t`` was not made in the trace (the tracker does not count
+        it)."""
+        if not _pure(func) or tensors and all(
+                t.numel() < self.min_numel and t not in self._tags
+                for t in tensors):
             return None
         try:
             return (func, self._sig(args, given),
@@ -203,6 +212,8 @@ class ValueMemo:
         """Before ``func`` writes its operands: a kept output it writes gets
         a private copy first (memory also shared with a repeat: a
         :attr:`conflict`)."""
+        if not self._kept:
+            return
         for t in _written(func, args, kwargs):
             key = self._kept.pop(t.untyped_storage().data_ptr(), None)
             if key is None:
@@ -226,6 +237,8 @@ class ValueMemo:
         unnamed (their counter is shared).
         """
         for i, t in _written(func, args, kwargs, with_index=True):
+            if not self._tags:
+                return
             if t._base is not None:
                 self._tags.pop(t._base, None)
             if key is None:
@@ -250,14 +263,20 @@ class ValueMemo:
 
 
 def _written(func, args, kwargs, with_index: bool = False) -> list:
+    where = _WRITTEN.get(func)
+    if where is None:
+        where = _WRITTEN[func] = [
+            (i, a.name) for i, a in enumerate(func._schema.arguments)
+            if a.alias_info is not None and a.alias_info.is_write]
     out = []
-    for i, a in enumerate(func._schema.arguments):
-        if a.alias_info is None or not a.alias_info.is_write:
-            continue
-        t = args[i] if i < len(args) else kwargs.get(a.name)
+    for i, name in where:
+        t = args[i] if i < len(args) else kwargs.get(name)
         if isinstance(t, Tensor):
             out.append((i, t) if with_index else t)
     return out
+
+
+_WRITTEN: dict = {}  # func -> (position, name) of the arguments it writes
 
 
 def _copy(t: Tensor) -> Tensor:
