@@ -200,8 +200,12 @@ class FakeTracker(TorchDispatchMode):
 
     def finish(self) -> None:
         self._end_phase()
+
+    def __exit__(self, *exc):
+        # the memo's tensors go with the trace, a failed one's too
         if self.values is not None:
             self.values.clear()
+        return super().__exit__(*exc)
 
     # ------------------------------------------------------------ dispatch
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
