@@ -182,6 +182,37 @@ def test_a_conflicting_model_is_traced_again_without_the_memo(graph, monkeypatch
     assert dataclasses.asdict(on) == dataclasses.asdict(off)
 
 
+def test_an_in_place_view_unnames_its_operand(graph):
+    # ``t_`` changes a named output's layout, not its values: the name (the
+    # values in the old layout) must not answer for it any more
+    memo = ValueMemo(min_numel=0)
+    x = torch.arange(6).view(2, 3)
+    key = memo.key(aten.mul.Tensor, (x, 2), {}, _given)
+    y = aten.mul.Tensor(x, 2)
+    memo.put(key, aten.mul.Tensor, y, [x], lambda t: False)
+    assert memo.key(aten.sum.dim_IntList, (y, [0]), {}, lambda t: False)
+    memo.wrote(None, aten.t_.default, (y,), {})
+    y.t_()
+    assert memo.key(aten.sum.dim_IntList, (y, [0]), {}, lambda t: False) is None
+
+    class Transposed(torch.nn.Module):
+        def __init__(self, c):
+            super().__init__()
+            self.lin = torch.nn.Linear(c, 4)
+
+        def forward(self, x, edge_index):
+            a = edge_index * 1
+            b = edge_index * 1  # a repeat of a
+            b.t_()
+            n = x.size(0)
+            w = a.sum(0)[:n].float() + b.sum(0).float().sum()
+            return self.lin(x) * w.unsqueeze(1)
+
+    torch.manual_seed(0)
+    on, off = _traces(Transposed(graph.num_features), graph)
+    assert dataclasses.asdict(on) == dataclasses.asdict(off)
+
+
 def test_the_kept_bytes_are_capped():
     memo = ValueMemo(max_bytes=64, min_numel=0)
     x = torch.arange(100)

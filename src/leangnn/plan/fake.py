@@ -54,7 +54,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 from torch_geometric.data import Data
 
 from leangnn.plan.heapsim import HeapModel
-from leangnn.plan.values import ValueMemo
+from leangnn.plan.values import ValueMemo, changes
 from leangnn.plan.values import writes as _writes
 
 __all__ = ["FakeTracker", "StepTrace", "UnsupportedOpError", "fake_model",
@@ -253,8 +253,9 @@ class FakeTracker(TorchDispatchMode):
         if memo is None:
             return self._compute(func, args, kwargs, rkwargs)
         key = memo.key(func, args, kwargs, self._given, tensors)
-        if _writes(func):  # (for real, once)
-            memo.writing(func, args, kwargs)
+        if changes(func):  # (for real, once; a metadata-only view unnames)
+            if _writes(func):
+                memo.writing(func, args, kwargs)
             out = self._compute(func, args, kwargs, rkwargs)
             memo.wrote(key, func, args, kwargs)
             return out

@@ -54,7 +54,7 @@ from leangnn.plan.fake import (
     _wants_value,
     _writes,
 )
-from leangnn.plan.values import fresh
+from leangnn.plan.values import fresh, owns_storage
 
 __all__ = ["MetaTracker", "meta_model", "disk_memo"]
 
@@ -222,12 +222,9 @@ def _spec(out, args, kwargs) -> list | None:
     spec = []
     for t in outs:
         if not isinstance(t, Tensor) or not t.is_meta or t.layout != _STRIDED or \
-                t.storage_offset() or t._is_view() or _key(t) in given:
+                not owns_storage(t, given):
             return None
-        s = (tuple(t.shape), t.stride(), t.dtype)
-        if _minimal(*s).untyped_storage().nbytes() != t.untyped_storage().nbytes():
-            return None
-        spec.append(s)
+        spec.append((tuple(t.shape), t.stride(), t.dtype))
     return spec
 
 

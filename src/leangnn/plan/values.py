@@ -30,7 +30,7 @@ from torch import Tensor
 from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils.weak import WeakIdKeyDictionary
 
-__all__ = ["ValueMemo", "fresh", "writes"]
+__all__ = ["ValueMemo", "fresh", "writes", "changes", "owns_storage"]
 
 _STRIDED = torch.strided
 # func -> whether its values follow from its arguments (not random, no
@@ -38,7 +38,8 @@ _STRIDED = torch.strided
 _PURE: dict = {}
 # func -> whether its outputs are fresh storages (no alias in its schema)
 _FRESH: dict = {}
-_WRITES: dict = {}  # func -> whether it writes an argument
+_WRITES: dict = {}  # func -> whether it writes an argument's values
+_WRITTEN: dict = {}  # func -> (position, name) of the arguments it changes
 
 
 def _pure(func) -> bool:
@@ -50,15 +51,41 @@ def _pure(func) -> bool:
     return ok
 
 
+def _changed(func) -> list[tuple[int, str]]:
+    """``(position, name)`` of the arguments the aten op changes in place:
+    their values, or their metadata alone (``t_``, ``unsqueeze_``)."""
+    where = _WRITTEN.get(func)
+    if where is None:
+        where = _WRITTEN[func] = [
+            (i, a.name) for i, a in enumerate(func._schema.arguments)
+            if a.alias_info is not None and a.alias_info.is_write]
+    return where
+
+
+def changes(func) -> bool:
+    """Whether the aten op changes an argument in place (values or
+    metadata)."""
+    return bool(_changed(func))
+
+
 def writes(func) -> bool:
     """Whether the aten op writes to an argument (in place, ``out=``); not
     the views that only change metadata (``transpose_``, ``detach_``)."""
     ok = _WRITES.get(func)
     if ok is None:
-        ok = _WRITES[func] = torch.Tag.inplace_view not in func.tags and any(
-            a.alias_info is not None and a.alias_info.is_write
-            for a in func._schema.arguments)
+        ok = _WRITES[func] = torch.Tag.inplace_view not in func.tags and \
+            bool(_changed(func))
     return ok
+
+
+def owns_storage(t: Tensor, given: set[int]) -> bool:
+    """Whether ``t`` sits alone on a storage of its own that
+    ``empty_strided`` would rebuild: no offset, not a view, not the storage
+    of one of ``given`` (storage keys, ``untyped_storage()._cdata``), and
+    exactly the bytes its layout needs."""
+    st = t.untyped_storage()
+    return not (t.storage_offset() or t._is_view() or st._cdata in given) and \
+        st.nbytes() == _minimal_bytes(t)
 
 
 def fresh(func) -> bool:
@@ -191,15 +218,14 @@ class ValueMemo:
         self._tag(tok, outs)
         if key in self._values or not fresh(func):
             return
-        given = {t.untyped_storage().data_ptr() for t in inputs}
+        given = {t.untyped_storage()._cdata for t in inputs}
         size, ptrs = 0, []
         for t in outs:
-            st = t.untyped_storage()
-            if t.storage_offset() or t._is_view() or st.data_ptr() in given or \
-                    st.nbytes() != _minimal_bytes(t) or st.data_ptr() in ptrs:
+            if not owns_storage(t, given):
                 return  # (a new storage would not be the output's)
-            size += st.nbytes()
-            ptrs.append(st.data_ptr())
+            given.add(t.untyped_storage()._cdata)  # (two outputs, one storage)
+            size += t.untyped_storage().nbytes()
+            ptrs.append(t.untyped_storage().data_ptr())
         if self.bytes + size > self.max_bytes:
             return
         with _disable_current_modes():
@@ -228,8 +254,9 @@ class ValueMemo:
                 self._kept.pop(k.untyped_storage().data_ptr(), None)
 
     def wrote(self, key: tuple | None, func, args, kwargs) -> None:
-        """Name the operands the op of ``key`` has just written: their values
-        are its values on the operands before (``key=None``: unnamed).
+        """Name the operands the op of ``key`` has just changed: their values
+        are its values on the operands before (``key=None``: unnamed, e.g.
+        a metadata-only view such as ``t_``).
 
         Their version counters move after the op returns (autograd's
         in-place layer sits above the dispatch mode), so the name takes the
@@ -263,20 +290,13 @@ class ValueMemo:
 
 
 def _written(func, args, kwargs, with_index: bool = False) -> list:
-    where = _WRITTEN.get(func)
-    if where is None:
-        where = _WRITTEN[func] = [
-            (i, a.name) for i, a in enumerate(func._schema.arguments)
-            if a.alias_info is not None and a.alias_info.is_write]
     out = []
-    for i, name in where:
+    for i, name in _changed(func):
         t = args[i] if i < len(args) else kwargs.get(name)
         if isinstance(t, Tensor):
             out.append((i, t) if with_index else t)
     return out
 
-
-_WRITTEN: dict = {}  # func -> (position, name) of the arguments it writes
 
 
 def _copy(t: Tensor) -> Tensor:
