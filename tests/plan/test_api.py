@@ -219,7 +219,7 @@ def test_plan_and_fit_our_dag_model_on_a_circuit():
                          epochs=3)
     full = table.pick
     assert full is not None and full.strategy == "full"
-    assert full.knobs["model"] == "dag"
+    assert full.knobs["model"] == "DAGNN" and full.knobs["family"] == "dag"
     est = full.estimate
     want = est.big_bytes + cal.heap_factor(["dag-narrow"]) * est.heap_bytes \
         + cal.const
@@ -229,3 +229,56 @@ def test_plan_and_fit_our_dag_model_on_a_circuit():
     assert "offload supports PyG BasicGNN models" in why["offload"]
     out = leangnn.fit(model, data, memory_budget="1GiB", epochs=2)
     assert out["row"].strategy == "full" and len(out["losses"]) == 2
+
+
+def _gat_subclass():
+    from torch_geometric.nn import GAT
+
+    class MyGAT(GAT):  # a forward of its own may change the op mix
+        pass
+
+    return MyGAT
+
+
+@pytest.mark.parametrize("make, strategy, families", [
+    (lambda c: GCN(8, 16, 2, c), "full", ["gcn"]),
+    (lambda c: __import__("torch_geometric.nn", fromlist=["GraphSAGE"]).GraphSAGE(
+        8, 16, 2, c, aggr="max"), "full", ["sage"]),
+    (lambda c: __import__("torch_geometric.nn", fromlist=["GAT"]).GAT(
+        8, 16, 2, c, jk="cat"), "full", ["gat"]),
+    (lambda c: build_model("res", 8, 16, c, 3, conv="gcn"), "full", ["res-gcn", "res"]),
+    (lambda c: build_model("gsr", 8, 16, c, 4, conv="gat"), "reversible",
+     ["gsr-gat", "gsr"]),
+    (lambda c: _gat_subclass()(8, 16, 2, c), "full", []),
+    (lambda c: __import__("torch_geometric.nn", fromlist=["GIN"]).GIN(8, 16, 2, c),
+     "full", []),
+])
+def test_a_registered_model_class_plans_with_its_calibrated_heap_factor(
+        data, make, strategy, families):
+    """A user's PyG GCN / GraphSAGE / GAT (any options) or our deep model is
+    the class our registry trains: its rows get that family's heap factor
+    (measured: a PyG GAT planned +100% over its peak with the largest factor,
+    +1% with gat's); a subclass or another class keeps the largest factor."""
+    from leangnn.plan.calibration import heap_families
+
+    cal = Calibration("test", "glibc-default", calibrated=True, const=1000.0,
+                      heap_scale=3.0, heap_scales={"gcn": 1.5, "sage": 2.0,
+                                                   "gat": 1.25, "res": 2.5,
+                                                   "res-gcn": 2.25, "gsr": 1.75,
+                                                   "gsr-gat": 1.5,
+                                                   "prune-gcn": 1.1, "prune": 1.2})
+    model = make(int(data.y.max()) + 1)
+    table = leangnn.plan(model, data, memory_budget="1GiB", calibration=cal,
+                         strategies=("full", "prune"), epochs=3)
+    full = next(r for r in table.rows if r.strategy == strategy)
+    assert full.knobs["model"] == type(model).__name__  # the row names the class
+    fams = heap_families(strategy, full.knobs)
+    assert fams == (families or [type(model).__name__])
+    est = full.estimate
+    factor = cal.heap_scales[families[0]] if families else cal.heap_scale
+    want = max(est.big_bytes + factor * est.heap_bytes, est.floor_bytes) + cal.const
+    assert est.run_bytes == pytest.approx(max(want, 0), abs=1)
+    # DPR's core rows train the same class: its prune- family first
+    for row in (r for r in table.rows if r.strategy == "prune" and r.estimate):
+        assert heap_families("prune", row.knobs)[0] == (
+            f"prune-{families[0]}" if families else f"prune-{type(model).__name__}")

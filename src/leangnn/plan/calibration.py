@@ -135,10 +135,12 @@ def heap_families(strategy: str | None, knobs: dict[str, Any] | None
     width (``dag-narrow`` up to :data:`DAG_NARROW` channels, else
     ``dag-wide``; then ``dag``), and ``prune-`` before each for
     DPR's core (trained through a sparse adjacency: another op mix), then
-    ``prune``. Empty without a model (a user's own module).
+    ``prune``. A user's model is of our registry's ``family`` where it is
+    one of its classes (:func:`~leangnn.plan.user.calibrated_as`); empty for
+    a model of its own (its ``model`` is no registered name).
     """
     knobs = knobs or {}
-    model = knobs.get("model")
+    model = knobs.get("family") or knobs.get("model")
     if not model:
         return []
     fams = [model]
