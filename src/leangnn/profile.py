@@ -43,6 +43,7 @@ __all__ = [
     "MemoryReport",
     "MemoryMeter",
     "resident_growth",
+    "trim_heap_enabled",
     "PhaseMeter",
     "SavedTensorsMeter",
     "LiveBytesMeter",
@@ -186,6 +187,17 @@ def release_free_heap() -> bool:
         return True
     except (OSError, AttributeError):
         return False
+
+
+def trim_heap_enabled(flag: bool | None = None) -> bool:
+    """Whether a CPU training loop hands freed heap back after every epoch
+    (:func:`release_free_heap`): ``flag``, or for ``None`` the
+    ``LEANGNN_TRIM_HEAP`` environment switch (on unless ``0``, ``false``,
+    ``no`` or ``off``)."""
+    if flag is not None:
+        return bool(flag)
+    return os.environ.get("LEANGNN_TRIM_HEAP", "1").strip().lower() not in (
+        "0", "false", "no", "off")
 
 
 @contextmanager

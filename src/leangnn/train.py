@@ -10,7 +10,6 @@ metrics, checkpoints, summary, lock) belongs to :class:`~leangnn.rundir.RunDir`;
 
 from __future__ import annotations
 
-import os
 import statistics
 import time
 from typing import Any
@@ -31,6 +30,7 @@ from .profile import (
     SavedTensorsMeter,
     release_free_heap,
     resident_growth,
+    trim_heap_enabled,
 )
 from .rundir import RunDir, environment
 from .strategy import Strategy, build_strategy, node_mask
@@ -133,10 +133,7 @@ class Trainer:
                  summary_extra: dict[str, Any] | None = None,
                  trim_heap: bool | None = None):
         self.cfg = config
-        if trim_heap is None:
-            trim_heap = os.environ.get("LEANGNN_TRIM_HEAP", "1").strip() not in (
-                "0", "false", "no", "off")
-        self.trim_heap = bool(trim_heap)
+        self.trim_heap = trim_heap_enabled(trim_heap)
         self.summary_extra = dict(summary_extra or {})
         self._meter, self._prev_peak = None, 0
         self.progress = progress

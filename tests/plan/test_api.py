@@ -282,3 +282,30 @@ def test_a_registered_model_class_plans_with_its_calibrated_heap_factor(
     for row in (r for r in table.rows if r.strategy == "prune" and r.estimate):
         assert heap_families("prune", row.knobs)[0] == (
             f"prune-{families[0]}" if families else f"prune-{type(model).__name__}")
+
+
+def test_fit_trims_the_heap_after_every_epoch_as_the_trainer(data, monkeypatch):
+    """On CPU fit hands freed heap back before its meter starts and after
+    every epoch, as ``leangnn train`` does (the runs the heap factors were
+    measured on); the off switch changes no loss."""
+    import leangnn.profile as profile
+
+    calls = []
+    real = profile.release_free_heap
+    monkeypatch.setattr(profile, "release_free_heap",
+                        lambda: calls.append(1) or real())
+    c = int(data.y.max()) + 1
+    torch.manual_seed(3)
+    model = GCN(8, 16, 2, c)
+    twin = GCN(8, 16, 2, c)
+    twin.load_state_dict(model.state_dict())
+    kw = dict(strategy="full", memory_budget="1GiB", epochs=3, lr=0.02)
+    on = leangnn.fit(model, data, trim_heap=True, **kw)
+    # around the setup (before and after), then after each of the 3 epochs
+    assert len(calls) == 2 + 3
+    off = leangnn.fit(twin, data, trim_heap=False, **kw)
+    assert len(calls) == 5  # the off switch
+    assert on["losses"] == off["losses"]
+    monkeypatch.setenv("LEANGNN_TRIM_HEAP", "off")
+    leangnn.fit(GCN(8, 16, 2, c), data, **kw)
+    assert len(calls) == 5
