@@ -29,7 +29,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from _report import results_path, write_json, write_section  # noqa: E402
+from _report import merge_rows, results_path, write_json, write_section  # noqa: E402
 
 #: name -> (graph, strategy, model expression; ``i``, ``c`` and ``deg`` in scope)
 ROWS = {
@@ -160,7 +160,12 @@ def main(argv=None) -> None:
         print(f"{n}: estimate {r['run_bytes'] / 2**20:.1f} MiB, measured "
               f"{r['measured_bytes'] / 2**20:.1f} MiB ({r['rel_error']:+.1%}; as own "
               f"{r['as_own_rel_error']:+.1%})", flush=True)
-    write_json(results_path("plan_user.json", args.quick), {"rows": rows})
+    path = results_path("plan_user.json", args.quick)
+    if args.rows:  # the other rows as stored, in ROWS' order
+        kept = {r["name"]: r for r in merge_rows(path, rows) + rows}
+        rows = [kept[n] for n in ROWS if n in kept]
+    else:
+        write_json(path, {"rows": rows})
     md = markdown(rows, repeat)
     if args.quick:
         results_path("plan_user.md", True).write_text(md)

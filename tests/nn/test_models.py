@@ -167,7 +167,7 @@ def test_register_model_capabilities_and_errors(scratch_model):
     assert get_model("tiny_rev") is e and "tiny_rev" in MODELS
     assert MODELS["gsr"].reversible and not MODELS["res"].reversible
     assert {n for n, m in MODELS.items() if "layerwise" in m.capabilities} >= {
-        "gcn", "sage", "gat"}
+        "gcn", "sage", "gat", "gin"}
     with pytest.raises(ValueError, match="'tiny_rev' is already registered"):
         register_model("tiny_rev", _Tiny)
     scratch_model("tiny_rev", GSRGNN, reversible=True, replace=True)

@@ -61,7 +61,7 @@ def _assert_close(loss, grads, ref_loss, ref_grads, tol):
 BUDGETS = (("st", 0.7), ("lru", 1.0), ("degree", 0.8), ("none", 0.5), ("st", 6.0))
 
 
-@pytest.mark.parametrize("name", ["gcn", "sage", "gat"])
+@pytest.mark.parametrize("name", ["gcn", "sage", "gat", "gin"])
 @pytest.mark.parametrize("num_parts", [1, 2, 7])
 def test_exact_float64_matches_pyg(name, num_parts):
     data, model = _graph(), _model(name)
@@ -80,7 +80,7 @@ def test_exact_float64_matches_pyg(name, num_parts):
             assert c.writebacks > 0 or c.cache_misses > data.num_nodes
 
 
-@pytest.mark.parametrize("name", ["gcn", "sage", "gat"])
+@pytest.mark.parametrize("name", ["gcn", "sage", "gat", "gin"])
 def test_exact_float32_matches_pyg(name):
     data, model = _graph(dtype=torch.float32), _model(name, torch.float32)
     ref_loss, ref_grads = _reference(model, data)

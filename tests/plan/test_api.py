@@ -251,7 +251,9 @@ def _gat_subclass():
      ["gsr-gat", "gsr"]),
     (lambda c: _gat_subclass()(8, 16, 2, c), "full", []),
     (lambda c: __import__("torch_geometric.nn", fromlist=["GIN"]).GIN(8, 16, 2, c),
-     "full", []),
+     "full", ["gin"]),
+    (lambda c: __import__("torch_geometric.nn", fromlist=["EdgeCNN"]).EdgeCNN(
+        8, 16, 2, c), "full", []),
 ])
 def test_a_registered_model_class_plans_with_its_calibrated_heap_factor(
         data, make, strategy, families):
@@ -263,7 +265,8 @@ def test_a_registered_model_class_plans_with_its_calibrated_heap_factor(
 
     cal = Calibration("test", "glibc-default", calibrated=True, const=1000.0,
                       heap_scale=3.0, heap_scales={"gcn": 1.5, "sage": 2.0,
-                                                   "gat": 1.25, "res": 2.5,
+                                                   "gat": 1.25, "gin": 1.8,
+                                                   "res": 2.5,
                                                    "res-gcn": 2.25, "gsr": 1.75,
                                                    "gsr-gat": 1.5,
                                                    "prune-gcn": 1.1, "prune": 1.2})

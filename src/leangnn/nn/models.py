@@ -5,9 +5,11 @@
 * ``res``: :class:`ResGNN`, the same pre-activation blocks
   (:class:`~leangnn.nn.reversible.GSRBlock`: norm -> group-sparse activation ->
   dropout -> conv) in plain residual form under plain autograd (DeepGCN res+).
-* ``gcn`` / ``sage`` / ``gat``: PyG's shallow :class:`~torch_geometric.nn.models.GCN`,
-  :class:`~torch_geometric.nn.models.GraphSAGE` and
-  :class:`~torch_geometric.nn.models.GAT`.
+* ``gcn`` / ``sage`` / ``gat`` / ``gin``: PyG's shallow
+  :class:`~torch_geometric.nn.models.GCN`,
+  :class:`~torch_geometric.nn.models.GraphSAGE`,
+  :class:`~torch_geometric.nn.models.GAT` and
+  :class:`~torch_geometric.nn.models.GIN` (Xu et al., ICLR 2019).
 
 Every model is registered by name in :data:`MODELS` (see
 :func:`register_model`); the CLI's ``--model`` choices, the configuration's
@@ -25,7 +27,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch_geometric.nn.models import GAT, GCN, GraphSAGE
+from torch_geometric.nn.models import GAT, GCN, GIN, GraphSAGE
 
 from leangnn.nn.group_sparse import resolve_k
 from leangnn.nn.reversible import CONVS, ConvSpec, GSRBlock, GSRStack, build_conv
@@ -339,6 +341,7 @@ register_model("gcn", _shallow(GCN), layerwise=True, description="shallow PyG GC
 register_model("sage", _shallow(GraphSAGE), layerwise=True,
                description="shallow PyG GraphSAGE")
 register_model("gat", _shallow(GAT), layerwise=True, description="shallow PyG GAT")
+register_model("gin", _shallow(GIN), layerwise=True, description="shallow PyG GIN")
 # Propagates in topological order: needs a DAG (circuits, not csbm graphs).
 register_model("dag", "leangnn.nn.dag:DAGNN", capabilities=("dag",),
                description="topological DAG propagation (DAGNN / DeepGate2 / "

@@ -57,7 +57,7 @@ __all__ = ["plan", "fit", "calibrated_as"]
 def calibrated_as(model: torch.nn.Module) -> dict[str, Any]:
     """The knobs of a plan row of ``model``: its class name (``model``), and
     where it is one of the models :mod:`leangnn.nn.models` registers (PyG's
-    ``GCN``, ``GraphSAGE`` and ``GAT``, our ``ResGNN``, ``GSRGNN`` and
+    ``GCN``, ``GraphSAGE``, ``GAT`` and ``GIN``, our ``ResGNN``, ``GSRGNN`` and
     ``DAGNN``: the very class, not a subclass, whose forward may differ) the
     registry's name as its ``family``, with its conv or state width, which
     select the calibrated heap factor
@@ -68,7 +68,7 @@ def calibrated_as(model: torch.nn.Module) -> dict[str, Any]:
     :func:`fit` on a 20k-node csbm graph, a PyG ``GAT`` planned +100% over
     its measured peak as a model of its own, and -7% as ``gat``.
     """
-    from torch_geometric.nn.models import GAT, GCN, GraphSAGE
+    from torch_geometric.nn.models import GAT, GCN, GIN, GraphSAGE
 
     from leangnn.nn.models import GSRGNN, ResGNN
 
@@ -76,7 +76,8 @@ def calibrated_as(model: torch.nn.Module) -> dict[str, Any]:
     kind = type(model)
     if is_dag_model(model):  # (its levels sweep however it is subclassed)
         own.update(family="dag", hidden_channels=model.hidden_channels)
-    for family, cls in (("gcn", GCN), ("sage", GraphSAGE), ("gat", GAT)):
+    for family, cls in (("gcn", GCN), ("sage", GraphSAGE), ("gat", GAT),
+                        ("gin", GIN)):
         if kind is cls:
             own["family"] = family
     if kind is ResGNN:
