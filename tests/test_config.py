@@ -110,7 +110,7 @@ def test_model_options_build_every_model():
      r"strategy 'reversible' needs a reversible model \(one of \['gsr'\]\)"),
     ({"strategy": "offload", "model": "gsr"},
      r"strategy 'offload' needs a layerwise model \(one of \['gat', 'gcn', "
-     r"'sage'\]\), got 'gsr'"),
+     r"'gin', 'sage'\]\), got 'gsr'"),
     # was a bare TypeError (SparseCsr to numpy) in DPR's first training step
     ({"strategy": "prune", "model": "dag"}, r"^model: strategy 'prune' cannot "
      r"train 'dag' \(it propagates over a circuit's levels, which DPR's pruned "

@@ -16,10 +16,12 @@ from leangnn.strategy import (
     FullBatch,
     Strategy,
     build_strategy,
+    forward_kwargs,
     get_strategy,
     node_mask,
     option_choices,
     register_strategy,
+    uses_edge_attr,
 )
 from leangnn.train import make_loss_fn
 
@@ -42,6 +44,52 @@ def test_full_batch_step_equals_manual_autograd():
     assert node_mask(g) is None
     out = FullBatch().predict(model, g)
     assert out.shape == (30, 1) and not out.requires_grad
+
+
+def _edge_graph():
+    torch.manual_seed(0)
+    return Data(x=torch.randn(40, 5, dtype=torch.float64),
+                edge_index=torch.randint(40, (2, 160)),
+                edge_attr=torch.randn(160, 3, dtype=torch.float64),
+                y=torch.randn(40, dtype=torch.float64))
+
+
+def test_full_batch_gives_edge_features_to_a_model_that_takes_them():
+    """A PyG GAT with edge_dim sees data.edge_attr as a user's own call would
+    give it (before, it trained without them, silently); GCN (which ignores
+    them), a forward that names none and our deep models (**kwargs handed to
+    convs) are called as before."""
+    from torch_geometric.nn import GAT, GCN
+
+    g = _edge_graph()
+    gat = GAT(5, 8, 2, 1, edge_dim=3).double()
+    assert uses_edge_attr(gat, g) and not uses_edge_attr(gat, Data(x=g.x))
+    loss_fn = make_loss_fn("regression")
+    loss = FullBatch().train_step(gat, g, loss_fn)
+    ours = [p.grad.clone() for p in gat.parameters()]
+    gat.zero_grad()
+    out = gat(g.x, g.edge_index, edge_attr=g.edge_attr)
+    ref = torch.nn.functional.mse_loss(out.view(-1), g.y)
+    ref.backward()
+    assert abs(loss - float(ref.detach())) < 1e-12
+    for a, p in zip(ours, gat.parameters()):
+        torch.testing.assert_close(a, p.grad, rtol=1e-12, atol=0)
+    # without them the output differs: the edge features are used
+    assert not torch.allclose(gat(g.x, g.edge_index), out)
+
+    class Plain(torch.nn.Module):  # forward(x, edge_index) only
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(5, 1).double()
+
+        def forward(self, x, edge_index):
+            return self.lin(x)
+
+    for model in (GCN(5, 8, 2, 1).double(), Plain(),
+                  build_model("res", 5, 8, 1, 2, conv="sage").double()):
+        assert not uses_edge_attr(model, g)
+        assert "edge_attr" not in forward_kwargs(model, g)
+        FullBatch().train_step(model, g, loss_fn)  # no TypeError
 
 
 # --------------------------------------------------------------- registry

@@ -15,6 +15,8 @@ one strategy a run uses.
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,7 +25,8 @@ import torch
 from torch import Tensor
 from torch_geometric.data import Data
 
-__all__ = ["Strategy", "FullBatch", "LossFn", "node_mask", "StrategyEntry",
+__all__ = ["Strategy", "FullBatch", "LossFn", "node_mask", "forward_kwargs",
+           "uses_edge_attr", "StrategyEntry",
            "STRATEGIES", "register_strategy", "get_strategy", "option_choices",
            "build_strategy"]
 
@@ -34,6 +37,41 @@ LossFn = Callable[[Tensor, Data], Tensor]
 def node_mask(data: Data) -> Tensor | None:
     """The nodes of ``data`` that a loss or metric covers (``None``: all)."""
     return data.get("node_mask", None)
+
+
+@functools.lru_cache(maxsize=256)
+def _names_edge_attr(kind: type) -> bool:
+    try:
+        params = inspect.signature(kind.forward).parameters
+    except (TypeError, ValueError, AttributeError):
+        return False
+    return "edge_attr" in params
+
+
+def uses_edge_attr(model: torch.nn.Module, data: Data) -> bool:
+    """Whether a forward of ``model`` on ``data`` gets ``data.edge_attr``:
+    ``data`` has edge features and the model's ``forward`` names an
+    ``edge_attr`` parameter (PyG's ``BasicGNN`` models and convs do) and,
+    for a ``BasicGNN``, its convs take them (``supports_edge_attr``: GAT, not
+    GCN, GraphSAGE or GIN, which ignore them). A forward taking only
+    ``**kwargs`` (leangnn's deep models hand those to convs that may not take
+    edge features) gets none, as before."""
+    return (data.get("edge_attr", None) is not None
+            and _names_edge_attr(type(model))
+            and bool(getattr(model, "supports_edge_attr", True)))
+
+
+def forward_kwargs(model: torch.nn.Module, data: Data) -> dict[str, Tensor]:
+    """The keyword arguments of a plain forward of ``model`` on ``data``:
+    ``edge_weight`` where ``data`` has one, ``edge_attr`` where
+    :func:`uses_edge_attr` (a PyG ``GAT(..., edge_dim=D)`` trained without
+    them would silently ignore the edge features)."""
+    kwargs = {}
+    if data.get("edge_weight", None) is not None:
+        kwargs["edge_weight"] = data.edge_weight
+    if uses_edge_attr(model, data):
+        kwargs["edge_attr"] = data.edge_attr
+    return kwargs
 
 
 class Strategy:
@@ -66,10 +104,7 @@ class Strategy:
     def forward(self, model: torch.nn.Module, data: Data) -> Tensor:
         """Plain forward pass of ``model`` on ``data`` (on ``self.device``)."""
         data = data.to(self.device)
-        kwargs = {}
-        if data.get("edge_weight", None) is not None:
-            kwargs["edge_weight"] = data.edge_weight
-        return model(data.x, data.edge_index, **kwargs)
+        return model(data.x, data.edge_index, **forward_kwargs(model, data))
 
     def train_step(self, model: torch.nn.Module, data: Data, loss_fn: LossFn) -> float:
         """Forward, loss and backward on one graph; returns the loss value."""

@@ -542,3 +542,19 @@ def test_offered_graph_structures_serve_only_the_same_graph_and_conv(
     assert engine._OFFERS and not any(e[4] for e in engine._OFFERS)
     engine.withdraw_offers()
     assert not engine._OFFERS
+
+
+def test_edge_features_a_model_takes_are_refused_not_dropped():
+    """A GAT (its convs take edge_attr) on a graph with edge features: the
+    layer-wise engine would run its convs without them, so it refuses,
+    naming them; GCN (which ignores them) offloads as before."""
+    from torch_geometric.nn import GAT
+
+    data = _graph()
+    data.edge_attr = torch.randn(data.num_edges, 3, dtype=torch.float64)
+    opts = OffloadOptions(1 << 20, 2, virtual=True)
+    gat = GAT(8, 16, 2, 4).double()
+    with pytest.raises(ValueError, match=r"edge features \(edge_attr \(\d+, 3\)\) "
+                       r"that GAT takes"):
+        OffloadEngine(gat, data, options=opts)
+    OffloadEngine(_model("gcn"), data, options=opts)

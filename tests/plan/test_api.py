@@ -312,3 +312,34 @@ def test_fit_trims_the_heap_after_every_epoch_as_the_trainer(data, monkeypatch):
     monkeypatch.setenv("LEANGNN_TRIM_HEAP", "off")
     leangnn.fit(GCN(8, 16, 2, c), data, **kw)
     assert len(calls) == 5
+
+
+def test_fit_trains_with_the_edge_features_the_model_takes(data):
+    """A PyG GAT with edge_dim on a graph with edge_attr: the plan traces and
+    fit trains the forward a user writes (``edge_attr=``), equal to plain
+    PyTorch; offload and DPR's core, which would drop them, are rows that
+    say why not."""
+    from torch_geometric.nn import GAT
+
+    g = data.clone()
+    g.edge_attr = torch.randn(g.num_edges, 3)
+    c = int(g.y.max()) + 1
+    torch.manual_seed(4)
+    model = GAT(8, 16, 2, c, edge_dim=3)
+    ref = GAT(8, 16, 2, c, edge_dim=3)
+    ref.load_state_dict(model.state_dict())
+    out = leangnn.fit(model, g, strategy="auto", memory_budget="1GiB", epochs=4,
+                      lr=0.02)
+    loss_fn, opt, losses = default_loss(g), torch.optim.Adam(ref.parameters(),
+                                                             lr=0.02), []
+    for _ in range(4):
+        opt.zero_grad()
+        loss = loss_fn(ref(g.x, g.edge_index, edge_attr=g.edge_attr), g)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(ref.parameters(), 1.0)
+        opt.step()
+        losses.append(loss.item())
+    assert out["row"].strategy == "full"
+    assert out["losses"] == pytest.approx(losses, rel=1e-5)
+    why = {r.strategy: r.why for r in out["plan"].rows if r.need_bytes is None}
+    assert "edge features" in why["prune"] and "edge" in why["offload"]

@@ -637,3 +637,17 @@ def test_offered_core_serves_only_the_same_unchanged_graph_and_config(
     # an importance callable names no scores: never offered
     DPRStrategy(budget_ratio=0.3, importance=lambda ei, n: torch.rand(n)).offer(d)
     assert not dpr._OFFERS
+
+
+def test_setup_refuses_edge_features_the_model_takes():
+    """DPR's core adjacency has no edge features (its bridges are new
+    edges): a model that takes them is refused at setup, naming them."""
+    from torch_geometric.nn import GAT
+
+    g = contextual_sbm(300, avg_degree=6.0, in_channels=8, seed=2)
+    g.edge_attr = torch.randn(g.num_edges, 2)
+    with pytest.raises(ValueError, match=r"prune: the graph has edge features "
+                       r"\(edge_attr \(\d+, 2\)\) that GAT takes"):
+        DPRStrategy(budget_ratio=0.3).setup(GAT(8, 16, 2, 4, edge_dim=2), [g])
+    # a model that ignores them trains on the core as before
+    DPRStrategy(budget_ratio=0.3).setup(build_model("sage", 8, 16, 4, 2), [g])

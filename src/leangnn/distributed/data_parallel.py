@@ -18,7 +18,7 @@ from torch import Tensor
 from torch_geometric.data import Data
 
 from leangnn.distributed.runtime import all_reduce_gradients, all_reduce_sum
-from leangnn.strategy import LossFn
+from leangnn.strategy import LossFn, forward_kwargs
 
 __all__ = ["DataParallel", "epoch_batches", "batch_mean_loss"]
 
@@ -32,10 +32,7 @@ def epoch_batches(order: list[int], batch_size: int) -> list[list[int]]:
 
 def _forward(model: torch.nn.Module, data: Data, device: torch.device) -> Tensor:
     data = data.to(device)
-    kwargs = {}
-    if data.get("edge_weight", None) is not None:
-        kwargs["edge_weight"] = data.edge_weight
-    return model(data.x, data.edge_index, **kwargs)
+    return model(data.x, data.edge_index, **forward_kwargs(model, data))
 
 
 def batch_mean_loss(model: torch.nn.Module, graphs: list[Data], loss_fn: LossFn,

@@ -49,6 +49,7 @@ from leangnn.plan.planner import (
     resolve_budget,
     unavailable_row,
 )
+from leangnn.strategy import uses_edge_attr
 from leangnn.utils import format_bytes
 
 __all__ = ["plan", "fit", "calibrated_as"]
@@ -186,6 +187,12 @@ def plan(model: torch.nn.Module, data: Data, memory_budget=None, loss_fn=None,
                 "DPR's core keeps no circuit levels for a DAG model to sweep",
                 "approximate"))
             continue
+        if uses_edge_attr(model, data):
+            rows.append(unavailable_row(
+                "prune", {**own, "budget_ratio": ratio}, "not possible: DPR's "
+                "core adjacency carries no edge features (edge_attr)",
+                "approximate"))
+            continue
         core, note = _core(data, ratio)
         est = estimate_model(model, core, loss_fn, dev, "prune", lr=lr,
                              clip_norm=clip_norm, calibration=cal,
@@ -270,8 +277,10 @@ def fit(model: torch.nn.Module, data: Data, loss_fn=None, strategy: str = "auto"
     else:
         sized = [r for r in table.rows if r.need_bytes is not None]
         if not sized:
+            why = table.rows[0].why if table.rows else ""
+            why = why.removeprefix("not possible: ")
             raise ValueError(f"strategy={strategy!r} is not possible for this "
-                             f"model: {table.rows[0].why if table.rows else ''}")
+                             f"model: {why}")
         row = min(sized, key=lambda r: r.need_bytes)
         if not row.fits:
             raise ValueError(

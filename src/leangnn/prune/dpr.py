@@ -33,7 +33,7 @@ from torch_geometric.data import Data
 
 from ..graphs.partition import GraphStamp, reuse_enabled
 from ..graphs.sparse import adj_t_of, is_canonical, undirected_csr
-from ..strategy import LossFn, Strategy
+from ..strategy import LossFn, Strategy, uses_edge_attr
 from .core import CoreGraph, build_core
 from .decoder import (
     DECODER_CHOICES,
@@ -440,6 +440,12 @@ class DPRStrategy(Strategy):
 
     def setup(self, model: torch.nn.Module, train_graphs: list[Data]) -> None:
         for data in train_graphs:
+            if uses_edge_attr(model, data):
+                raise ValueError(
+                    f"prune: the graph has edge features (edge_attr "
+                    f"{tuple(data.edge_attr.shape)}) that {type(model).__name__} "
+                    "takes, and DPR's core adjacency carries none (its bridges "
+                    "are new edges); train it full batch")
             self.prepare(data)
 
     # -------------------------------------------------------------- training
