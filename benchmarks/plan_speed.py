@@ -14,7 +14,10 @@ row (a ``leangnn train`` command line) this script
   epochs; cached in the JSON, ``--remeasure`` repeats it).
 
 Disk caches (METIS partitions, parsed circuits) are warm in every round, as
-they are for a user's second run; in-process caches are cold.
+they are for a user's second run; in-process caches are cold. Both trees are
+byte-compiled first (:data:`PYCACHE`), as an installed package is: until stop
+34 the children inherited this machine's ``PYTHONDONTWRITEBYTECODE=1`` and
+compiled the dry run's lazily imported module in every estimate.
 
 ``--all`` does the first two for every row of ``benchmarks/plan.py``'s cli
 section (held-out rows too, no ``--before`` needed) and writes
@@ -108,11 +111,26 @@ print(json.dumps({"cpu": cpu, "pick": pick, "run_bytes": est.run_bytes,
 """
 
 
+#: compiled modules for every tree timed (a user's install has its .pyc; a
+#: shell with PYTHONDONTWRITEBYTECODE=1, as the project's CI machine has,
+#: compiled leangnn.plan.meta inside every estimate: ~3 ms of ~40)
+PYCACHE = Path(tempfile.gettempdir()) / "leangnn-plan-speed-pycache"
+
+
 def _env(src: str | None) -> dict:
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPYCACHEPREFIX=str(PYCACHE))
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     if src:
         env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
     return env
+
+
+def compile_tree(src: str | None) -> None:
+    """Byte-compile ``src`` (default: this tree's ``src/``) into
+    :data:`PYCACHE` before any round, so no round compiles a module."""
+    tree = src or str(ROOT / "src")
+    subprocess.run([sys.executable, "-m", "compileall", "-q", tree], env=_env(src),
+                   check=True, capture_output=True)
 
 
 def estimate_once(row: dict, src: str | None) -> dict:
@@ -350,6 +368,8 @@ def main(argv=None) -> None:
                     help="the JSON to update (default: results/plan_speed.json, "
                     "with --cli-wall results/plan_auto_wall.json)")
     args = ap.parse_args(argv)
+    for tree in (None, args.before) if args.before else (None,):
+        compile_tree(tree)
     if args.cli_wall:
         cli_wall(args.cli_wall, args.rounds, args.before, args.epochs,
                  args.out or WALL_OUT)

@@ -125,6 +125,29 @@ def test_check_graph_counts_non_finite_entries(tensor, value, count):
         check_graph(g, labels=False)  # predicting needs no labels
 
 
+@pytest.mark.parametrize("key, value, expect", [
+    ("edge_attr", torch.rand(3, 4), r"edge_attr has shape \[3, 4\] for 2 edges"),
+    ("edge_weight", torch.rand(()), r"edge_weight has shape \[\] for 2 edges"),
+    ("edge_attr", torch.tensor([[0.0, float("nan")], [1.0, 2.0]]),
+     r"edge_attr has 1 non-finite \(NaN or Inf\) entries of 4, the first at "
+     r"\[0, 1\]"),
+    ("edge_weight", torch.tensor([1.0, float("inf")]),
+     r"edge_weight has 1 non-finite .* the first at \[1\]")])
+def test_check_graph_refuses_bad_edge_weights_and_features(key, value, expect):
+    """Edge weights and features reach the model (a model that takes
+    edge_attr is given it): the wrong length or a NaN is one line."""
+    from leangnn.data import check_graph
+
+    g = _graph()
+    g[key] = value
+    with pytest.raises(ValueError, match=rf"^graph 'mine': {expect}"):
+        check_graph(g)
+    g[key] = torch.ones(2, 4) if key == "edge_attr" else torch.ones(2)
+    check_graph(g)
+    g[key] = torch.ones(2, dtype=torch.long)  # integer edge types: no NaN
+    check_graph(g)
+
+
 def test_check_graph_scores_labels_under_the_mask_only():
     from leangnn.data import check_graph
 

@@ -202,6 +202,20 @@ def check_graph(data: Data, where: str = "graph", *, in_channels: int | None = N
         if ei.numel() and (int(ei.min()) < 0 or int(ei.max()) >= n):
             raise ValueError(f"{what}: edge_index holds node ids outside [0, {n}): "
                              f"min {int(ei.min())}, max {int(ei.max())}")
+    # edge weights and features go into the model too (a model that takes
+    # edge_attr is given it: leangnn.strategy.forward_kwargs)
+    num_edges = 0 if ei is None else ei.size(1)
+    for key in ("edge_weight", "edge_attr"):
+        t = data.get(key, None)
+        if not isinstance(t, torch.Tensor):
+            continue
+        if t.dim() == 0 or t.size(0) != num_edges:
+            raise ValueError(f"{what}: {key} has shape {list(t.shape)} for "
+                             f"{num_edges} edges")
+        bad = _bad_entries(t)
+        if bad is not None:
+            raise ValueError(f"{what}: {key} has {bad[0]} non-finite (NaN or Inf) "
+                             f"entries of {t.numel()}, the first at {list(bad[1])}")
     y = getattr(data, "y", None)
     if not labels or y is None:
         return
