@@ -65,14 +65,15 @@ def test_plan_call_returns_the_table(data):
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
 
 
-def _reference_training(model, data, epochs, lr, clip):
-    """Plain PyTorch: Adam on the masked loss, gradient clipping."""
+def _reference_training(model, data, epochs, lr, clip, **kwargs):
+    """Plain PyTorch: Adam on the masked loss, gradient clipping (``kwargs``:
+    the model's further forward arguments, e.g. ``edge_attr``)."""
     loss_fn = default_loss(data)
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     losses = []
     for _ in range(epochs):
         opt.zero_grad()
-        loss = loss_fn(model(data.x, data.edge_index), data)
+        loss = loss_fn(model(data.x, data.edge_index, **kwargs), data)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
         opt.step()
@@ -330,15 +331,7 @@ def test_fit_trains_with_the_edge_features_the_model_takes(data):
     ref.load_state_dict(model.state_dict())
     out = leangnn.fit(model, g, strategy="auto", memory_budget="1GiB", epochs=4,
                       lr=0.02)
-    loss_fn, opt, losses = default_loss(g), torch.optim.Adam(ref.parameters(),
-                                                             lr=0.02), []
-    for _ in range(4):
-        opt.zero_grad()
-        loss = loss_fn(ref(g.x, g.edge_index, edge_attr=g.edge_attr), g)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(ref.parameters(), 1.0)
-        opt.step()
-        losses.append(loss.item())
+    losses = _reference_training(ref, g, 4, 0.02, 1.0, edge_attr=g.edge_attr)
     assert out["row"].strategy == "full"
     assert out["losses"] == pytest.approx(losses, rel=1e-5)
     why = {r.strategy: r.why for r in out["plan"].rows if r.need_bytes is None}

@@ -107,7 +107,11 @@ def plan(model: torch.nn.Module, data: Data, memory_budget=None, loss_fn=None,
 
     Rows: full batch; offload (PyG ``BasicGNN`` models) under the budget; the
     DPR core at :data:`CORE_RATIOS`. A :class:`~leangnn.nn.models.GSRGNN`'s
-    full-batch row is its reversible training.
+    full-batch row is its reversible training. A model that takes the
+    graph's edge features (:func:`~leangnn.strategy.uses_edge_attr`) is
+    traced with them; offload and the core cannot carry them, and their rows
+    say so. The heap factor is the model's family's where its class is one
+    leangnn trains (:func:`calibrated_as`).
 
     Args:
         model (Module): the model; not modified.
