@@ -26,7 +26,7 @@ from torch import Tensor
 from torch_geometric.data import Data
 
 __all__ = ["Strategy", "FullBatch", "LossFn", "node_mask", "forward_kwargs",
-           "uses_edge_attr", "StrategyEntry",
+           "takes_edge_attr", "uses_edge_attr", "edge_attr_refusal", "StrategyEntry",
            "STRATEGIES", "register_strategy", "get_strategy", "option_choices",
            "build_strategy"]
 
@@ -48,17 +48,33 @@ def _names_edge_attr(kind: type) -> bool:
     return "edge_attr" in params
 
 
-def uses_edge_attr(model: torch.nn.Module, data: Data) -> bool:
-    """Whether a forward of ``model`` on ``data`` gets ``data.edge_attr``:
-    ``data`` has edge features and the model's ``forward`` names an
+def takes_edge_attr(model: torch.nn.Module) -> bool:
+    """Whether ``model``'s forward takes edge features: it names an
     ``edge_attr`` parameter (PyG's ``BasicGNN`` models and convs do) and,
     for a ``BasicGNN``, its convs take them (``supports_edge_attr``: GAT, not
     GCN, GraphSAGE or GIN, which ignore them). A forward taking only
     ``**kwargs`` (leangnn's deep models hand those to convs that may not take
-    edge features) gets none, as before."""
-    return (data.get("edge_attr", None) is not None
-            and _names_edge_attr(type(model))
-            and bool(getattr(model, "supports_edge_attr", True)))
+    edge features) takes none."""
+    return _names_edge_attr(type(model)) and bool(
+        getattr(model, "supports_edge_attr", True))
+
+
+def uses_edge_attr(model: torch.nn.Module, data: Data) -> bool:
+    """Whether a forward of ``model`` on ``data`` gets ``data.edge_attr``:
+    ``data`` has edge features and :func:`takes_edge_attr`."""
+    return data.get("edge_attr", None) is not None and takes_edge_attr(model)
+
+
+def edge_attr_refusal(model: torch.nn.Module, data: Data, who: str,
+                      why: str) -> str | None:
+    """The one-line refusal of ``who`` (a strategy that cannot carry edge
+    features, ``why`` saying what it does instead) for ``model`` on ``data``,
+    or ``None`` where the model gets no edge features (:func:`uses_edge_attr`)."""
+    if not uses_edge_attr(model, data):
+        return None
+    return (f"{who}: the graph has edge features (edge_attr "
+            f"{tuple(data.edge_attr.shape)}) that {type(model).__name__} takes, "
+            f"and {why}")
 
 
 def forward_kwargs(model: torch.nn.Module, data: Data) -> dict[str, Tensor]:

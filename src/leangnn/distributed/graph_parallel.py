@@ -48,7 +48,7 @@ from leangnn.distributed.layers import (
 from leangnn.distributed.runtime import all_reduce_gradients, all_reduce_sum
 from leangnn.graphs.partition import Partition, partition_graph
 from leangnn.nn.reversible import GSRStack
-from leangnn.strategy import LossFn, node_mask, uses_edge_attr
+from leangnn.strategy import LossFn, node_mask, takes_edge_attr
 
 __all__ = ["GraphParallel", "Executor", "part_key"]
 
@@ -257,8 +257,7 @@ class GraphParallel:
         kwargs = {}
         if self.edge_weight is not None:
             kwargs["edge_weight"] = self.edge_weight
-        if self.edge_attr is not None and uses_edge_attr(
-                model, Data(edge_attr=self.edge_attr)):
+        if self.edge_attr is not None and takes_edge_attr(model):
             # as a full-batch forward (forward_kwargs) would be given them
             kwargs["edge_attr"] = self.edge_attr
         with self.hooked(model):

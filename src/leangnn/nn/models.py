@@ -34,6 +34,7 @@ from leangnn.nn.reversible import CONVS, ConvSpec, GSRBlock, GSRStack, build_con
 
 __all__ = ["CONVS", "build_conv", "GSRGNN", "ResGNN", "ModelEntry", "MODELS",
            "register_model", "get_model", "model_arguments", "build_model",
+           "registered_name",
            "resolve_target"]
 
 
@@ -217,6 +218,7 @@ def _shallow(cls):
                    dropout=dropout)
     make.__name__ = make.__qualname__ = cls.__name__
     make.__doc__ = f"PyG's shallow :class:`{cls.__name__}` (no jumping knowledge)."
+    make.model_class = cls  # what it builds (registered_name)
     return make
 
 
@@ -353,6 +355,16 @@ register_model("dag", "leangnn.nn.dag:DAGNN", capabilities=("dag",),
                defaults={"num_layers": 2, "hidden_channels": 32, "epochs": 40,
                          "tasks": {"critical": {"hidden_channels": 8,
                                                 "lr": 1e-3}}})
+
+
+def registered_name(model: torch.nn.Module) -> str | None:
+    """The first registered name whose constructor builds ``model``'s very
+    class (not a subclass, whose forward may differ), or ``None``."""
+    for name, entry in MODELS.items():
+        target = entry.resolve()
+        if type(model) is getattr(target, "model_class", target):
+            return name
+    return None
 
 
 def build_model(name: str, in_channels: int, hidden_channels: int,

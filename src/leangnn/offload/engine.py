@@ -66,7 +66,7 @@ from leangnn.offload.plane import (
 )
 from leangnn.offload.schedule import BudgetError, ExactSchedule, RecomputeSchedule
 from leangnn.offload.workspace import WorkspaceModel
-from leangnn.strategy import uses_edge_attr
+from leangnn.strategy import edge_attr_refusal
 
 __all__ = ["OffloadEngine", "OffloadCounters", "OffloadOptions", "MODES",
            "offer_graph", "withdraw_offers"]
@@ -162,12 +162,11 @@ class OffloadEngine:
             options = replace(options, **kwargs)
         self.options = o = options
         self.model, self.lw = model, LayerwiseModel(model)
-        if uses_edge_attr(model, data):
-            raise ValueError(
-                f"offload: the graph has edge features (edge_attr "
-                f"{tuple(data.edge_attr.shape)}) that {type(model).__name__} takes, "
-                "and the layer-wise engine runs its convs without them; train "
-                "it full batch (or distributed without a device budget)")
+        refusal = edge_attr_refusal(
+            model, data, "offload", "the layer-wise engine runs its convs without "
+            "them; train it full batch (or distributed without a device budget)")
+        if refusal:
+            raise ValueError(refusal)
         param = next(model.parameters())
         self.device = torch.device(o.device) if o.device is not None else param.device
         self.dtype = param.dtype

@@ -49,7 +49,8 @@ from leangnn.plan.planner import (
     resolve_budget,
     unavailable_row,
 )
-from leangnn.strategy import uses_edge_attr
+from leangnn.prune.dpr import CORE_HAS_NO_EDGE_ATTR
+from leangnn.strategy import edge_attr_refusal
 from leangnn.utils import format_bytes
 
 __all__ = ["plan", "fit", "calibrated_as"]
@@ -57,34 +58,31 @@ __all__ = ["plan", "fit", "calibrated_as"]
 
 def calibrated_as(model: torch.nn.Module) -> dict[str, Any]:
     """The knobs of a plan row of ``model``: its class name (``model``), and
-    where it is one of the models :mod:`leangnn.nn.models` registers (PyG's
-    ``GCN``, ``GraphSAGE``, ``GAT`` and ``GIN``, our ``ResGNN``, ``GSRGNN`` and
-    ``DAGNN``: the very class, not a subclass, whose forward may differ) the
-    registry's name as its ``family``, with its conv or state width, which
-    select the calibrated heap factor
-    (:func:`~leangnn.plan.calibration.heap_families`).
+    where :mod:`leangnn.nn.models` registers its very class
+    (:func:`~leangnn.nn.models.registered_name`: PyG's ``GCN``,
+    ``GraphSAGE``, ``GAT`` and ``GIN``, our ``ResGNN`` and ``GSRGNN``; a
+    subclass, whose forward may differ, is not) or it is a ``DAGNN`` (its
+    levels sweep however it is subclassed), the registry's name as its
+    ``family``, with its conv or state width, which select the calibrated
+    heap factor (:func:`~leangnn.plan.calibration.heap_families`).
 
     A model of another class has no family and gets the largest factor
     measured, so its plan errs towards not fitting. Measured through
     :func:`fit` on a 20k-node csbm graph, a PyG ``GAT`` planned +100% over
     its measured peak as a model of its own, and -7% as ``gat``.
     """
-    from torch_geometric.nn.models import GAT, GCN, GIN, GraphSAGE
-
-    from leangnn.nn.models import GSRGNN, ResGNN
+    from leangnn.nn.models import registered_name
 
     own: dict[str, Any] = {"model": type(model).__name__}
-    kind = type(model)
-    if is_dag_model(model):  # (its levels sweep however it is subclassed)
-        own.update(family="dag", hidden_channels=model.hidden_channels)
-    for family, cls in (("gcn", GCN), ("sage", GraphSAGE), ("gat", GAT),
-                        ("gin", GIN)):
-        if kind is cls:
-            own["family"] = family
-    if kind is ResGNN:
-        own.update(family="res", conv=model.conv_name)
-    if kind is GSRGNN:
-        own.update(family="gsr", conv=model.stack.conv_name)
+    family = "dag" if is_dag_model(model) else registered_name(model)
+    if family is not None:
+        own["family"] = family
+    if family == "dag":
+        own["hidden_channels"] = model.hidden_channels
+    elif family == "res":
+        own["conv"] = model.conv_name
+    elif family == "gsr":
+        own["conv"] = model.stack.conv_name
     return own
 
 
@@ -191,11 +189,10 @@ def plan(model: torch.nn.Module, data: Data, memory_budget=None, loss_fn=None,
                 "DPR's core keeps no circuit levels for a DAG model to sweep",
                 "approximate"))
             continue
-        if uses_edge_attr(model, data):
-            rows.append(unavailable_row(
-                "prune", {**own, "budget_ratio": ratio}, "not possible: DPR's "
-                "core adjacency carries no edge features (edge_attr)",
-                "approximate"))
+        refusal = edge_attr_refusal(model, data, "prune", CORE_HAS_NO_EDGE_ATTR)
+        if refusal:
+            rows.append(unavailable_row("prune", {**own, "budget_ratio": ratio},
+                                        f"not possible: {refusal}", "approximate"))
             continue
         core, note = _core(data, ratio)
         est = estimate_model(model, core, loss_fn, dev, "prune", lr=lr,

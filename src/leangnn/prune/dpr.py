@@ -33,7 +33,7 @@ from torch_geometric.data import Data
 
 from ..graphs.partition import GraphStamp, reuse_enabled
 from ..graphs.sparse import adj_t_of, is_canonical, undirected_csr
-from ..strategy import LossFn, Strategy, uses_edge_attr
+from ..strategy import LossFn, Strategy, edge_attr_refusal
 from .core import CoreGraph, build_core
 from .decoder import (
     DECODER_CHOICES,
@@ -55,6 +55,10 @@ from .serve import (
 )
 
 __all__ = ["DPRConfig", "DPRStrategy", "withdraw_offers", "OFFERS"]
+
+#: why DPR refuses a model that takes edge features (:func:`edge_attr_refusal`)
+CORE_HAS_NO_EDGE_ATTR = ("DPR's core adjacency carries none (its bridges are new "
+                         "edges); train it full batch")
 
 
 @dataclass
@@ -440,12 +444,9 @@ class DPRStrategy(Strategy):
 
     def setup(self, model: torch.nn.Module, train_graphs: list[Data]) -> None:
         for data in train_graphs:
-            if uses_edge_attr(model, data):
-                raise ValueError(
-                    f"prune: the graph has edge features (edge_attr "
-                    f"{tuple(data.edge_attr.shape)}) that {type(model).__name__} "
-                    "takes, and DPR's core adjacency carries none (its bridges "
-                    "are new edges); train it full batch")
+            refusal = edge_attr_refusal(model, data, "prune", CORE_HAS_NO_EDGE_ATTR)
+            if refusal:
+                raise ValueError(refusal)
             self.prepare(data)
 
     # -------------------------------------------------------------- training
