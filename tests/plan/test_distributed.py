@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import gc
+import time
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -53,13 +55,53 @@ def _loss(out: torch.Tensor, d: Data) -> torch.Tensor:
     return F.cross_entropy(out[mask], y[mask])
 
 
+@contextmanager
+def _settled_collectives(timeout: float = 5.0):
+    """Each gloo collective returns once its worker thread has let go of the
+    call's tensors.
+
+    Gloo's worker marks a collective done, which wakes the caller, and drops
+    its reference to the call's tensors a moment later. A tensor the caller
+    no longer holds (the contiguous rows sent, the gradient a backward
+    received) is then freed on the worker thread, now and then after the
+    caller has gone on to its peak: +1-4% on a small rank's step in about one
+    run of thirty, more under load (seen: the storages freed on a thread
+    other than the caller's in exactly the high runs). The planner counts
+    each buffer as freed when the call returns, so the reference waits for
+    that, on the tensors' use counts, instead of racing it.
+    """
+    import torch.distributed as dist
+
+    names = ("all_to_all_single", "all_reduce")
+    real = {n: getattr(dist, n) for n in names}
+
+    def settled(fn):
+        def call(*args, **kwargs):
+            ts = [t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor)]
+            held = [t._use_count() for t in ts]
+            out = fn(*args, **kwargs)
+            end = time.monotonic() + timeout
+            while time.monotonic() < end and any(
+                    t._use_count() > n for t, n in zip(ts, held)):
+                time.sleep(0)
+            return out
+        return call
+
+    for n, fn in real.items():
+        setattr(dist, n, settled(fn))
+    try:
+        yield
+    finally:
+        for n, fn in real.items():
+            setattr(dist, n, fn)
+
+
 def _measured(ctx, graphs, parts):
     """Each case's tensor peak of a real rank's first step: zero_grad,
     forward, loss, backward, gradient sum, clipping and a fresh Adam step,
-    as the planner traces it. The least of three: the meter keys storages by
-    address, and a block the allocator hands out again before its last
-    tensor's release is seen now and then counts twice (+0.7-3.5% measured
-    in about one case of thirty; the dry run never moved)."""
+    as the planner traces it, with every collective's buffers released as it
+    returns (:func:`_settled_collectives`). The least of three runs, which
+    agree."""
     out = {}
     for name, conv, g in CASES:
         data = graphs[g]
@@ -73,7 +115,7 @@ def _measured(ctx, graphs, parts):
             # autograd's reference cycles early, at a moment of its own
             gc.collect()
             gc.disable()
-            with LiveBytesMeter(exclude=params) as meter:
+            with _settled_collectives(), LiveBytesMeter(exclude=params) as meter:
                 opt.zero_grad(set_to_none=True)
                 runner.train_step(model, data, _loss)
                 torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -115,8 +157,7 @@ def _wide(data: Data, step: str) -> torch.nn.Module:
 
 
 def _measured_exchange(ctx, data, part):
-    # the least of three, as in _measured: now and then a collective's
-    # buffers outlive it for a moment (gloo's work object releases them)
+    # settled collectives and the least of three, as in _measured
     out = {}
     for step, fn in STEPS.items():
         peaks = []
@@ -124,7 +165,8 @@ def _measured_exchange(ctx, data, part):
             runner = GraphParallel(data, partition=part)
             model = _wide(data, step)
             gc.collect()
-            with LiveBytesMeter(exclude=list(model.parameters())) as meter:
+            with _settled_collectives(), \
+                    LiveBytesMeter(exclude=list(model.parameters())) as meter:
                 fn(runner, model, all_reduce_gradients)
             peaks.append(meter.peak)
         out[step] = min(peaks)
