@@ -1,7 +1,20 @@
-"""``python -m leangnn`` runs the command line."""
+"""The ``leangnn`` command (``python -m leangnn`` and the console script)."""
 
 import sys
 
-from .cli import main
+from leangnn.heap import ensure_compact_heap
 
-sys.exit(main())
+
+def main() -> int:
+    """:func:`leangnn.cli.main` in the compact glibc heap
+    (:func:`leangnn.heap.ensure_compact_heap` re-executes the process once
+    with its tunables, before the command line's imports, so a re-executed
+    process pays them once; ``LEANGNN_HEAP=default`` keeps glibc's own)."""
+    ensure_compact_heap()
+    from leangnn.cli import main as cli_main
+
+    return cli_main()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -84,10 +84,13 @@ def _first_line(e: BaseException) -> str:
 
 def environment() -> dict[str, Any]:
     """What a run's numbers depend on beyond its config: library versions,
-    platform and the number of CPU threads (the same seed gives the same CPU
-    metrics only at the same thread count)."""
+    platform, the number of CPU threads (the same seed gives the same CPU
+    metrics only at the same thread count) and the CPU heap
+    (:func:`leangnn.heap.heap_mode`: its resident peak depends on it)."""
     import numpy as np
     import torch_geometric
+
+    from leangnn.heap import heap_mode
 
     env = {"python": platform.python_version(), "torch": torch.__version__,
            "torch_geometric": torch_geometric.__version__, "numpy": np.__version__,
@@ -95,7 +98,8 @@ def environment() -> dict[str, Any]:
            "cuda": torch.version.cuda,
            "cuda_devices": [torch.cuda.get_device_name(i) for i in
                             range(torch.cuda.device_count())]
-           if torch.cuda.is_available() else []}
+           if torch.cuda.is_available() else [],
+           "heap": heap_mode()}
     try:
         from importlib.metadata import version
 

@@ -315,3 +315,24 @@ def test_two_jobs_in_one_call_are_refused_naming_the_flags(argv, named, capsys,
         cmod.main(argv)
     assert e.value.code == 2
     assert named in capsys.readouterr().err
+
+
+def test_runs_measured_in_the_heap_asked_for(monkeypatch):
+    import sys
+
+    from leangnn.heap import compact_heap_env, heap_mode
+    from leangnn.plan.calibrate import _kind
+    from leangnn.plan.measure import _heap_env
+
+    if not sys.platform.startswith("linux"):
+        return
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
+    monkeypatch.setenv("GLIBC_TUNABLES", compact_heap_env({})["GLIBC_TUNABLES"])
+    # the children of a calibration in the compact heap get it, and the
+    # stored calibration is named after it; with mmap, glibc's fixed
+    # threshold alone
+    assert heap_mode(_heap_env(False)) == "compact"
+    assert _kind("cpu", False).endswith("glibc-compact")
+    assert heap_mode(_heap_env(True)) == "mmap"
+    assert "tcache_count" not in _heap_env(True).get("GLIBC_TUNABLES", "")
+    assert _kind("cpu", True).endswith("glibc-mmap")

@@ -611,3 +611,16 @@ def test_a_partial_refit_is_stamped_beside_the_measurement():
     assert Calibration.from_dict(old).refitted == {}
     # measured as a whole again: the stamps go
     assert fit_calibration(_samples(1.3, 5e6, 2e-5, 1e-9, 3e-10)).refitted == {}
+
+
+def test_the_compact_heap_is_an_allocator_mode_of_its_own(monkeypatch):
+    from leangnn.heap import compact_heap_env
+
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
+    monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
+    default = machine_kind("cpu")
+    monkeypatch.setenv("GLIBC_TUNABLES", compact_heap_env({})["GLIBC_TUNABLES"])
+    if allocator_mode("cpu") == "system":
+        return  # (not Linux: one mode)
+    assert allocator_mode("cpu") == "glibc-compact"
+    assert machine_kind("cpu") == default.replace("glibc-default", "glibc-compact")

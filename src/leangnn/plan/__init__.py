@@ -6,10 +6,10 @@ and returns the :class:`~leangnn.plan.planner.PlanTable`. The names of
 :data:`__all__` load on first use (see :class:`leangnn._PlanModule`): the
 planner needs the configuration and data layers, which import this
 package's quick fit check (:mod:`leangnn.plan.fits`), so nothing here may
-import the planner when the package loads.
+import the planner when the package loads. Nor torch: ``import leangnn``
+stays light, so the ``leangnn`` command re-executes itself in the compact
+heap (:mod:`leangnn.heap`) before it has paid for torch.
 """
-
-from leangnn.plan.vertex import full_batch_vertex_bytes, layer_widths
 
 __all__ = ["plan_model", "fit", "PlanRow", "PlanTable", "plan_config", "choose",
            "format_table", "candidates", "resolve_budget", "plan_summary",

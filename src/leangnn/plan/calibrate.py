@@ -14,14 +14,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import numpy as np
 import torch
 
+from leangnn.heap import compact_heap_env, default_heap_env, heap_mode
 from leangnn.plan.calibration import (
     HEAVY_HEAP_BYTES,
     REFERENCE_DIR,
@@ -283,8 +286,12 @@ def _sample(run: dict[str, Any], device: str, mmap: bool | None,
 def _kind(device: str, mmap: bool | None) -> str:
     kind = machine_kind(device)
     if mmap is not None and torch.device(device).type == "cpu":
-        kind = re.sub(r"glibc-(mmap|default)$",
-                      "glibc-mmap" if mmap else "glibc-default", kind)
+        # mmap=False: the runs get this process's heap without the threshold
+        # (measure.measure_trainer), default or compact
+        other = heap_mode({k: v for k, v in os.environ.items()
+                           if k != "MALLOC_MMAP_THRESHOLD_"})
+        kind = re.sub(r"glibc-(mmap|default|compact)$",
+                      "glibc-mmap" if mmap else f"glibc-{other}", kind)
     return kind
 
 
@@ -638,9 +645,12 @@ def main(argv: list[str] | None = None) -> int:
                     "the planner (a few short training runs).")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:i]")
     p.add_argument("--quick", action="store_true", help="four runs only")
-    p.add_argument("--allocator", choices=["default", "mmap"], default=None,
-                   help="CPU: measure with glibc's default or a fixed mmap "
-                        "threshold (default: as this shell is set up)")
+    p.add_argument("--allocator", choices=["default", "compact", "mmap"],
+                   default=None,
+                   help="CPU: measure with glibc's default heap, the compact "
+                        "heap the leangnn command runs in (leangnn.heap) or a "
+                        "fixed mmap threshold (default: as this shell is set "
+                        "up)")
     # one job per call: a second mode flag was silently dropped (e.g.
     # --time-only beside --collectives measured the collectives alone)
     mode = p.add_mutually_exclusive_group()
@@ -684,6 +694,17 @@ def main(argv: list[str] | None = None) -> int:
                            "computes beside the others; stored for the planner's "
                            "distributed rows (leangnn plan --nproc P)")
     args = p.parse_args(argv)
+    if args.allocator in ("default", "compact"):
+        # the runs inherit this environment (glibc reads it as each starts)
+        # and the stored calibration is named after it
+        env = compact_heap_env() if args.allocator == "compact" else \
+            default_heap_env()
+        with mock.patch.dict(os.environ, env, clear=True):
+            return _main(p, args)
+    return _main(p, args)
+
+
+def _main(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     clash = [f for f, on in (("--collectives", args.collectives is not None),
                              ("--save-reference", args.save_reference),
                              ("--show", args.show), ("--time-only", args.time_only))

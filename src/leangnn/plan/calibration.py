@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import platform
 import re
 import sys
@@ -69,20 +68,23 @@ REFERENCE_DIR = Path(__file__).with_name("reference")
 
 #: what an uncalibrated machine assumes (measured on a 2-core x86-64 CPU
 #: with glibc 2.36; tensor bytes are exact on CUDA and in mmap mode)
-_DEFAULT_SCALE = {"glibc-default": 1.9, "glibc-mmap": 1.0, "cuda-caching": 1.0,
-                  "system": 1.0}
+_DEFAULT_SCALE = {"glibc-default": 1.9, "glibc-mmap": 1.0, "glibc-compact": 1.1,
+                  "cuda-caching": 1.0, "system": 1.0}
 
 
 def allocator_mode(device: torch.device | str = "cpu") -> str:
-    """``cuda-caching``; on CPU ``glibc-mmap`` when ``MALLOC_MMAP_THRESHOLD_``
-    is set (resident memory follows live tensors), else ``glibc-default``
-    on Linux and ``system`` elsewhere."""
+    """``cuda-caching``; on Linux's CPU ``glibc-`` and the heap this process
+    has (:func:`leangnn.heap.heap_mode`): ``glibc-mmap`` when
+    ``MALLOC_MMAP_THRESHOLD_`` is set (resident memory follows live
+    tensors), ``glibc-compact`` (the ``leangnn`` command's) or
+    ``glibc-default``; ``system`` elsewhere."""
+    from leangnn.heap import heap_mode
+
     if torch.device(device).type == "cuda":
         return "cuda-caching"
     if not sys.platform.startswith("linux"):
         return "system"
-    return "glibc-mmap" if os.environ.get("MALLOC_MMAP_THRESHOLD_") else \
-        "glibc-default"
+    return f"glibc-{heap_mode()}"
 
 
 def _cpu_name() -> str:

@@ -136,6 +136,18 @@ def _run(state) -> dict:
     return measure(cfg, epochs=epochs, live=live)
 
 
+def _heap_env(mmap: bool) -> dict[str, str]:
+    """This process's environment for a measured child: glibc's fixed mmap
+    threshold (:data:`MMAP_ENV`, no compact-heap tunables) with ``mmap``,
+    else this process's heap mode (:func:`leangnn.heap.heap_mode`: default
+    or compact) without it."""
+    from leangnn.heap import default_heap_env
+
+    if mmap:
+        return {**default_heap_env(), **MMAP_ENV}
+    return {k: v for k, v in os.environ.items() if k not in MMAP_ENV}
+
+
 def measure_fresh(cfg, epochs: int = 2, live: bool = False, mmap: bool = False,
                   threads: int | None = None, timeout: float | None = None
                   ) -> dict[str, Any]:
@@ -149,11 +161,8 @@ def measure_fresh(cfg, epochs: int = 2, live: bool = False, mmap: bool = False,
     from leangnn.profile import measure_in_subprocess
 
     d = cfg if isinstance(cfg, dict) else cfg.to_dict()
-    env = dict(MMAP_ENV) if mmap else {}
-    with mock.patch.dict(os.environ, env):  # read by the child's glibc at start
-        if not mmap:
-            for k in MMAP_ENV:
-                os.environ.pop(k, None)
+    # (read by the child's glibc when it starts)
+    with mock.patch.dict(os.environ, _heap_env(mmap), clear=True):
         result, _ = measure_in_subprocess(
             _setup, _run, {"cfg": d, "epochs": epochs, "live": live,
                            "threads": threads}, device=d.get("device", "cpu"),
@@ -194,9 +203,7 @@ def measure_trainer(cfg, epochs: int = 3, threads: int | None = 1,
         subprocess.TimeoutExpired: it took longer than ``timeout`` seconds.
     """
     d = cfg if isinstance(cfg, dict) else cfg.to_dict()
-    env = {k: v for k, v in os.environ.items() if k not in MMAP_ENV}
-    if mmap:
-        env.update(MMAP_ENV)
+    env = _heap_env(mmap)
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
     with tempfile.TemporaryDirectory(prefix="leangnn-measure-") as tmp:

@@ -1,0 +1,160 @@
+"""glibc's heap for CPU training: the compact heap the ``leangnn`` command runs in.
+
+Under glibc's default ``malloc`` a CPU training run's resident memory is
+1.2-4x its live tensors, differs from process to process by up to 2x, and
+can keep growing from epoch to epoch: a residual GCN stack on csbm:8000
+(16 layers, 146 MiB of live tensors) peaked at 498 MiB in its first epoch
+and at 841 MiB by its 20th. The tensors are not the cause. Each step frees
+``E x C`` blocks of tens of MiB, and the small objects allocated beside the
+tensors (tensor, storage and autograd objects, under 1 KiB) land in those
+holes. Freed small chunks wait in glibc's per-thread cache (*tcache*),
+where they count as used: they keep the holes from merging, and the next
+step's large blocks no longer fit in them.
+
+Three of glibc's tunables remove that (``GLIBC_TUNABLES``, measured on the
+run above through ``leangnn train``, 3 processes each; ``benchmarks/README.md``,
+"The compact heap"):
+
+* ``glibc.malloc.tcache_count=0``: a freed small chunk goes back to the
+  heap's free lists and merges with its neighbours at once;
+* ``glibc.malloc.mmap_threshold=33554432``: blocks of 32 MiB and more are
+  mapped, smaller ones come from the heap. This is glibc's dynamic threshold
+  fixed at its ceiling (with a ``E x C`` block freed, the default rises to
+  that size anyway); setting any of these tunables stops the dynamic
+  adjustment;
+* ``glibc.malloc.trim_threshold=4294967296``: the heap's top is not handed
+  back during a step. Otherwise the now compact heap is returned and faulted
+  in again at every step. The Trainer still releases free pages after every
+  epoch (:func:`leangnn.profile.release_free_heap`).
+
+That run then peaked at 184 MiB instead of 713 MiB, at 0.52 s instead of
+0.77 s per epoch. glibc reads the tunables when a process starts, so the
+``leangnn`` command re-executes itself once with them added
+(:func:`ensure_compact_heap`). A Python process that calls
+:func:`leangnn.fit` gets them by starting with :func:`compact_heap_env`'s
+environment (``export GLIBC_TUNABLES=...``, see the README). The planner
+reads which heap its process has (:func:`heap_mode`) and uses that mode's
+calibration.
+
+Off switch: ``LEANGNN_HEAP=default`` (glibc as it comes). A
+``MALLOC_MMAP_THRESHOLD_`` or ``GLIBC_TUNABLES`` ``malloc`` setting of the
+user's own is left as it is.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+
+__all__ = ["COMPACT_TUNABLES", "HEAP_MODES", "heap_mode", "mmap_threshold",
+           "compact_heap_env", "default_heap_env", "ensure_compact_heap"]
+
+#: the tunables of the compact heap, in ``GLIBC_TUNABLES`` syntax
+COMPACT_TUNABLES = ("glibc.malloc.tcache_count=0",
+                    "glibc.malloc.mmap_threshold=33554432",
+                    "glibc.malloc.trim_threshold=4294967296")
+
+#: what :func:`heap_mode` returns
+HEAP_MODES = ("default", "compact", "mmap")
+
+#: set in the re-executed process: never re-execute twice
+_REEXEC = "LEANGNN_HEAP_REEXEC"
+
+
+def _tunables(env: Mapping[str, str]) -> list[str]:
+    return [t for t in env.get("GLIBC_TUNABLES", "").split(":") if t]
+
+
+def heap_mode(env: Mapping[str, str] | None = None) -> str:
+    """The glibc heap a process started with ``env`` (default: this one's)
+    has: ``"mmap"`` (``MALLOC_MMAP_THRESHOLD_`` set: every block above it
+    mapped), ``"compact"`` (:data:`COMPACT_TUNABLES`'s ``tcache_count=0``)
+    or ``"default"``."""
+    env = os.environ if env is None else env
+    if env.get("MALLOC_MMAP_THRESHOLD_"):
+        return "mmap"
+    return "compact" if COMPACT_TUNABLES[0] in _tunables(env) else "default"
+
+
+def mmap_threshold(env: Mapping[str, str] | None = None) -> int | None:
+    """The fixed mmap threshold of a process started with ``env`` (default:
+    this one's): ``MALLOC_MMAP_THRESHOLD_``, else the
+    ``glibc.malloc.mmap_threshold`` tunable, else ``None`` (glibc's dynamic
+    threshold)."""
+    env = os.environ if env is None else env
+    value = env.get("MALLOC_MMAP_THRESHOLD_", "")
+    if not value:
+        for t in _tunables(env):
+            name, _, v = t.partition("=")
+            if name == "glibc.malloc.mmap_threshold":
+                value = v
+    value = value.strip()
+    return int(value) if value.isdigit() else None
+
+
+def compact_heap_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``env`` (default: this process's) with :data:`COMPACT_TUNABLES` added
+    to ``GLIBC_TUNABLES`` (a tunable the user set keeps the user's value) and
+    no ``MALLOC_MMAP_THRESHOLD_``."""
+    out = dict(os.environ if env is None else env)
+    out.pop("MALLOC_MMAP_THRESHOLD_", None)
+    have = _tunables(out)
+    names = {t.split("=", 1)[0] for t in have}
+    add = [t for t in COMPACT_TUNABLES if t.split("=", 1)[0] not in names]
+    out["GLIBC_TUNABLES"] = ":".join(have + add)
+    return out
+
+
+def default_heap_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``env`` without :data:`COMPACT_TUNABLES` and
+    ``MALLOC_MMAP_THRESHOLD_``: glibc's default heap."""
+    out = dict(os.environ if env is None else env)
+    out.pop("MALLOC_MMAP_THRESHOLD_", None)
+    rest = [t for t in _tunables(out) if t not in COMPACT_TUNABLES]
+    if rest:
+        out["GLIBC_TUNABLES"] = ":".join(rest)
+    else:
+        out.pop("GLIBC_TUNABLES", None)
+    return out
+
+
+def _glibc() -> bool:
+    try:
+        return os.confstr("CS_GNU_LIBC_VERSION").startswith("glibc")
+    except (AttributeError, ValueError, OSError):
+        return False
+
+
+def ensure_compact_heap() -> None:
+    """Re-execute this process with the compact heap's tunables, once.
+
+    For the ``leangnn`` command's entry point only (it replaces the process):
+    on Linux with glibc, unless ``LEANGNN_HEAP=default``, the user set
+    ``MALLOC_MMAP_THRESHOLD_`` or a ``tcache_count`` of their own, or this
+    process is already the re-executed one. Where the re-execution cannot
+    happen the command goes on with the heap it has.
+    """
+    if not sys.platform.startswith("linux") or os.environ.get(_REEXEC):
+        return
+    if os.environ.get("LEANGNN_HEAP", "compact").strip().lower() in (
+            "default", "off", "0", "no", "false"):
+        return
+    if os.environ.get("MALLOC_MMAP_THRESHOLD_") or any(
+            t.startswith("glibc.malloc.tcache_count=")
+            for t in _tunables(os.environ)):
+        return
+    argv = getattr(sys, "orig_argv", None)
+    if not argv or not sys.executable or not _glibc():
+        return
+    env = compact_heap_env()
+    env[_REEXEC] = "1"
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError, AttributeError):
+            pass
+    try:
+        os.execve(sys.executable, argv, env)
+    except OSError:
+        return
