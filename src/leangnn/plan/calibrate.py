@@ -377,8 +377,8 @@ def calibrate(device: str = "cpu", quick: bool = False, mmap: bool | None = None
         raise RuntimeError("calibrate: every calibration run failed")
     cal = fit_calibration(samples, device)
     if mmap is not None and torch.device(device).type == "cpu":
-        cal.allocator = "glibc-mmap" if mmap else "glibc-default"
         cal.kind = _kind(device, mmap)
+        cal.allocator = "glibc-" + cal.kind.rsplit("glibc-", 1)[-1]
     if save:
         cal.save()
     return cal
@@ -753,7 +753,8 @@ def _main(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         print(f"{cal.kind}: long-run scales ({cal.long_run_epochs} epochs): "
               f"{scales}; stored in {kind_path(cal.kind)}")
         return 0
-    mmap = None if args.allocator is None else args.allocator == "mmap"
+    # (default and compact: this process's environment, set above, decides)
+    mmap = True if args.allocator == "mmap" else None
     if args.repeat < 1:
         p.error(f"--repeat: at least 1, got {args.repeat}")
     if args.time_only:
