@@ -168,6 +168,9 @@ def test_check_graph_scores_labels_under_the_mask_only():
      r"edge_index must be an integer \[2, num_edges\] tensor, got int64 \[3, 2\]"),
     (lambda g: setattr(g, "edge_index", torch.zeros(2, 2)),
      r"edge_index must be an integer \[2, num_edges\] tensor, got float32 \[2, 2\]"),
+    (lambda g: setattr(g, "edge_index", torch.tensor([[0, 1], [1, 2]],
+                                                     dtype=torch.int32)),
+     r"edge_index must be int64, got int32; convert it with edge_index.long\(\)$"),
     (lambda g: setattr(g, "x", torch.rand(6)), r"x must be \[num_nodes, num_feat"),
     (lambda g: setattr(g, "x", None), r"has no node features"),
     (lambda g: setattr(g, "y", torch.rand(5)), r"y has shape \[5\] for 6 nodes"),
@@ -179,6 +182,18 @@ def test_check_graph_names_malformed_tensors(edit, expect):
     edit(g)
     with pytest.raises(ValueError, match=rf"^graph 'mine': {expect}"):
         check_graph(g)
+
+
+def test_check_graph_refuses_a_trained_graph_whose_mask_scores_no_node():
+    from leangnn.data import check_graph
+
+    g = with_mask(_graph(), torch.zeros(6, dtype=torch.bool))
+    check_graph(g)  # a graph only predicted for or evaluated may score none
+    check_graph(g, nodes=True, labels=False)  # a loss of its own: not data.y's
+    with pytest.raises(ValueError, match=r"^graph 'mine': node_mask selects no "
+                       r"node \(all 6 entries False\)$"):
+        check_graph(g, nodes=True)
+    check_graph(with_mask(_graph(), torch.arange(6) == 2), nodes=True)
 
 
 def test_check_splits_width_classes_and_empty_training_graph():

@@ -57,6 +57,21 @@ def test_parse_bytes():
             parse_bytes(bad, "device_budget")
 
 
+def test_parse_bytes_numpy_exponents_petabytes_and_non_finite():
+    import numpy as np
+
+    assert parse_bytes(np.int64(1 << 30)) == 1 << 30
+    assert parse_bytes(np.float32(4096.0)) == 4096
+    assert parse_bytes("1e9") == 10**9 and parse_bytes("2.5e3 KiB") == 2560000
+    assert parse_bytes("1PiB") == 1 << 50 and parse_bytes("1PB") == 10**15
+    # int() of these raised its own ValueError / OverflowError, naming nothing
+    for bad in (float("nan"), float("inf"), -float("inf"), np.float64("nan"),
+                "1e999", np.bool_(True)):
+        with pytest.raises(ValueError, match=r"^memory_budget: cannot read .* as a "
+                           "positive size"):
+            parse_bytes(bad, "memory_budget")
+
+
 def _draws():
     import random
 

@@ -166,8 +166,8 @@ def check_graph(data: Data, where: str = "graph", *, in_channels: int | None = N
         labels (bool, optional): check ``y`` too. (default: ``True``)
         num_classes (int, optional): ``y`` must hold class ids in
             ``[0, num_classes)``. (default: ``None``, a regression target)
-        nodes (bool, optional): refuse a graph without nodes (one trained
-            on). (default: ``False``)
+        nodes (bool, optional): refuse a graph without nodes, or whose
+            ``node_mask`` scores none (one trained on). (default: ``False``)
 
     Raises:
         ValueError: one line naming the graph, the tensor and what is wrong
@@ -199,6 +199,12 @@ def check_graph(data: Data, where: str = "graph", *, in_channels: int | None = N
             raise ValueError(f"{what}: edge_index must be an integer [2, num_edges] "
                              f"tensor, got {str(ei.dtype).removeprefix('torch.')} "
                              f"{list(ei.shape)}")
+        if ei.dtype != torch.long:
+            # PyG's scatter and gather take int64 indices only: the first
+            # conv of a real step would fail, a dry run on fake tensors not
+            raise ValueError(f"{what}: edge_index must be int64, got "
+                             f"{str(ei.dtype).removeprefix('torch.')}; convert it "
+                             "with edge_index.long()")
         if ei.numel() and (int(ei.min()) < 0 or int(ei.max()) >= n):
             raise ValueError(f"{what}: edge_index holds node ids outside [0, {n}): "
                              f"min {int(ei.min())}, max {int(ei.max())}")
@@ -222,6 +228,11 @@ def check_graph(data: Data, where: str = "graph", *, in_channels: int | None = N
     if y.dim() == 0 or y.size(0) != n:
         raise ValueError(f"{what}: y has shape {list(y.shape)} for {n} nodes")
     mask = getattr(data, "node_mask", None)
+    if nodes and isinstance(mask, torch.Tensor) and mask.dtype == torch.bool and \
+            not bool(mask.any()):
+        # the loss over no node is NaN: training would return NaN silently
+        raise ValueError(f"{what}: node_mask selects no node (all "
+                         f"{mask.numel()} entries False)")
     scored = y if mask is None else y[mask.to(y.device)]
     bad = _bad_entries(scored)
     if bad is not None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import math
+import numbers
 import os
 import random
 import re
@@ -19,22 +21,28 @@ __all__ = ["atomic_write_text", "atomic_torch_save", "append_jsonl", "seed_every
 
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1000, "kib": 1 << 10, "m": 1 << 20,
           "mb": 1000**2, "mib": 1 << 20, "g": 1 << 30, "gb": 1000**3, "gib": 1 << 30,
-          "t": 1 << 40, "tb": 1000**4, "tib": 1 << 40}
+          "t": 1 << 40, "tb": 1000**4, "tib": 1 << 40, "p": 1 << 50, "pb": 1000**5,
+          "pib": 1 << 50}
 
 
 def parse_bytes(value: str | int | float, name: str = "size") -> int:
-    """``"2GiB"``, ``"512MB"``, ``"1.5g"`` or a positive number of bytes -> ``int``.
+    """``"2GiB"``, ``"512MB"``, ``"1.5g"``, ``"1e9"`` or a positive number of
+    bytes (a numpy scalar too) -> ``int``.
 
     Raises:
-        ValueError: naming ``name`` and the value when it is not a positive size.
+        ValueError: naming ``name`` and the value when it is not a positive,
+            finite size.
     """
     out = 0
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        out = int(value)
+    if isinstance(value, numbers.Real) and not isinstance(value, bool | np.bool_):
+        # int() of NaN or Inf raises its own error, which names no argument
+        out = int(value) if math.isfinite(value) else 0
     elif isinstance(value, str):
-        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", value)
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*",
+                         value)
         if m and m.group(2).lower() in _UNITS:
-            out = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+            size = float(m.group(1)) * _UNITS[m.group(2).lower()]
+            out = int(size) if math.isfinite(size) else 0
     if out <= 0:
         raise ValueError(f"{name}: cannot read {value!r} as a positive size; use "
                          "e.g. 2GiB, 512MB or a number of bytes")

@@ -31,8 +31,7 @@ def data():
 def test_import_leangnn_stays_cheap():
     code = ("import sys, leangnn\n"
             "loaded = sorted(m for m in sys.modules if m.startswith('leangnn'))\n"
-            "assert loaded == ['leangnn', 'leangnn.plan', 'leangnn.plan.vertex'], "
-            "loaded\n"
+            "assert loaded == ['leangnn', 'leangnn.plan'], loaded\n"
             "assert callable(leangnn.plan) and callable(leangnn.fit)\n"
             "import leangnn.config, leangnn.data\n"  # they import plan.fits
             "assert 'leangnn.plan.planner' not in sys.modules\n")
@@ -171,7 +170,7 @@ def test_a_model_failing_its_dry_run_logs_no_torch_traceback(data, caplog):
 
     fake_log = logging.getLogger("torch._subclasses.fake_tensor")
     level = fake_log.level
-    model = GCN(5, 16, 2, 3)  # data.x has 8 features
+    model = GCN(5, 16, 2, int(data.y.max()) + 1)  # data.x has 8 features
     with caplog.at_level(logging.DEBUG), pytest.raises(
             ValueError, match=r"leangnn.plan: GCN failed in a dry run.*same "
             r"reduction dim"):
@@ -336,3 +335,232 @@ def test_fit_trains_with_the_edge_features_the_model_takes(data):
     assert out["losses"] == pytest.approx(losses, rel=1e-5)
     why = {r.strategy: r.why for r in out["plan"].rows if r.need_bytes is None}
     assert "edge features" in why["prune"] and "edge" in why["offload"]
+
+
+def _pna(data):
+    from torch_geometric.nn import PNA
+    from torch_geometric.utils import degree
+
+    hist = torch.bincount(degree(data.edge_index[1], data.num_nodes,
+                                 dtype=torch.long))
+    return PNA(8, 16, 2, int(data.y.max()) + 1, aggregators=["mean", "max"],
+               scalers=["identity"], deg=hist)
+
+
+def test_prune_rows_say_why_when_a_real_step_on_the_core_fails(data):
+    """PNA scatters by the index PyG reads off the core's CSR (int32): the
+    dry run's fake tensors let it through, a real step does not. The prune
+    rows say so, auto picks another row and fit(strategy="prune") refuses in
+    one line instead of crashing at its first step."""
+    model = _pna(data)
+    table = leangnn.plan(model, data, memory_budget="1GiB", calibration=EXACT)
+    prune = [r for r in table.rows if r.strategy == "prune"]
+    assert len(prune) == 3 and all(r.need_bytes is None for r in prune)
+    assert all(r.why.startswith("not possible: DPR's core: RuntimeError: expected "
+                                "scalar type Long") for r in prune)
+    assert table.pick is not None and table.pick.strategy == "full"
+    with pytest.raises(ValueError, match=r"^strategy='prune' is not possible for "
+                       r"this model: DPR's core: RuntimeError: expected scalar"):
+        leangnn.fit(model, data, strategy="prune", memory_budget="1GiB", epochs=1)
+
+
+def _cheb(classes):
+    from torch_geometric.nn import ChebConv
+
+    class Cheb(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c1, self.c2 = ChebConv(8, 16, K=2), ChebConv(16, classes, K=2)
+
+        def forward(self, x, edge_index):
+            return self.c2(self.c1(x, edge_index).relu(), edge_index)
+
+    return Cheb()
+
+
+@pytest.mark.parametrize("make, dtype, why", [
+    (lambda c: __import__("torch_geometric.nn", fromlist=["GraphSAGE"]).GraphSAGE(
+        8, 16, 2, c).double(), torch.float64,
+     r"RuntimeError: Expected tensor for argument #1 'other' to have scalar type "
+     r"Float; but got torch.DoubleTensor"),
+    # (GCN's dry run passes: the real step on a piece of the core says why)
+    (lambda c: GCN(8, 16, 2, c).double(), torch.float64,
+     r"RuntimeError: expected scalar type Double but found Float$"),
+    (_cheb, torch.float32, r"NotImplementedError: "),
+])
+def test_a_prune_dry_run_error_is_a_row_not_possible(data, make, dtype, why):
+    """A float64 model (the core's sparse product is float32 only) or a conv
+    with no sparse kernel (ChebConv) fails the core's dry run: its prune rows
+    are "not possible" with the first line of the error, as offload's, and
+    the full row is still planned and picked."""
+    g = data.clone()
+    g.x = g.x.to(dtype)
+    table = leangnn.plan(make(int(g.y.max()) + 1), g, memory_budget="1GiB",
+                         calibration=EXACT, strategies=("full", "prune"))
+    prune = [r for r in table.rows if r.strategy == "prune"]
+    assert len(prune) == 3 and all(r.need_bytes is None and "\n" not in r.why
+                                   for r in prune)
+    import re
+
+    assert all(re.match(rf"not possible: DPR's core: {why}", r.why) for r in prune)
+    assert table.pick.strategy == "full"
+
+
+@pytest.mark.parametrize("device, expect", [
+    ("meta", r"^device: expected cpu, cuda or cuda:i, got 'meta'$"),
+    (None, r"^device: expected cpu, cuda or cuda:i, got None$"),
+    ("cpu:1", r"^device: expected cpu, cuda or cuda:i, got 'cpu:1'$"),
+    pytest.param("cuda", r"^device: 'cuda' requested but CUDA is not available",
+                 marks=pytest.mark.skipif(torch.cuda.is_available(),
+                                          reason="CUDA is available")),
+])
+def test_plan_and_fit_refuse_a_device_that_cannot_train(data, device, expect):
+    x = data.x
+    model = GCN(8, 16, 2, int(data.y.max()) + 1)
+    for call in (lambda: leangnn.plan(model, data, "1GiB", device=device),
+                 lambda: leangnn.fit(model, data, memory_budget="1GiB",
+                                     device=device, epochs=1)):
+        with pytest.raises(ValueError, match=expect):
+            call()
+    assert data.x is x and data.x.device.type == "cpu"  # the caller's graph
+
+
+def test_plan_and_fit_leave_the_callers_data_alone(data, monkeypatch):
+    """The dry run and the strategies move a graph's tensors with PyG's
+    Data.to, which works in place: plan and fit work on a shallow copy."""
+    import leangnn.plan.user as user
+
+    real = user.estimate_model
+
+    def moving(model, d, *args, **kwargs):
+        d.x = d.x.clone()  # in place, as Data.to(another device) does
+        return real(model, d, *args, **kwargs)
+
+    monkeypatch.setattr(user, "estimate_model", moving)
+    g = data.clone()
+    x, keys = g.x, set(g.keys())
+    model = GCN(8, 16, 2, int(g.y.max()) + 1)
+    leangnn.plan(model, g, "1GiB", calibration=EXACT, strategies=("full",))
+    leangnn.fit(model, g, strategy="full", memory_budget="1GiB", epochs=1)
+    assert g.x is x and set(g.keys()) == keys
+
+
+def _edited(data, key, value):
+    g = data.clone()
+    del g.name  # the messages name the graph as "data"
+    g[key] = value(g)
+    return g
+
+
+@pytest.mark.parametrize("edit, expect", [
+    (lambda d: _edited(d, "x", lambda g: g.x.double()),
+     r"^data: x is float64, the model's parameters are float32; convert one"),
+    (lambda d: _edited(d, "edge_index", lambda g: g.edge_index.int()),
+     r"^data: edge_index must be int64, got int32; convert it with "
+     r"edge_index.long\(\)$"),
+    (lambda d: _edited(d, "y", lambda g: torch.full_like(g.y, 99)),
+     r"^data: y must hold class ids in \[0, C\), got int64 values from 99 to 99$"),
+    (lambda d: _edited(d, "y", lambda g: torch.full_like(g.y, -1)),
+     r"^data: y must hold class ids in \[0, C\), got int64 values from -1 to -1$"),
+    (lambda d: _edited(d, "node_mask", lambda g: torch.zeros_like(g.node_mask)),
+     r"^data: node_mask selects no node \(all 300 entries False\)$"),
+])
+def test_plan_and_fit_refuse_what_the_first_real_step_fails_on(data, edit, expect):
+    """Fake tensors accept these and the plan said "fits"; the first real
+    step then failed with a bare torch error (or trained on NaN losses, for
+    a mask that scores no node)."""
+    g = edit(data)
+    classes = int(data.y.max()) + 1
+    expect = expect.replace("C", str(classes))
+    for call in (lambda: leangnn.plan(GCN(8, 16, 2, classes), g, "1GiB",
+                                      strategies=("full",)),
+                 lambda: leangnn.fit(GCN(8, 16, 2, classes), g, strategy="full",
+                                     memory_budget="1GiB", epochs=1)):
+        with pytest.raises(ValueError, match=expect):
+            call()
+
+
+def test_fit_refuses_a_nan_clip_norm_and_stops_at_a_nan_loss(data):
+    classes = int(data.y.max()) + 1
+    model = GCN(8, 16, 2, classes)
+    with pytest.raises(ValueError, match=r"^clip_norm: expected a finite number "
+                       r">= 0 or None \(no clipping\), got nan$"):
+        leangnn.fit(model, data, memory_budget="1GiB", epochs=2,
+                    clip_norm=float("nan"))
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(ValueError, match=r"^leangnn.fit: the loss is nan at epoch "
+                       r"1 of 5 \(the weights are the initial ones\); check"):
+        leangnn.fit(model, data, lambda out, d: out.sum() * float("nan"),
+                    strategy="full", memory_budget="1GiB", epochs=5)
+    # stopped before the optimizer wrote NaN into the weights
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+def test_fit_prune_trains_the_largest_core_that_fits(data):
+    table = leangnn.plan(GCN(8, 16, 2, int(data.y.max()) + 1), data, "1GiB",
+                         calibration=EXACT, strategies=("prune",))
+    fitting = [r.config["budget_ratio"] for r in table.rows if r.fits]
+    assert len(fitting) == 3  # every core fits: the smallest was trained
+    out = leangnn.fit(GCN(8, 16, 2, int(data.y.max()) + 1), data, strategy="prune",
+                      memory_budget="1GiB", epochs=1)
+    assert out["row"].config["budget_ratio"] == max(fitting)
+    assert out["row"].chosen
+
+
+def test_fit_reversible_on_another_model_says_why(data):
+    with pytest.raises(ValueError, match=r"^strategy='reversible' is not possible "
+                       r"for this model: reversible training needs a GSRGNN, GCN "
+                       r"is not one"):
+        leangnn.fit(GCN(8, 16, 2, int(data.y.max()) + 1), data, strategy="reversible",
+                    memory_budget="1GiB", epochs=1)
+
+
+def test_plan_refuses_wrong_kinds_of_arguments_in_one_line(data):
+    import numpy as np
+    from torch_geometric.data import HeteroData
+    from torch_geometric.transforms import ToSparseTensor
+
+    classes = int(data.y.max()) + 1
+    model = GCN(8, 16, 2, classes)
+    with torch.device("meta"):
+        meta = GCN(8, 16, 2, classes)
+    cases = [
+        (dict(model=None), r"^model: expected a torch.nn.Module, got NoneType$"),
+        (dict(model=lambda x, ei: x),
+         r"^model: expected a torch.nn.Module, got function$"),
+        (dict(model=meta), r"^model: its parameters are on the meta device"),
+        (dict(data=[data, data]),
+         r"^data: expected one torch_geometric.data.Data graph, got list$"),
+        (dict(data=HeteroData()), r"got HeteroData$"),
+        (dict(data={"x": data.x}), r"got dict$"),
+        (dict(data=None), r"got NoneType$"),
+        (dict(data=ToSparseTensor()(data.clone())),
+         r"^data: has adj_t but no edge_index"),
+        (dict(memory_budget=float("nan")), r"^memory_budget: cannot read nan as a "),
+        (dict(memory_budget=float("inf")), r"^memory_budget: cannot read inf as a "),
+        (dict(strategies="full"), r"^strategies: expected a tuple of names from "
+         r"\('full', 'reversible', 'offload', 'prune'\), got 'full'$"),
+        (dict(strategies=("full", "bogus")), r"^strategies: unknown \['bogus'\]"),
+        (dict(epochs=0), r"^epochs: expected a positive int, got 0$"),
+        (dict(epochs=1.5), r"^epochs: expected a positive int, got 1.5$"),
+        (dict(device=3), r"^device: expected cpu, cuda or cuda:i, got 3$"),
+    ]
+    for kwargs, expect in cases:
+        kw = dict(model=model, data=data, memory_budget="1GiB") | kwargs
+        with pytest.raises(ValueError, match=expect):
+            leangnn.plan(**kw)
+    table = leangnn.plan(model, data, memory_budget=np.int64(1 << 30),
+                         strategies=("full",), calibration=EXACT)
+    assert table.budget_bytes == 1 << 30
+
+
+@pytest.mark.parametrize("returns", [1.0, None])
+def test_a_loss_fn_returning_no_tensor_is_refused_in_one_line(data, returns):
+    name = type(returns).__name__
+    for call in (lambda: leangnn.plan(GCN(8, 16, 2, 3), data, "1GiB",
+                                      loss_fn=lambda o, d: returns),
+                 lambda: leangnn.fit(GCN(8, 16, 2, 3), data, lambda o, d: returns,
+                                     memory_budget="1GiB", epochs=1)):
+        with pytest.raises(ValueError, match=rf"^loss_fn: must return the loss as a "
+                           rf"one-element tensor to backpropagate, got {name}$"):
+            call()
