@@ -19,11 +19,14 @@ processes in each mode, the peak each reports (``summary.json``'s
 ``memory.peak_bytes``, the Trainer's meter: the kernel's resident
 high-water above the loaded state):
 
-* ``default``: the environment a user's run gets (random hash seed and
-  layout);
-* ``pinned``: ``PYTHONHASHSEED=0`` under ``setarch -R`` (layout fixed),
-  every process alike;
-* ``seeds``: ``PYTHONHASHSEED=k`` under ``setarch -R`` for ``k = 1..runs``.
+* ``default``: glibc's default heap (``LEANGNN_HEAP=default``), random hash
+  seed and layout;
+* ``pinned``: the same with ``PYTHONHASHSEED=0`` under ``setarch -R``
+  (layout fixed), every process alike;
+* ``seeds``: the same with ``PYTHONHASHSEED=k`` under ``setarch -R`` for
+  ``k = 1..runs``;
+* ``compact``: the compact heap the ``leangnn`` command runs in
+  (:mod:`leangnn.heap`), random hash seed and layout.
 
 A planner cannot predict which of these heaps a process gets. The figure to
 compare its estimate with is the spread's middle, and the spread is the
@@ -40,7 +43,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import statistics
 import subprocess
@@ -51,6 +53,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from _report import merge_rows  # noqa: E402
+
+from leangnn.heap import compact_heap_env, default_heap_env  # noqa: E402
 
 OUT = HERE / "results" / "heap_spread.json"
 MIB = 2**20
@@ -85,8 +89,8 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--name", required=True, help="the row's name in the JSON")
     ap.add_argument("--runs", type=int, default=6, help="processes per mode")
-    ap.add_argument("--modes", default="default,pinned,seeds",
-                    help="comma-separated: default, pinned, seeds")
+    ap.add_argument("--modes", default="default,pinned,seeds,compact",
+                    help="comma-separated: default, pinned, seeds, compact")
     ap.add_argument("train_args", nargs=argparse.REMAINDER,
                     help="-- then the arguments of `leangnn train`")
     a = ap.parse_args(argv)
@@ -96,20 +100,23 @@ def main(argv=None) -> None:
     if a.runs < 2:
         ap.error(f"--runs must be at least 2, got {a.runs}")
     modes = [m.strip() for m in a.modes.split(",") if m.strip()]
-    bad = [m for m in modes if m not in ("default", "pinned", "seeds")]
+    bad = [m for m in modes if m not in ("default", "pinned", "seeds", "compact")]
     if bad:
         ap.error(f"--modes: unknown mode(s) {bad}")
     setarch = shutil.which("setarch")
-    if setarch is None and set(modes) - {"default"}:
-        ap.error("pinned and seeds need `setarch` (util-linux); use --modes default")
-    base = dict(os.environ, OMP_NUM_THREADS="1")
+    if setarch is None and set(modes) & {"pinned", "seeds"}:
+        ap.error("pinned and seeds need `setarch` (util-linux)")
+    base = dict(default_heap_env(), OMP_NUM_THREADS="1", LEANGNN_HEAP="default")
     base.pop("PYTHONHASHSEED", None)
     row = {"name": a.name, "args": args, "runs": a.runs}
     for mode in modes:
         peaks = []
         for k in range(1, a.runs + 1):
             env, wrap = dict(base), []
-            if mode != "default":
+            if mode == "compact":
+                env = compact_heap_env(base)
+                env.pop("LEANGNN_HEAP")
+            elif mode != "default":
                 env["PYTHONHASHSEED"] = "0" if mode == "pinned" else str(k)
                 wrap = [setarch, "-R"]
             peaks.append(peak_of(args, env, wrap))
@@ -119,7 +126,10 @@ def main(argv=None) -> None:
               f"{s['max_mib']:.1f} MiB (range {100 * s['range_over_median']:.0f}% "
               f"of the median, {s['distinct_mib']} distinct MiB of {a.runs} runs)",
               flush=True)
-    merge_rows(OUT, [row])
+    # modes measured before for this row and not now are kept
+    old = json.loads(OUT.read_text()).get("rows", []) if OUT.is_file() else []
+    before = next((r for r in old if r.get("name") == a.name), {})
+    merge_rows(OUT, [{**before, **row}])
     print(f"wrote {OUT}")
 
 

@@ -868,10 +868,14 @@ def _cli_estimate(row: dict, splits_cache: dict, cal, ran: dict | None = None
             "method": est.method}
 
 
+#: the cli section's results per heap its runs get
+_CLI_JSON = {"compact": "plan_cli_compact.json", "default": "plan_cli.json",
+             "mmap": "plan_cli_mmap.json"}
+
+
 def cli_rows(args, cal) -> dict:
     mmap = args.cli_allocator == "mmap"
-    out_path = results_path("plan_cli_mmap.json" if mmap else "plan_cli.json",
-                            args.quick)
+    out_path = results_path(_CLI_JSON[args.cli_allocator], args.quick)
     old = json.loads(out_path.read_text()) if out_path.is_file() else {}
     prev = {r["name"]: r for r in old.get("rows", [])}
     rows, splits = [], {}
@@ -931,7 +935,8 @@ def cli_rows(args, cal) -> dict:
             log(f"  failed: {meas['error']}")
         rows.append(r)
         write_json(out_path, {"calibration": cal.kind, "rows": keep + rows})
-    res = {"calibration": cal.kind, "threads": args.threads, "allocator": mmap,
+    res = {"calibration": cal.kind, "threads": args.threads,
+           "allocator": mmap or args.cli_allocator,
            "epochs": args.cli_epochs, "rows": _in_order(keep + rows)}
     _summaries(res)
     write_json(out_path, res)
@@ -1077,10 +1082,24 @@ def cli_plot(res: dict, path: Path) -> None:
         ax.set_yscale("log")
         ax.set_xlabel("measured: summary.json memory.peak_bytes (MiB)")
         ax.set_ylabel("planner estimate (MiB)")
-        alloc = "mmap 64 KiB" if res.get("allocator") else "glibc default"
+        alloc = _HEAP_WORDS[_heap_of(res)][0]
         ax.set_title(f"`leangnn train`, {alloc}: {len(rows)} command lines",
                      fontsize=10)
         ax.legend(fontsize=7)
+
+
+#: the cli section's heap: (plot title, what the runs got)
+_HEAP_WORDS = {"mmap": ("mmap 64 KiB", "`MALLOC_MMAP_THRESHOLD_=65536`, "),
+               "default": ("glibc default", "glibc's default allocator, "
+                           "`LEANGNN_HEAP=default`, "),
+               "compact": ("compact heap", "the compact glibc heap the command "
+                           "runs in, `leangnn.heap`, ")}
+
+
+def _heap_of(res: dict) -> str:
+    # (results before the compact heap: True for mmap, False for default)
+    a = res.get("allocator")
+    return a if a in _HEAP_WORDS else "mmap" if a else "default"
 
 
 def cli_markdown(res: dict) -> str:
@@ -1089,8 +1108,7 @@ def cli_markdown(res: dict) -> str:
            "`python benchmarks/plan.py --section cli` runs each command line "
            "below as `python -m leangnn train ARGS --epochs "
            f"{res['epochs']} --out TMP --quiet` in a fresh interpreter ("
-           + ("`MALLOC_MMAP_THRESHOLD_=65536`, "
-              if res.get("allocator") else "glibc's default allocator, ")
+           + _HEAP_WORDS[_heap_of(res)][1]
            + (f"`OMP_NUM_THREADS={res['threads']}`" if res.get("threads")
               else "torch's default threads")
            + ") and compares summary.json's `memory.peak_bytes` (the Trainer's "
@@ -1210,10 +1228,12 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat", type=int, default=1,
                     help="cli section: runs per command line (fresh "
                          "interpreters; the median peak is compared)")
-    ap.add_argument("--cli-allocator", choices=["default", "mmap"],
-                    default="default", help="cli section: glibc's default "
-                    "allocator (what `leangnn train` gets today) or its mmap "
-                    "threshold pinned at 64 KiB")
+    ap.add_argument("--cli-allocator", choices=list(_CLI_JSON),
+                    default="compact", help="cli section: the compact glibc heap "
+                    "(what `leangnn train` runs in, leangnn.heap; "
+                    "results/plan_cli_compact.*), glibc's default heap "
+                    "(LEANGNN_HEAP=default; results/plan_cli.*) or its mmap "
+                    "threshold pinned at 64 KiB (results/plan_cli_mmap.*)")
     ap.add_argument("--recalibrate", action="store_true")
     ap.add_argument("--timeout", type=float, default=1800)
     ap.add_argument("--out", default=None, help="default: results/plan.json "
@@ -1227,15 +1247,25 @@ def main(argv=None) -> int:
         ap.error(f"--auto-repeat: at least 1, got {args.auto_repeat}")
 
     if args.section == "cli":
+        from leangnn.heap import compact_heap_env, default_heap_env
         from leangnn.plan.calibration import load_calibration
 
-        if args.cli_allocator == "mmap":  # this process estimates for it too
-            os.environ["MALLOC_MMAP_THRESHOLD_"] = "65536"
+        # this process estimates for the heap the runs get (they inherit it;
+        # `leangnn` re-executes itself into the compact heap unless told not to)
+        if args.cli_allocator == "mmap":
+            os.environ.update({**default_heap_env(), "LEANGNN_HEAP": "default",
+                               "MALLOC_MMAP_THRESHOLD_": "65536"})
+        elif args.cli_allocator == "default":
+            env = {**default_heap_env(), "LEANGNN_HEAP": "default"}
+            os.environ.clear()
+            os.environ.update(env)
         else:
-            os.environ.pop("MALLOC_MMAP_THRESHOLD_", None)
+            env = compact_heap_env()
+            env.pop("LEANGNN_HEAP", None)
+            os.environ.clear()
+            os.environ.update(env)
+        name = _CLI_JSON[args.cli_allocator]
         if args.report:  # the markdown again from the JSON, no runs
-            name = "plan_cli_mmap.json" if args.cli_allocator == "mmap" else \
-                "plan_cli.json"
             path = results_path(name, args.quick)
             res_cli = json.loads(path.read_text())
             res_cli.setdefault("epochs", args.cli_epochs)
@@ -1250,7 +1280,7 @@ def main(argv=None) -> int:
             write_json(path, res_cli)
         else:
             res_cli = cli_rows(args, load_calibration(args.device))
-        name = "plan_cli_mmap.md" if args.cli_allocator == "mmap" else "plan_cli.md"
+        name = name.replace(".json", ".md")
         md = Path(args.md) if args.md else results_path(name, args.quick)
         write_section("plan-cli", cli_markdown(res_cli), md)
         png = Path(args.plot) if args.plot else results_path(
