@@ -80,13 +80,23 @@ def test_the_command_reexecutes_itself_once(execs, monkeypatch):
 
 
 @pytest.mark.parametrize("var,value", [
-    ("LEANGNN_HEAP", "default"), ("LEANGNN_HEAP", "off"),
+    ("LEANGNN_HEAP", "default"), ("LEANGNN_HEAP", " Default "),
     ("MALLOC_MMAP_THRESHOLD_", "65536"),
     ("GLIBC_TUNABLES", "glibc.malloc.tcache_count=7")])
 def test_the_users_choice_is_left_alone(execs, monkeypatch, var, value):
     monkeypatch.setenv(var, value)
     ensure_compact_heap()
     assert execs == []
+
+
+def test_an_unknown_setting_is_one_error_line(execs, monkeypatch, capsys):
+    monkeypatch.setenv("LEANGNN_HEAP", "tiny")
+    with pytest.raises(SystemExit) as e:
+        ensure_compact_heap()
+    assert e.value.code == 2 and execs == []
+    err = capsys.readouterr().err.strip()
+    assert err == ("leangnn: error: LEANGNN_HEAP must be compact or default, "
+                   "got 'tiny'")
 
 
 def test_nothing_to_do_off_linux(execs, monkeypatch):

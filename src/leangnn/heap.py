@@ -130,15 +130,22 @@ def ensure_compact_heap() -> None:
     """Re-execute this process with the compact heap's tunables, once.
 
     For the ``leangnn`` command's entry point only (it replaces the process):
-    on Linux with glibc, unless ``LEANGNN_HEAP=default``, the user set
+    on Linux with glibc, unless ``LEANGNN_HEAP=default`` (``compact``, the
+    default, or ``default``: any other value is the command's one error
+    line, exit status 2), the user set
     ``MALLOC_MMAP_THRESHOLD_`` or a ``tcache_count`` of their own, or this
     process is already the re-executed one. Where the re-execution cannot
     happen the command goes on with the heap it has.
     """
-    if not sys.platform.startswith("linux") or os.environ.get(_REEXEC):
-        return
-    if os.environ.get("LEANGNN_HEAP", "compact").strip().lower() in (
-            "default", "off", "0", "no", "false"):
+    raw = os.environ.get("LEANGNN_HEAP", "")
+    setting = raw.strip().lower() or "compact"
+    if setting not in ("compact", "default"):
+        # (the command's own error line: nothing else has run yet)
+        print(f"leangnn: error: LEANGNN_HEAP must be compact or default, got "
+              f"{raw!r}", file=sys.stderr)
+        raise SystemExit(2)
+    if setting == "default" or not sys.platform.startswith("linux") or \
+            os.environ.get(_REEXEC):
         return
     if os.environ.get("MALLOC_MMAP_THRESHOLD_") or any(
             t.startswith("glibc.malloc.tcache_count=")
