@@ -216,3 +216,17 @@ def test_check_splits_width_classes_and_empty_training_graph():
     check_splits(GraphSplits([ok], [empty], [empty], "regression", 1))
     with pytest.raises(ValueError, match=r"^train graph 1 'mine': has no nodes"):
         check_splits(GraphSplits([ok, empty], [], [], "regression", 1))
+
+
+@pytest.mark.parametrize("mask", [torch.zeros(3, dtype=torch.bool), torch.arange(4),
+                                  [True] * 5])
+def test_check_graph_names_a_node_mask_of_another_shape_or_kind(mask):
+    from torch_geometric.data import Data
+
+    from leangnn.data import check_graph
+
+    d = Data(x=torch.randn(5, 2), edge_index=torch.tensor([[0, 1], [1, 2]]),
+             y=torch.zeros(5), node_mask=mask)
+    with pytest.raises(ValueError, match=r"g: node_mask must be a bool tensor of "
+                       r"shape \[5\] \(one entry per node\), got "):
+        check_graph(d, "g")

@@ -228,8 +228,14 @@ def check_graph(data: Data, where: str = "graph", *, in_channels: int | None = N
     if y.dim() == 0 or y.size(0) != n:
         raise ValueError(f"{what}: y has shape {list(y.shape)} for {n} nodes")
     mask = getattr(data, "node_mask", None)
-    if nodes and isinstance(mask, torch.Tensor) and mask.dtype == torch.bool and \
-            not bool(mask.any()):
+    if mask is not None and (not isinstance(mask, torch.Tensor) or
+                             mask.dtype != torch.bool or list(mask.shape) != [n]):
+        # (an index tensor or another graph's mask: a bare IndexError later)
+        got = (f"{str(mask.dtype).removeprefix('torch.')} {list(mask.shape)}"
+               if isinstance(mask, torch.Tensor) else type(mask).__name__)
+        raise ValueError(f"{what}: node_mask must be a bool tensor of shape [{n}] "
+                         f"(one entry per node), got {got}")
+    if nodes and mask is not None and not bool(mask.any()):
         # the loss over no node is NaN: training would return NaN silently
         raise ValueError(f"{what}: node_mask selects no node (all "
                          f"{mask.numel()} entries False)")
