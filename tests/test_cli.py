@@ -179,7 +179,7 @@ BAD = [
     ([*_T, "--device-budget", "abc"], "device_budget: cannot read 'abc'", False),
     ([*_T, "--device-budget=-1GB"], "device_budget: cannot read '-1GB'", False),
     ([*_T, "--device-budget", "-1GB"], "device_budget: cannot read '-1GB'", False),
-    ([*_T, "--device-budget", "1e3.5GB"], "device_budget: cannot read '1e3.5GB'", False),
+    ([*_T, "--device-budget", "1e3.5G"], "device_budget: cannot read '1e3.5G'", False),
     ([*_T, "--device-budget", "2 parsecs"], "device_budget: cannot read", False),
     ([*_T, "--device-budget", "99999999TiB"], "device_budget: expected a size below "
      "1 EiB", False),
