@@ -54,7 +54,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from _report import merge_rows  # noqa: E402
 
-from leangnn.heap import compact_heap_env, default_heap_env  # noqa: E402
+from leangnn.heap import heap_env  # noqa: E402
 
 OUT = HERE / "results" / "heap_spread.json"
 MIB = 2**20
@@ -106,7 +106,7 @@ def main(argv=None) -> None:
     setarch = shutil.which("setarch")
     if setarch is None and set(modes) & {"pinned", "seeds"}:
         ap.error("pinned and seeds need `setarch` (util-linux)")
-    base = dict(default_heap_env(), OMP_NUM_THREADS="1", LEANGNN_HEAP="default")
+    base = dict(heap_env("default"), OMP_NUM_THREADS="1")
     base.pop("PYTHONHASHSEED", None)
     row = {"name": a.name, "args": args, "runs": a.runs}
     for mode in modes:
@@ -114,8 +114,7 @@ def main(argv=None) -> None:
         for k in range(1, a.runs + 1):
             env, wrap = dict(base), []
             if mode == "compact":
-                env = compact_heap_env(base)
-                env.pop("LEANGNN_HEAP")
+                env = heap_env("compact", base)
             elif mode != "default":
                 env["PYTHONHASHSEED"] = "0" if mode == "pinned" else str(k)
                 wrap = [setarch, "-R"]

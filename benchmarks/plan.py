@@ -1247,23 +1247,14 @@ def main(argv=None) -> int:
         ap.error(f"--auto-repeat: at least 1, got {args.auto_repeat}")
 
     if args.section == "cli":
-        from leangnn.heap import compact_heap_env, default_heap_env
+        from leangnn.heap import heap_env
         from leangnn.plan.calibration import load_calibration
 
         # this process estimates for the heap the runs get (they inherit it;
         # `leangnn` re-executes itself into the compact heap unless told not to)
-        if args.cli_allocator == "mmap":
-            os.environ.update({**default_heap_env(), "LEANGNN_HEAP": "default",
-                               "MALLOC_MMAP_THRESHOLD_": "65536"})
-        elif args.cli_allocator == "default":
-            env = {**default_heap_env(), "LEANGNN_HEAP": "default"}
-            os.environ.clear()
-            os.environ.update(env)
-        else:
-            env = compact_heap_env()
-            env.pop("LEANGNN_HEAP", None)
-            os.environ.clear()
-            os.environ.update(env)
+        env = heap_env(args.cli_allocator)
+        os.environ.clear()
+        os.environ.update(env)
         name = _CLI_JSON[args.cli_allocator]
         if args.report:  # the markdown again from the JSON, no runs
             path = results_path(name, args.quick)

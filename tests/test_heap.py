@@ -16,6 +16,7 @@ from leangnn.heap import (
     compact_heap_env,
     default_heap_env,
     ensure_compact_heap,
+    heap_env,
     heap_mode,
     mmap_threshold,
 )
@@ -45,6 +46,18 @@ def test_compact_env_keeps_the_users_tunables():
     assert back["GLIBC_TUNABLES"].split(":") == ["glibc.malloc.arena_max=2",
                                                  "glibc.malloc.trim_threshold=1024"]
     assert "GLIBC_TUNABLES" not in default_heap_env(compact_heap_env({}))
+
+
+def test_a_child_of_each_heap():
+    user = {"LEANGNN_HEAP": "default", "GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}
+    for mode in ("compact", "default", "mmap"):
+        env = heap_env(mode, user)
+        assert heap_mode(env) == mode
+        assert "glibc.malloc.arena_max=2" in env["GLIBC_TUNABLES"]
+        # the command re-executes itself into the compact heap unless told not to
+        assert env.get("LEANGNN_HEAP") == (None if mode == "compact" else "default")
+    with pytest.raises(ValueError, match="heap mode: expected one of"):
+        heap_env("tiny")
 
 
 def test_fixed_mmap_threshold():

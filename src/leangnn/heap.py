@@ -47,8 +47,9 @@ import os
 import sys
 from collections.abc import Mapping
 
-__all__ = ["COMPACT_TUNABLES", "HEAP_MODES", "heap_mode", "mmap_threshold",
-           "compact_heap_env", "default_heap_env", "ensure_compact_heap"]
+__all__ = ["COMPACT_TUNABLES", "HEAP_MODES", "MMAP_ENV", "heap_mode",
+           "mmap_threshold", "compact_heap_env", "default_heap_env", "heap_env",
+           "ensure_compact_heap"]
 
 #: the tunables of the compact heap, in ``GLIBC_TUNABLES`` syntax
 COMPACT_TUNABLES = ("glibc.malloc.tcache_count=0",
@@ -57,6 +58,10 @@ COMPACT_TUNABLES = ("glibc.malloc.tcache_count=0",
 
 #: what :func:`heap_mode` returns
 HEAP_MODES = ("default", "compact", "mmap")
+
+#: glibc's mmap threshold pinned at 64 KiB: resident memory follows the live
+#: tensors (the ``mmap`` mode; slow, every block above it faulted in afresh)
+MMAP_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536"}
 
 #: set in the re-executed process: never re-execute twice
 _REEXEC = "LEANGNN_HEAP_REEXEC"
@@ -116,6 +121,24 @@ def default_heap_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
         out["GLIBC_TUNABLES"] = ":".join(rest)
     else:
         out.pop("GLIBC_TUNABLES", None)
+    return out
+
+
+def heap_env(mode: str, env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``env`` (default: this process's) for a child process that must run in
+    heap ``mode`` (:data:`HEAP_MODES`), whether it is the ``leangnn`` command
+    (which re-executes itself into the compact heap unless told not to) or
+    any other Python process."""
+    if mode not in HEAP_MODES:
+        raise ValueError(f"heap mode: expected one of {HEAP_MODES}, got {mode!r}")
+    if mode == "compact":
+        out = compact_heap_env(env)
+        out.pop("LEANGNN_HEAP", None)
+        return out
+    out = default_heap_env(env)
+    out["LEANGNN_HEAP"] = "default"
+    if mode == "mmap":
+        out.update(MMAP_ENV)
     return out
 
 

@@ -24,7 +24,7 @@ from unittest import mock
 import numpy as np
 import torch
 
-from leangnn.heap import compact_heap_env, default_heap_env, heap_mode
+from leangnn.heap import heap_env, heap_mode
 from leangnn.plan.calibration import (
     HEAVY_HEAP_BYTES,
     REFERENCE_DIR,
@@ -697,9 +697,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.allocator in ("default", "compact"):
         # the runs inherit this environment (glibc reads it as each starts)
         # and the stored calibration is named after it
-        env = compact_heap_env() if args.allocator == "compact" else \
-            default_heap_env()
-        with mock.patch.dict(os.environ, env, clear=True):
+        with mock.patch.dict(os.environ, heap_env(args.allocator), clear=True):
             return _main(p, args)
     return _main(p, args)
 

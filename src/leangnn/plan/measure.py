@@ -26,11 +26,11 @@ from unittest import mock
 
 import torch
 
+# (glibc's threshold pinned at 64 KiB, spelled in leangnn.heap with the others)
+from leangnn.heap import MMAP_ENV
+
 __all__ = ["measure", "measure_fresh", "measure_trainer", "MMAP_ENV"]
 
-#: glibc settings under which a CPU's resident memory follows the live tensor
-#: bytes: every block of 64 KiB or more is mapped and unmapped on its own
-MMAP_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536"}
 
 
 def _epoch(model, strategy, optimizer, graphs, loss_fn, clip_norm, epoch: int,
@@ -141,10 +141,10 @@ def _heap_env(mmap: bool) -> dict[str, str]:
     threshold (:data:`MMAP_ENV`, no compact-heap tunables) with ``mmap``,
     else this process's heap mode (:func:`leangnn.heap.heap_mode`: default
     or compact) without it."""
-    from leangnn.heap import default_heap_env
+    from leangnn.heap import heap_env
 
     if mmap:
-        return {**default_heap_env(), **MMAP_ENV}
+        return heap_env("mmap")
     return {k: v for k, v in os.environ.items() if k not in MMAP_ENV}
 
 

@@ -55,6 +55,7 @@ from leangnn.plan.planner import (
 )
 from leangnn.prune.dpr import CORE_HAS_NO_EDGE_ATTR
 from leangnn.strategy import edge_attr_refusal
+from leangnn.utils import _first_line as first_line
 from leangnn.utils import format_bytes
 
 __all__ = ["plan", "fit", "calibrated_as"]
@@ -106,8 +107,8 @@ def _is_layerwise(model: torch.nn.Module) -> str | None:
 
 def _first_line(e: BaseException) -> str:
     """``Type: first line of the message`` (a row's reason, an error's tail)."""
-    lines = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__
+    line = first_line(e)
+    return line if line == type(e).__name__ else f"{type(e).__name__}: {line}"
 
 
 class LossFnError(ValueError):
