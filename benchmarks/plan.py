@@ -874,7 +874,14 @@ _CLI_JSON = {"compact": "plan_cli_compact.json", "default": "plan_cli.json",
 
 
 def cli_rows(args, cal) -> dict:
+    import torch
+
     mmap = args.cli_allocator == "mmap"
+    if args.threads > 0:
+        # the estimates are timed on the runs' threads: on torch's default
+        # (every core) a shared machine's spin-waiting threads multiplied
+        # their CPU time (up to 35x on the offload and DPR rows, round 35)
+        torch.set_num_threads(args.threads)
     out_path = results_path(_CLI_JSON[args.cli_allocator], args.quick)
     old = json.loads(out_path.read_text()) if out_path.is_file() else {}
     prev = {r["name"]: r for r in old.get("rows", [])}
@@ -1132,7 +1139,7 @@ def cli_markdown(res: dict) -> str:
                 f"{s.get('within_5', 0)} rows within 5%, "
                 f"{s.get('within_15', 0)} within 15%."
                 + (f" The same command line's peak differs from process to "
-                   f"process (glibc's default heap): (max - min) / median "
+                   f"process: (max - min) / median "
                    f"{s['spread_median']:.1%} at the median, "
                    f"{s['spread_max']:.1%} at worst over the "
                    f"{s['spread_rows']} rows run more than once."

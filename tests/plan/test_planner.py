@@ -375,3 +375,63 @@ def test_a_lazy_cpu_plan_estimates_offload_beside_a_fitting_full_batch(splits):
     assert [r.strategy for r in lazy.rows].count("offload") > 0
     assert all(r.need_bytes is not None for r in lazy.rows)
     assert lazy.pick.label == whole.pick.label
+
+
+def _reference(name: str) -> Calibration:
+    from pathlib import Path
+
+    import leangnn.plan
+
+    path = Path(leangnn.plan.__file__).parent / "reference" / f"{name}.json"
+    return Calibration.from_dict(json.loads(path.read_text()))
+
+
+@pytest.mark.parametrize("model", ["gcn", "sage", "gat"])
+@pytest.mark.parametrize("cal", ["exact", "glibc-compact", "glibc-default"])
+def test_the_offload_floor_is_below_every_offload_rows_need(model, cal, splits):
+    # the planner takes the floor from its first offload row (the largest
+    # device budget) and skips the rows of that budget or less
+    from leangnn.plan.planner import offload_floor
+
+    cal = EXACT if cal == "exact" else _reference(cal)
+    cfg = TrainConfig(model=model, num_layers=2, hidden_channels=16)
+    rows = []
+    # from a pool that holds the whole graph (one job) down to 100+ jobs
+    for pool in ("4MiB", "512KiB", "128KiB", "32KiB"):
+        for parts in (4, 8):
+            table = plan_config(cfg, splits, "1GiB", calibration=cal,
+                                strategies=("offload",),
+                                pinned={"num_parts": parts, "device_budget": pool})
+            rows += table.rows
+    assert all(r.need_bytes is not None for r in rows)
+    floors = [offload_floor(r.estimate, cal) for r in rows]
+    assert floors[0] > 0
+    for i, r in enumerate(rows):
+        assert floors[i] <= r.need_bytes
+        assert rows[0].estimate.work["setup_floor_bytes"] <= r.estimate.setup_bytes
+        # a smaller device budget holds fewer rows in its pool: more on the host
+        assert floors[0] <= floors[i]
+    assert rows[0].estimate.knobs["chunks"] == 1 < rows[-1].estimate.knobs["chunks"]
+
+
+def test_a_budget_below_the_offload_floor_skips_the_other_offload_rows(splits):
+    from leangnn.plan.planner import offload_floor
+
+    cfg = TrainConfig(model="sage", num_layers=2, hidden_channels=16)
+    table = plan_config(cfg, splits, "16KiB", calibration=EXACT,
+                        strategies=("offload",))
+    rows = [r for r in table.rows if r.strategy == "offload"]
+    assert len(rows) == len(CPU_DEVICE_SHARES) * 3
+    done = [r for r in rows if r.need_bytes is not None]
+    skipped = [r for r in rows if r.need_bytes is None]
+    assert len(done) == 1 and done[0] is rows[0]
+    floor = offload_floor(done[0].estimate, EXACT)
+    assert 16 * 1024 < floor <= done[0].need_bytes
+    for r in skipped:
+        assert r.why.startswith("not estimated: needs over") and "16.0 KiB" in r.why
+    with pytest.raises(ValueError, match="the smallest, offload.* needs ~"):
+        choose(table)
+    # a budget between the floor and the needs: every row estimated
+    mid = plan_config(cfg, splits, floor + 1, calibration=EXACT,
+                      strategies=("offload",))
+    assert all(r.need_bytes is not None for r in mid.rows)

@@ -72,7 +72,7 @@ __all__ = ["Estimate", "depth_points", "estimate_model", "estimate_config",
            "default_loss", "largest_graph", "core_of", "offload_step",
            "forget", "withdraw", "plan_scope", "EXTRAPOLATE_ABOVE",
            "chunked_work", "job_edge_bytes", "engine_setup_bytes",
-           "offload_estimate"]
+           "offload_estimate", "host_floor_bytes"]
 
 #: registered models deeper than this are traced at :func:`depth_points`
 EXTRAPOLATE_ABOVE = 8
@@ -334,11 +334,13 @@ def job_edge_bytes(eng, num_edges: int) -> int:
     return round(max(0.0, per_edge) * int(num_edges) / chunks)
 
 
-def engine_setup_bytes(eng) -> int:
+def engine_setup_bytes(eng, floor: bool = False) -> int:
     """Host bytes an offload engine keeps from its setup: the edges grouped
     by target (with GCN's weights), the degrees, the partition and every
     chunk's topology (local edges as int32, weights, source and target ids),
-    counted from a counting engine's schedule.
+    counted from a counting engine's schedule. With ``floor``, what any
+    device budget and part count keeps: the halo's source ids left out (each
+    edge and target is in one chunk whatever the cut).
 
     Why: they are built before the Trainer's meter starts, so neither the
     step's accounting nor ``memory.peak_bytes`` has them, yet they stay
@@ -352,7 +354,7 @@ def engine_setup_bytes(eng) -> int:
     weight = torch.empty((), dtype=eng.dtype).element_size()
     for c in getattr(getattr(eng, "sched", None), "chunks", None) or ():
         n += c.num_edges * (8 + (weight if c.weighted else 0)) + 8 * (
-            c.sources.numel() + c.targets.numel())
+            (0 if floor else c.sources.numel()) + c.targets.numel())
     return n
 
 
@@ -942,6 +944,17 @@ def _offload(cfg, splits, big: Data, device: torch.device, knobs: dict,
     return est
 
 
+def host_floor_bytes(eng, host: int) -> int:
+    """The part of an offload row's host figure ``host`` (``offload_step``)
+    that no device budget or part count changes: the store's arrays and the
+    per-array row maps (``n`` rows each, whatever the pool), without the
+    per-slot metadata, which grows with the pool."""
+    c = eng.cache
+    per_slot = sum(t.numel() * t.element_size()
+                   for t in (c.owner, c.row, c.key, c.aux, c.dirty))
+    return max(0, int(host) - per_slot)
+
+
 def offload_estimate(eng, counters, data: Data, graphs: list[Data], params: int,
                      full_work: dict, knobs: dict, device: torch.device) -> Estimate:
     """The estimate of an offload row from a counting engine ``eng`` and its
@@ -954,15 +967,19 @@ def offload_estimate(eng, counters, data: Data, graphs: list[Data], params: int,
     # every training graph gets an engine at setup: theirs scaled from this
     # one's by size, as the epoch's work is
     size = int(data.num_nodes) + int(data.num_edges)
-    setup = round(engine_setup_bytes(eng) * sum(
-        int(g.num_nodes) + int(g.num_edges) for g in graphs) / max(1, size))
+    scale = sum(int(g.num_nodes) + int(g.num_edges) for g in graphs) / max(1, size)
+    setup = round(engine_setup_bytes(eng) * scale)
     work = chunked_work(full_work, eng.num_chunks, default_heap_threshold(device))
     work.update(jobs=counters.jobs * len(graphs),
                 traffic=counters.traffic_bytes,
                 computations=counters.vertex_layer_computations
                 + counters.vertex_layer_recomputations,
                 device_bytes=device_step, host_bytes=host,
-                edge_job_bytes=job_edge_bytes(eng, int(data.num_edges)))
+                edge_job_bytes=job_edge_bytes(eng, int(data.num_edges)),
+                # (what every row of a smaller device budget needs at least:
+                # the planner's skip, :func:`~leangnn.plan.planner.offload_floor`)
+                host_floor_bytes=host_floor_bytes(eng, host),
+                setup_floor_bytes=round(engine_setup_bytes(eng, floor=True) * scale))
     if device.type == "cpu":
         # one memory: the host store and the "device" pool add up
         return Estimate("offload", knobs, str(device), step, params,

@@ -624,6 +624,8 @@ def _estimate_rows(cfg, todo: list, budget: int, dev: torch.device, splits,
     rows: list[PlanRow | None] = [None] * len(todo)
     done = False
     core_fits: float | None = None  # the largest core ratio found to fit
+    # what every offload row of a device budget up to [1] needs at least (CPU)
+    floor: tuple[int, int] | None = None
     for cls in sorted({_CLASS[k] for _, _, k in todo}):
         for i, (strategy, fields, kind) in enumerate(todo):
             if _CLASS[kind] != cls:
@@ -636,8 +638,20 @@ def _estimate_rows(cfg, todo: list, budget: int, dev: torch.device, splits,
                 rows[i] = unavailable_row(strategy, knobs, "not estimated: a "
                                           "preferred row fits (planned lazily)", kind)
                 continue
+            if (strategy == "offload" and floor is not None and floor[0] > budget
+                    and _pool(fields) <= floor[1]):
+                knobs = {k: v for k, v in fields.items() if k != "strategy"}
+                rows[i] = unavailable_row(
+                    strategy, knobs, "not estimated: needs over "
+                    f"{format_bytes(floor[0])} > budget {format_bytes(budget)} (the "
+                    "graph and host store every offload row of this device "
+                    "budget or less holds)", kind)
+                continue
             rows[i] = _row(cfg, strategy, fields, kind, dev, splits, cal, nproc)
             r = rows[i]
+            if strategy == "offload" and dev.type == "cpu" and floor is None \
+                    and offload_floor(r.estimate, cal) is not None:
+                floor = (offload_floor(r.estimate, cal), _pool(fields))
             fits = r.need_bytes is not None and r.need_bytes <= budget and \
                 not r.host_short
             if not fits and strategy == "prune" and r.estimate is not None:
@@ -658,6 +672,33 @@ def _estimate_rows(cfg, todo: list, budget: int, dev: torch.device, splits,
                         for r in rows):
             done = True
     return rows
+
+
+def _pool(fields: dict) -> int:
+    return parse_bytes(fields.get("device_budget") or "0", "device_budget")
+
+
+def offload_floor(est, cal: Calibration) -> int | None:
+    """A lower bound on the need of the offload rows of ``est``'s graph and
+    model on a CPU with a device budget up to ``est``'s, whatever their part
+    count: ``est``'s need with the step cut to what every such row's holds
+    at its peak, the host store
+    (:func:`~leangnn.plan.estimate.host_floor_bytes`: the same for every
+    part count, and no smaller for a smaller device budget, whose pool holds
+    fewer rows), and no device pool, job or setup bytes (the calibrated need
+    grows with each). A budget below it skips the rows whose schedules a
+    tiny device budget makes slow to build (csbm:50000 GAT-2 under 1 MiB:
+    34k chunks, a minute)."""
+    if est is None or "host_floor_bytes" not in (est.work or {}):
+        return None
+    host = est.work["host_floor_bytes"]
+    low = replace(est, step_bytes=max(0, host - est.model_bytes),
+                  setup_bytes=est.work.get("setup_floor_bytes", 0),
+                  later_run_bytes=None, later=None,
+                  work={**est.work, "device_bytes": 0, "edge_job_bytes": 0,
+                        "host_bytes": host})
+    cal.apply(low)
+    return math.floor(low.peak_bytes * cal.budget_scale)
 
 
 def _row(cfg, strategy: str, fields: dict, kind: str, dev: torch.device, splits,
