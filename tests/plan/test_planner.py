@@ -429,7 +429,9 @@ def test_a_budget_below_the_offload_floor_skips_the_other_offload_rows(splits):
     assert 16 * 1024 < floor <= done[0].need_bytes
     for r in skipped:
         assert r.why.startswith("not estimated: needs over") and "16.0 KiB" in r.why
-    with pytest.raises(ValueError, match="the smallest, offload.* needs ~"):
+        assert r.need_over == floor
+    with pytest.raises(ValueError, match="the smallest, offload.* needs ~[^;]*; "
+                       f"{len(skipped)} rows not estimated need over "):
         choose(table)
     # a budget between the floor and the needs: every row estimated
     mid = plan_config(cfg, splits, floor + 1, calibration=EXACT,

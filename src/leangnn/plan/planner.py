@@ -115,6 +115,8 @@ class PlanRow:
         host_short (str): why host memory cannot hold what the row keeps
             there (offload's host store on a GPU run); empty when it can.
         detail (str): what the need is made of (a distributed row's ranks).
+        need_over (int | None): a row left out because it needs more than
+            this (offload's floor, :func:`offload_floor`), above the budget.
     """
 
     strategy: str
@@ -129,6 +131,7 @@ class PlanRow:
     estimate: Estimate | None = None
     host_short: str = ""
     detail: str = ""
+    need_over: int | None = None
 
     @property
     def label(self) -> str:
@@ -287,10 +290,15 @@ def choose(table: PlanTable) -> PlanRow:
         raise ValueError("memory_budget: no strategy could be estimated ("
                          + "; ".join(f"{r.label}: {r.why}" for r in table.rows) + ")")
     low = min(sized, key=lambda r: r.need_bytes)
+    over = [r.need_over for r in table.rows if r.need_over is not None]
+    # (rows left out at a floor below the smallest need may need less)
+    unsized = (f"; {len(over)} rows not estimated need over "
+               f"{format_bytes(min(over))}" if over and min(over) < low.need_bytes
+               else "")
     raise ValueError(
         f"memory_budget={format_bytes(table.budget_bytes)} is below every "
         f"candidate on {table.device}: the smallest, {low.label}, needs "
-        f"~{format_bytes(low.need_bytes)}")
+        f"~{format_bytes(low.need_bytes)}{unsized}")
 
 
 def format_table(table: PlanTable) -> str:
@@ -646,6 +654,7 @@ def _estimate_rows(cfg, todo: list, budget: int, dev: torch.device, splits,
                     f"{format_bytes(floor[0])} > budget {format_bytes(budget)} (the "
                     "graph and host store every offload row of this device "
                     "budget or less holds)", kind)
+                rows[i].need_over = floor[0]
                 continue
             rows[i] = _row(cfg, strategy, fields, kind, dev, splits, cal, nproc)
             r = rows[i]
