@@ -775,3 +775,21 @@ def test_train_auto_warns_when_the_run_needed_more_than_its_budget(
     assert main(["train", *_C17, "--strategy", "auto", "--memory-budget", "1GiB",
                  "--epochs", "1", "--out", str(run), "--force"]) == 0
     assert "warning" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("after", [0.3, 1.0])
+def test_ctrl_c_while_the_command_starts_is_one_line(after, tmp_path):
+    # its imports (torch, PyG) take seconds: an interrupt there is the
+    # user's, answered as one during training is, not with a traceback
+    import signal
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "leangnn", "train", "--epochs",
+                             "1", "--out", str(tmp_path / "run")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(after)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    assert err.strip().splitlines()[-1] == "leangnn: interrupted"

@@ -11,8 +11,13 @@ def main() -> int:
     with its tunables, before the command line's imports, so a re-executed
     process pays them once; ``LEANGNN_HEAP=default`` keeps glibc's own)."""
     ensure_compact_heap()
-    from leangnn.cli import main as cli_main
-
+    try:
+        # (the command line's imports take seconds: Ctrl-C there is the
+        # user's too, not a traceback)
+        from leangnn.cli import main as cli_main
+    except KeyboardInterrupt:
+        print("leangnn: interrupted", file=sys.stderr)
+        return 130
     return cli_main()
 
 
