@@ -395,7 +395,8 @@ AUTO_EPOCHS = 4
 
 
 def _auto_json(allocator: str) -> str:
-    return "plan_auto.json" if allocator == "mmap" else "plan_auto_default.json"
+    return {"mmap": "plan_auto.json", "default": "plan_auto_default.json",
+            "compact": "plan_auto_compact.json"}[allocator]
 
 
 def _measure_auto_row(cfg, allocator: str, device: str, timeout: float,
@@ -414,7 +415,8 @@ def _measure_auto_row(cfg, allocator: str, device: str, timeout: float,
 
     runs = []
     for _ in range(max(1, repeat)):
-        if allocator == "default" and device == "cpu":
+        if allocator in ("default", "compact") and device == "cpu":
+            # (a child gets this process's heap: its environment is set)
             m = measure_trainer(cfg, epochs=AUTO_EPOCHS, threads=1, timeout=timeout)
             times = m["epoch_cpu_seconds"]
         else:
@@ -540,11 +542,16 @@ def _judge(res: dict) -> dict:
 
 
 def auto_markdown(res: dict) -> str:
-    default = res.get("allocator", "mmap") == "default"
+    alloc = res.get("allocator", "mmap")
+    default = alloc in ("default", "compact")
+    heap = {"default": "glibc's default allocator, what `leangnn train` "
+            "gets with `LEANGNN_HEAP=default` and a Python process without the "
+            "tunables", "compact": "the compact glibc heap `leangnn train` runs "
+            "in, `leangnn.heap`"}.get(alloc, "")
     if default:
         how = (f"`python benchmarks/plan.py --section auto --auto-allocator "
-               f"default` on {res['device']} ({res['calibration']}: glibc's "
-               "default allocator, what a plain `leangnn train` gets). Budget: a "
+               f"{alloc}` on {res['device']} ({res['calibration']}: {heap}). "
+               "Budget: a "
                "share of what the planner says full batch needs, planned for a "
                f"{AUTO_EPOCHS}-epoch run. Every candidate row was then trained "
                "for real through the Trainer as `leangnn train` runs it (fresh "
@@ -560,7 +567,8 @@ def auto_markdown(res: dict) -> str:
                f"row was then trained for real (fresh interpreter, {AUTO_EPOCHS} "
                "epochs: memory over the first, time the median of the others)")
     out = ["## Planner: `--strategy auto` on 5 budget/graph cases"
-           + (" (glibc's default allocator)" if default else ""), "",
+           + {"default": " (glibc's default allocator)",
+              "compact": " (the compact heap)"}.get(alloc, ""), "",
            how + "; *need* is the "
            "measured peak above the loaded state plus the model and graph "
            "tensors, what the planner's need counts. Targets: the pick's need "
@@ -598,7 +606,7 @@ def auto_markdown(res: dict) -> str:
                 f"{statistics.median(ratios):.2f}x."]
     out += ["", "Every row of every case (measured need and s/epoch beside the "
             "estimates) is in `results/"
-            f"{_auto_json('default' if default else 'mmap')}`."]
+            f"{_auto_json(alloc)}`."]
     return "\n".join(out)
 
 
@@ -1209,10 +1217,13 @@ def main(argv=None) -> int:
                     "rewrite its markdown from results/plan_auto.json (or "
                     "plan_auto_default.json, --auto-allocator default)")
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--auto-allocator", choices=["mmap", "default"], default="mmap",
-                    help="auto section on CPU: glibc's pinned mmap threshold "
-                    "(results/plan_auto.json) or its default allocator through "
-                    "the Trainer (results/plan_auto_default.json)")
+    ap.add_argument("--auto-allocator", choices=["compact", "default", "mmap"],
+                    default="compact",
+                    help="auto section on CPU: the compact heap `leangnn train` "
+                    "runs in, through the Trainer (results/plan_auto_compact.json; "
+                    "default), glibc's default allocator through the Trainer "
+                    "(results/plan_auto_default.json) or its pinned mmap "
+                    "threshold (results/plan_auto.json)")
     ap.add_argument("--only", nargs="*", default=None,
                     help="row ids (or substrings) to run")
     ap.add_argument("--allocators", nargs="+", default=["mmap"],
@@ -1297,11 +1308,19 @@ def main(argv=None) -> int:
             res_auto = {"device": args.device, "calibration": kind, "cases": cases,
                         "allocator": alloc}
         else:
+            if alloc == "compact":
+                from leangnn.heap import heap_env
+
+                # the children inherit it; it selects the compact calibration
+                env = heap_env("compact")
+                os.environ.clear()
+                os.environ.update(env)
             cal = calibration(args.device, args.device == "cpu" and alloc == "mmap",
                               False, args.quick)
             res_auto = auto_cases(args, cal)
         md = Path(args.md) if args.md else markdown_path("plan", args.quick)
-        name = "plan-auto" if alloc == "mmap" else "plan-auto-default"
+        name = {"mmap": "plan-auto", "default": "plan-auto-default",
+                "compact": "plan-auto-compact"}[alloc]
         write_section(name, auto_markdown(res_auto),
                       md.with_name(name.replace("-", "_") + ".md") if args.md
                       else md)

@@ -441,7 +441,9 @@ def _choose(name: str, value: str, choices) -> None:
         _bad(name, value, _one_of(choices))
 
 
-def _check_device(device: str) -> None:
+def _check_device(device: str, fallback: str = "--device cpu") -> None:
+    """Refuse a device this machine has not got; ``fallback`` is what the
+    message suggests instead (the caller's spelling: a flag or an argument)."""
     import torch
 
     try:
@@ -454,7 +456,7 @@ def _check_device(device: str) -> None:
     if dev.type == "cuda":
         if not torch.cuda.is_available():
             raise ConfigError(f"device: {device!r} requested but CUDA is not "
-                              "available on this machine (use --device cpu)")
+                              f"available on this machine (use {fallback})")
         count = torch.cuda.device_count()
         if dev.index is not None and dev.index >= count:
             raise ConfigError(f"device: {device!r} requested but this machine has "

@@ -410,7 +410,8 @@ def test_a_prune_dry_run_error_is_a_row_not_possible(data, make, dtype, why):
     ("meta", r"^device: expected cpu, cuda or cuda:i, got 'meta'$"),
     (None, r"^device: expected cpu, cuda or cuda:i, got None$"),
     ("cpu:1", r"^device: expected cpu, cuda or cuda:i, got 'cpu:1'$"),
-    pytest.param("cuda", r"^device: 'cuda' requested but CUDA is not available",
+    pytest.param("cuda", r"^device: 'cuda' requested but CUDA is not available on "
+                 r"this machine \(use device='cpu'\)$",
                  marks=pytest.mark.skipif(torch.cuda.is_available(),
                                           reason="CUDA is available")),
 ])

@@ -149,7 +149,8 @@ def _check_args(model, data, device, strategies, epochs, clip_norm) -> None:
         raise ValueError("data: has adj_t but no edge_index; leangnn plans and "
                          "trains from data.edge_index (build the Data without "
                          "ToSparseTensor)")
-    _check_device(device)  # the CLI's check: cpu, cuda or cuda:i that exists
+    # the CLI's check: cpu, cuda or cuda:i that exists
+    _check_device(device, fallback="device='cpu'")
     if any(t.is_meta for t in itertools.chain(model.parameters(), model.buffers())):
         raise ValueError("model: its parameters are on the meta device (shapes "
                          "only, no values to train); build it on a real device or "
