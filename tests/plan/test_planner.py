@@ -345,8 +345,9 @@ def test_a_cpu_pick_is_the_clearly_faster_exact_row(device, offload_s, picked):
     rows = [PlanRow("full", {"model": "sage"}, need_bytes=90, epoch_seconds=1.0),
             PlanRow("offload", {"model": "sage", "num_parts": 4}, need_bytes=60,
                     epoch_seconds=offload_s),
+            # (slower than a tie: see the next test)
             PlanRow("offload", {"model": "sage", "num_parts": 8}, need_bytes=50,
-                    epoch_seconds=offload_s + 0.01),
+                    epoch_seconds=offload_s + 0.1),
             # faster still, but approximate: never over an exact row that fits
             PlanRow("prune", {"model": "sage", "budget_ratio": 0.3},
                     kind="approximate", need_bytes=10, epoch_seconds=0.01),
@@ -437,3 +438,29 @@ def test_a_budget_below_the_offload_floor_skips_the_other_offload_rows(splits):
     mid = plan_config(cfg, splits, floor + 1, calibration=EXACT,
                       strategies=("offload",))
     assert all(r.need_bytes is not None for r in mid.rows)
+
+
+@pytest.mark.parametrize("slower,picked", [(1.05, 1), (1.2, 0)])
+def test_offload_rows_in_a_time_tie_pick_the_smaller_need(slower, picked):
+    from leangnn.plan.planner import OFFLOAD_TIME_TIE, PlanRow, PlanTable, mark_table
+
+    assert 1 < 1.05 < OFFLOAD_TIME_TIE < 1.2
+    rows = [PlanRow("offload", {"model": "sage", "num_parts": 4}, need_bytes=60,
+                    epoch_seconds=1.0),
+            PlanRow("offload", {"model": "sage", "num_parts": 8}, need_bytes=40,
+                    epoch_seconds=slower),
+            # less still, but over the tie
+            PlanRow("offload", {"model": "sage", "num_parts": 16}, need_bytes=30,
+                    epoch_seconds=1.5),
+            # less still, but not offload: full batch's own rule decides it
+            PlanRow("full", {"model": "sage"}, need_bytes=50, epoch_seconds=2.0)]
+    table = mark_table(PlanTable(rows, 100, "cpu"))
+    assert choose(table) is rows[picked]
+    if picked == 1:
+        assert rows[1].why == ("chosen: the exact strategy that fits and needs "
+                               "least among the fastest (a tie)")
+        assert rows[0].why.startswith("fits, but needs more")
+    else:
+        assert rows[0].why == "chosen: the fastest exact strategy that fits"
+        assert rows[1].why == "fits, but slower"
+    assert rows[2].why == "fits, but slower"

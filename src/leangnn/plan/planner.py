@@ -83,6 +83,15 @@ _SPEED_RANK = {"full": 0, "reversible": 1, "offload": 2}
 #: epoch, offload 0.122-0.145 s. On CUDA offload copies over the bus and its
 #: time is not calibrated: full batch stays first there.
 CPU_TIME_MARGIN = 0.9
+#: offload rows estimated within this factor of the fastest one are a tie the
+#: time model cannot break: the pick is the one that needs least (smaller
+#: chunks). What the model leaves out favours it too: a job's edge-sized
+#: blocks shrink with the chunks, and so does its working set against the
+#: shared last-level cache. Measured through the Trainer in the compact heap
+#: (csbm:8000, SAGE-3, hidden 64, 3 processes each): 4 chunks estimated
+#: 0.128 s and 49.8 MiB, measured 0.120-0.127 s; 8 chunks estimated 0.139 s
+#: and 40.0 MiB, measured 0.103-0.109 s.
+OFFLOAD_TIME_TIE = 1.10
 #: distributed rows: the mode that moves less first, as the strategy's own
 #: ``auto`` does (data parallel for several training graphs: one gradient sum
 #: per step of a few graphs; graph parallel for one: halo rows per layer).
@@ -218,12 +227,16 @@ def mark_table(table: PlanTable) -> PlanTable:
                 r.why = (f"needs {format_bytes(r.need_bytes)} > budget "
                          f"{format_bytes(table.budget_bytes)}")
         return table
-    best = _faster_on_cpu(min(ok, key=_preference), ok, table.device)
+    fastest = _faster_on_cpu(min(ok, key=_preference), ok, table.device)
+    best = _roomier_offload(fastest, ok)
     best.chosen = True
     for r in table.rows:
         if r is best and r.strategy == "distributed":
             r.why = ("chosen: the mode that fits and communicates the least"
                      if _mode_first(r) else "chosen: the mode that fits")
+        elif r is best and r is not fastest:
+            r.why = ("chosen: the exact strategy that fits and needs least among "
+                     "the fastest (a tie)")
         elif r is best:
             r.why = {"exact": "chosen: the fastest exact strategy that fits",
                      "model change": "chosen: nothing exact fits; the model's "
@@ -247,6 +260,11 @@ def mark_table(table: PlanTable) -> PlanTable:
         elif r.strategy != best.strategy and \
                 _SPEED_RANK.get(r.strategy, 3) > _SPEED_RANK.get(best.strategy, 3):
             r.why = f"fits, but {best.strategy} fits too (no recompute, no copies)"
+        elif r.strategy == best.strategy == "offload" and \
+                r.epoch_seconds is not None and best.epoch_seconds is not None \
+                and r.epoch_seconds < best.epoch_seconds:
+            r.why = (f"fits, but needs more (estimated within "
+                     f"{OFFLOAD_TIME_TIE:.2f}x of the pick's epoch: a tie)")
         else:
             r.why = "fits, but slower"
     return table
@@ -262,6 +280,18 @@ def _faster_on_cpu(best: PlanRow, ok: list[PlanRow], device: str) -> PlanRow:
               and r.epoch_seconds is not None
               and r.epoch_seconds <= CPU_TIME_MARGIN * best.epoch_seconds]
     return min(rivals, key=lambda r: (r.epoch_seconds, r.need_bytes), default=best)
+
+
+def _roomier_offload(best: PlanRow, ok: list[PlanRow]) -> PlanRow:
+    """``best``, or when it is an offload row the one that needs least
+    among the offload rows that fit estimated within
+    :data:`OFFLOAD_TIME_TIE` of its epoch."""
+    if best.strategy != "offload" or best.epoch_seconds is None:
+        return best
+    ties = [r for r in ok if r.strategy == "offload" and r.kind == best.kind
+            and r.epoch_seconds is not None
+            and r.epoch_seconds <= OFFLOAD_TIME_TIE * best.epoch_seconds]
+    return min(ties, key=lambda r: (r.need_bytes, r.epoch_seconds), default=best)
 
 
 def _preference(r: PlanRow) -> tuple:
