@@ -440,8 +440,9 @@ def test_a_budget_below_the_offload_floor_skips_the_other_offload_rows(splits):
     assert all(r.need_bytes is not None for r in mid.rows)
 
 
-@pytest.mark.parametrize("slower,picked", [(1.05, 1), (1.2, 0)])
-def test_offload_rows_in_a_time_tie_pick_the_smaller_need(slower, picked):
+@pytest.mark.parametrize("slower,device,picked", [(1.05, "cpu", 1), (1.2, "cpu", 0),
+                                                 (1.05, "cuda", 0)])
+def test_offload_rows_in_a_time_tie_pick_the_smaller_need(slower, device, picked):
     from leangnn.plan.planner import OFFLOAD_TIME_TIE, PlanRow, PlanTable, mark_table
 
     assert 1 < 1.05 < OFFLOAD_TIME_TIE < 1.2
@@ -454,7 +455,9 @@ def test_offload_rows_in_a_time_tie_pick_the_smaller_need(slower, picked):
                     epoch_seconds=1.5),
             # less still, but not offload: full batch's own rule decides it
             PlanRow("full", {"model": "sage"}, need_bytes=50, epoch_seconds=2.0)]
-    table = mark_table(PlanTable(rows, 100, "cpu"))
+    if device == "cuda":
+        rows.pop()  # (full batch is first there whatever its time)
+    table = mark_table(PlanTable(rows, 100, device))
     assert choose(table) is rows[picked]
     if picked == 1:
         assert rows[1].why == ("chosen: the exact strategy that fits and needs "

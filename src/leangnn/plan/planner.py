@@ -90,7 +90,7 @@ CPU_TIME_MARGIN = 0.9
 #: shared last-level cache. Measured through the Trainer in the compact heap
 #: (csbm:8000, SAGE-3, hidden 64, 3 processes each): 4 chunks estimated
 #: 0.128 s and 49.8 MiB, measured 0.120-0.127 s; 8 chunks estimated 0.139 s
-#: and 40.0 MiB, measured 0.103-0.109 s.
+#: and 40.0 MiB, measured 0.103-0.109 s. CPU only (as :data:`CPU_TIME_MARGIN`).
 OFFLOAD_TIME_TIE = 1.10
 #: distributed rows: the mode that moves less first, as the strategy's own
 #: ``auto`` does (data parallel for several training graphs: one gradient sum
@@ -228,7 +228,7 @@ def mark_table(table: PlanTable) -> PlanTable:
                          f"{format_bytes(table.budget_bytes)}")
         return table
     fastest = _faster_on_cpu(min(ok, key=_preference), ok, table.device)
-    best = _roomier_offload(fastest, ok)
+    best = _roomier_offload(fastest, ok, table.device)
     best.chosen = True
     for r in table.rows:
         if r is best and r.strategy == "distributed":
@@ -282,11 +282,13 @@ def _faster_on_cpu(best: PlanRow, ok: list[PlanRow], device: str) -> PlanRow:
     return min(rivals, key=lambda r: (r.epoch_seconds, r.need_bytes), default=best)
 
 
-def _roomier_offload(best: PlanRow, ok: list[PlanRow]) -> PlanRow:
-    """``best``, or when it is an offload row the one that needs least
-    among the offload rows that fit estimated within
-    :data:`OFFLOAD_TIME_TIE` of its epoch."""
-    if best.strategy != "offload" or best.epoch_seconds is None:
+def _roomier_offload(best: PlanRow, ok: list[PlanRow], device: str) -> PlanRow:
+    """``best``, or when it is an offload row on a CPU the one that needs
+    least among the offload rows that fit estimated within
+    :data:`OFFLOAD_TIME_TIE` of its epoch (on CUDA, where offload's time is
+    not calibrated and smaller chunks mean more copies, ``best``)."""
+    if best.strategy != "offload" or best.epoch_seconds is None or \
+            torch.device(device).type != "cpu":
         return best
     ties = [r for r in ok if r.strategy == "offload" and r.kind == best.kind
             and r.epoch_seconds is not None
