@@ -19,9 +19,7 @@ Example::
 from __future__ import annotations
 
 import copy
-import itertools
 import math
-import numbers
 import time
 from typing import Any
 
@@ -30,6 +28,7 @@ from torch_geometric.data import Data
 
 from leangnn.data import check_graph
 from leangnn.plan.calibration import Calibration, calibration_label, load_calibration
+from leangnn.plan.core_probe import probe_core
 from leangnn.plan.dag import is_dag_model
 from leangnn.plan.estimate import (
     Estimate,
@@ -53,17 +52,20 @@ from leangnn.plan.planner import (
     resolve_budget,
     unavailable_row,
 )
+from leangnn.plan.user_checks import (
+    STRATEGIES,
+    LossFnError,
+    check_args,
+    check_dtypes,
+    checked_loss,
+    error_line,
+    num_classes,
+)
 from leangnn.prune.dpr import CORE_HAS_NO_EDGE_ATTR
 from leangnn.strategy import edge_attr_refusal
-from leangnn.utils import _first_line as first_line
 from leangnn.utils import format_bytes
 
 __all__ = ["plan", "fit", "calibrated_as"]
-
-STRATEGIES = ("full", "reversible", "offload", "prune")
-# edges of DPR's core a prune row's probe trains on for real (see _probe_core)
-PROBE_EDGES = 64
-
 
 def calibrated_as(model: torch.nn.Module) -> dict[str, Any]:
     """The knobs of a plan row of ``model``: its class name (``model``), and
@@ -102,156 +104,6 @@ def _is_layerwise(model: torch.nn.Module) -> str | None:
         LayerwiseModel(model)
     except ValueError as e:
         return str(e)
-    return None
-
-
-def _first_line(e: BaseException) -> str:
-    """``Type: first line of the message`` (a row's reason, an error's tail)."""
-    line = first_line(e)
-    return line if line == type(e).__name__ else f"{type(e).__name__}: {line}"
-
-
-class LossFnError(ValueError):
-    """``loss_fn`` returned no loss to backpropagate (not the model's error)."""
-
-
-def _checked_loss(loss_fn):
-    """``loss_fn`` refusing a return value ``backward`` cannot take, in one
-    line naming it (a float or ``None`` failed as a bare AttributeError)."""
-    if loss_fn is None:
-        return None
-
-    def checked(out, data):
-        loss = loss_fn(out, data)
-        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
-            got = (f"a tensor of shape {list(loss.shape)}"
-                   if isinstance(loss, torch.Tensor) else type(loss).__name__)
-            raise LossFnError("loss_fn: must return the loss as a one-element "
-                               f"tensor to backpropagate, got {got}")
-        return loss
-
-    return checked
-
-
-def _check_args(model, data, device, strategies, epochs, clip_norm) -> None:
-    """Refuse arguments :func:`plan` and :func:`fit` cannot use, each in one
-    line naming the argument and the value, before anything runs on them."""
-    from leangnn.config import _check_device
-
-    if not isinstance(model, torch.nn.Module):
-        raise ValueError(f"model: expected a torch.nn.Module, got "
-                         f"{type(model).__name__}")
-    if not isinstance(data, Data):
-        # a list of graphs or a HeteroData has no data.x: say what it is instead
-        raise ValueError(f"data: expected one torch_geometric.data.Data graph, got "
-                         f"{type(data).__name__}")
-    if data.get("edge_index", None) is None and data.get("adj_t", None) is not None:
-        raise ValueError("data: has adj_t but no edge_index; leangnn plans and "
-                         "trains from data.edge_index (build the Data without "
-                         "ToSparseTensor)")
-    # the CLI's check: cpu, cuda or cuda:i that exists
-    _check_device(device, fallback="device='cpu'")
-    if any(t.is_meta for t in itertools.chain(model.parameters(), model.buffers())):
-        raise ValueError("model: its parameters are on the meta device (shapes "
-                         "only, no values to train); build it on a real device or "
-                         "materialize it (to_empty) and load its weights")
-    if strategies is not None:
-        if isinstance(strategies, str) or not all(
-                isinstance(s, str) for s in strategies):
-            raise ValueError(f"strategies: expected a tuple of names from "
-                             f"{STRATEGIES}, got {strategies!r}")
-        unknown = [s for s in strategies if s not in STRATEGIES]
-        if unknown:
-            raise ValueError(f"strategies: unknown {unknown!r}; expected names "
-                             f"from {STRATEGIES}")
-    if epochs is not None and (isinstance(epochs, bool) or
-                               not isinstance(epochs, numbers.Integral) or
-                               epochs < 1):
-        raise ValueError(f"epochs: expected a positive int, got {epochs!r}")
-    if clip_norm is not None and (isinstance(clip_norm, bool) or
-                                  not isinstance(clip_norm, numbers.Real) or
-                                  not math.isfinite(clip_norm) or clip_norm < 0):
-        # a NaN norm turns every weight into NaN from the second step on
-        raise ValueError(f"clip_norm: expected a finite number >= 0 or None (no "
-                         f"clipping), got {clip_norm!r}")
-
-
-def _num_classes(model: torch.nn.Module, data: Data, loss_fn) -> int | None:
-    """The class count the default loss's ``y`` must stay below: the model's
-    ``out_channels`` (PyG's models and ours have it), else ``None``."""
-    y = data.get("y", None)
-    if loss_fn is not None or not isinstance(y, torch.Tensor) or \
-            y.is_floating_point():
-        return None  # a regression target, or a loss of the user's own
-    classes = getattr(model, "out_channels", None)
-    return classes if isinstance(classes, int) and not isinstance(classes, bool) \
-        else None
-
-
-def _check_dtypes(model: torch.nn.Module, data: Data) -> None:
-    """Refuse features of another float type than the model's parameters: the
-    dry run's fake tensors let them through, the first real step fails."""
-    x = data.x
-    own = next((p for p in model.parameters() if p.is_floating_point()), None)
-    if own is not None and x.is_floating_point() and x.dtype != own.dtype:
-        dt = lambda t: str(t.dtype).removeprefix("torch.")  # noqa: E731
-        raise ValueError(f"data: x is {dt(x)}, the model's parameters are "
-                         f"{dt(own)}; convert one to the other (e.g. "
-                         f"data.x = data.x.to(torch.{dt(own)}))")
-
-
-def _piece_of_core(core: Data, edges: int = PROBE_EDGES) -> Data:
-    """A few edges of DPR's core (its first ``edges`` entries and their end
-    nodes) as a graph of the same layout: a CSR ``adj_t`` with the core's
-    index dtype, and the node tensors of those nodes."""
-    adj = core.adj_t
-    crow, col, val = adj.crow_indices(), adj.col_indices(), adj.values()
-    m = min(edges, col.numel())
-    row = torch.searchsorted(crow, torch.arange(m, dtype=crow.dtype,
-                                                device=crow.device), right=True) - 1
-    n = int(core.num_nodes)
-    nodes = torch.unique(torch.cat([row.long(), col[:m].long()])) if m else \
-        torch.arange(min(n, 2), device=crow.device)
-    k = nodes.numel()
-    new_row = torch.searchsorted(nodes, row.long())
-    counts = torch.bincount(new_row, minlength=k)
-    new_crow = torch.cat([counts.new_zeros(1), counts.cumsum(0)]).to(crow.dtype)
-    new_col = torch.searchsorted(nodes, col[:m].long()).to(col.dtype)
-    piece = Data(adj_t=torch.sparse_csr_tensor(new_crow, new_col, val[:m], (k, k)),
-                 num_nodes=k)
-    for key, value in core.items():
-        if key in ("adj_t", "num_nodes"):
-            continue
-        node_level = isinstance(value, torch.Tensor) and value.dim() and \
-            value.size(0) == n
-        piece[key] = value[nodes.to(value.device)] if node_level else value
-    return piece
-
-
-def _probe_core(model: torch.nn.Module, core: Data, loss_fn, device: torch.device
-                ) -> str | None:
-    """``None`` when a real training step of ``model`` runs on a piece of DPR's
-    core, else the error's first line.
-
-    The dry run's fake tensors accept what the core's real layout breaks: an
-    aggregation that scatters (PNA, TransformerConv, SAGEConv's ``std``)
-    reads the CSR's int32 indices as its index and fails at the first step
-    of :func:`fit`. A few of the core's edges, on a copy of the model, say
-    so at a cost independent of the graph's size.
-    """
-    twin = copy.deepcopy(model).to(device)  # the user's weights and stats stay
-    twin.train()
-    piece = _piece_of_core(core).to(device)
-    try:
-        # dropout draws: the caller's random streams stay where they were
-        with torch.random.fork_rng(devices=[device] if device.type == "cuda"
-                                   else []):
-            loss = loss_fn(twin(piece.x, piece.adj_t), piece)
-            loss.backward()
-    except LossFnError:
-        raise
-    except Exception as e:  # whatever the model raises here, fit would too
-        return _first_line(e)
     return None
 
 
@@ -304,19 +156,19 @@ def plan(model: torch.nn.Module, data: Data, memory_budget=None, loss_fn=None,
         >>> print(table)          # rows, needs, fits, epoch times, the pick
     """
     t0 = time.perf_counter()
-    _check_args(model, data, device, strategies, epochs, clip_norm)
+    check_args(model, data, device, strategies, epochs, clip_norm)
     # the dry run moves the graph's tensors (PyG's Data.to works in place):
     # the caller's Data keeps its own
     data = copy.copy(data)
     # a NaN feature would plan fine and then train a NaN model silently; fake
     # tensors check no class id, a real step's cross-entropy does
     check_graph(data, "data", labels=loss_fn is None, nodes=True,
-                num_classes=_num_classes(model, data, loss_fn))
-    _check_dtypes(model, data)
+                num_classes=num_classes(model, data, loss_fn))
+    check_dtypes(model, data)
     dev = torch.device(device)
     budget = resolve_budget(memory_budget, dev)
     cal = calibration or load_calibration(dev)
-    loss_fn = _checked_loss(loss_fn) or default_loss(data)
+    loss_fn = checked_loss(loss_fn) or default_loss(data)
     name = type(model).__name__
     reversible = hasattr(model, "stack") and hasattr(model.stack, "num_groups")
     strategy = "reversible" if reversible else "full"
@@ -399,13 +251,13 @@ def _prune_rows(model, data, loss_fn, dev, cal, own, epochs, lr, clip_norm,
                                  knobs={**knobs, "core_nodes": int(core.num_nodes)})
             if not probed:  # one core's layout is every ratio's
                 probed = True
-                why = _probe_core(model, core, loss_fn, dev)
+                why = probe_core(model, core, loss_fn, dev)
         except LossFnError:
             raise
         except (ValueError, RuntimeError, TypeError, IndexError) as e:
             # e.g. a float64 model (the core's sparse product is float32
             # only) or a conv with no sparse kernel: the other rows still plan
-            why = f"DPR's core: {_first_line(e)}"
+            why = f"DPR's core: {error_line(e)}"
         if why:
             why = why if why.startswith("DPR's core") else f"DPR's core: {why}"
             rows.append(unavailable_row("prune", knobs, f"not possible: {why}",
@@ -502,7 +354,7 @@ def fit(model: torch.nn.Module, data: Data, loss_fn=None, strategy: str = "auto"
     strat = _strategy(row, device)
     # the strategies move the graph's tensors in place (PyG's Data.to)
     data = copy.copy(data)
-    loss_fn = _checked_loss(loss_fn) or default_loss(data)
+    loss_fn = checked_loss(loss_fn) or default_loss(data)
     model.to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=lr, weight_decay=weight_decay)
     from leangnn.profile import (

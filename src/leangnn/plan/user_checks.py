@@ -1,0 +1,122 @@
+"""Checks of what a user hands :func:`leangnn.plan` and :func:`leangnn.fit`.
+
+Each refuses, in one line naming the argument and the value received, what
+the planner's dry run would let through and the first real step (or a later
+one) would fail on: a model or graph of another kind, a device this machine
+has not got, a parameter on the ``meta`` device, unknown strategy names, a
+non-positive epoch count, a NaN clipping norm, features of another float
+type than the model's, and a ``loss_fn`` whose return value ``backward``
+cannot take.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import numbers
+
+import torch
+from torch_geometric.data import Data
+
+from leangnn.utils import _first_line
+
+__all__ = ["STRATEGIES", "LossFnError", "error_line", "checked_loss", "check_args",
+           "num_classes", "check_dtypes"]
+
+#: the strategies a user's model is planned with (``strategies=``)
+STRATEGIES = ("full", "reversible", "offload", "prune")
+
+
+def error_line(e: BaseException) -> str:
+    """``Type: first line of the message`` (a row's reason, an error's tail)."""
+    line = _first_line(e)
+    return line if line == type(e).__name__ else f"{type(e).__name__}: {line}"
+
+
+class LossFnError(ValueError):
+    """``loss_fn`` returned no loss to backpropagate (not the model's error)."""
+
+
+def checked_loss(loss_fn):
+    """``loss_fn`` refusing a return value ``backward`` cannot take, in one
+    line naming it (a float or ``None`` failed as a bare AttributeError)."""
+    if loss_fn is None:
+        return None
+
+    def checked(out, data):
+        loss = loss_fn(out, data)
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+            got = (f"a tensor of shape {list(loss.shape)}"
+                   if isinstance(loss, torch.Tensor) else type(loss).__name__)
+            raise LossFnError("loss_fn: must return the loss as a one-element "
+                               f"tensor to backpropagate, got {got}")
+        return loss
+
+    return checked
+
+
+def check_args(model, data, device, strategies, epochs, clip_norm) -> None:
+    """Refuse arguments :func:`plan` and :func:`fit` cannot use, each in one
+    line naming the argument and the value, before anything runs on them."""
+    from leangnn.config import _check_device
+
+    if not isinstance(model, torch.nn.Module):
+        raise ValueError(f"model: expected a torch.nn.Module, got "
+                         f"{type(model).__name__}")
+    if not isinstance(data, Data):
+        # a list of graphs or a HeteroData has no data.x: say what it is instead
+        raise ValueError(f"data: expected one torch_geometric.data.Data graph, got "
+                         f"{type(data).__name__}")
+    if data.get("edge_index", None) is None and data.get("adj_t", None) is not None:
+        raise ValueError("data: has adj_t but no edge_index; leangnn plans and "
+                         "trains from data.edge_index (build the Data without "
+                         "ToSparseTensor)")
+    # the CLI's check: cpu, cuda or cuda:i that exists
+    _check_device(device, fallback="device='cpu'")
+    if any(t.is_meta for t in itertools.chain(model.parameters(), model.buffers())):
+        raise ValueError("model: its parameters are on the meta device (shapes "
+                         "only, no values to train); build it on a real device or "
+                         "materialize it (to_empty) and load its weights")
+    if strategies is not None:
+        if isinstance(strategies, str) or not all(
+                isinstance(s, str) for s in strategies):
+            raise ValueError(f"strategies: expected a tuple of names from "
+                             f"{STRATEGIES}, got {strategies!r}")
+        unknown = [s for s in strategies if s not in STRATEGIES]
+        if unknown:
+            raise ValueError(f"strategies: unknown {unknown!r}; expected names "
+                             f"from {STRATEGIES}")
+    if epochs is not None and (isinstance(epochs, bool) or
+                               not isinstance(epochs, numbers.Integral) or
+                               epochs < 1):
+        raise ValueError(f"epochs: expected a positive int, got {epochs!r}")
+    if clip_norm is not None and (isinstance(clip_norm, bool) or
+                                  not isinstance(clip_norm, numbers.Real) or
+                                  not math.isfinite(clip_norm) or clip_norm < 0):
+        # a NaN norm turns every weight into NaN from the second step on
+        raise ValueError(f"clip_norm: expected a finite number >= 0 or None (no "
+                         f"clipping), got {clip_norm!r}")
+
+
+def num_classes(model: torch.nn.Module, data: Data, loss_fn) -> int | None:
+    """The class count the default loss's ``y`` must stay below: the model's
+    ``out_channels`` (PyG's models and ours have it), else ``None``."""
+    y = data.get("y", None)
+    if loss_fn is not None or not isinstance(y, torch.Tensor) or \
+            y.is_floating_point():
+        return None  # a regression target, or a loss of the user's own
+    classes = getattr(model, "out_channels", None)
+    return classes if isinstance(classes, int) and not isinstance(classes, bool) \
+        else None
+
+
+def check_dtypes(model: torch.nn.Module, data: Data) -> None:
+    """Refuse features of another float type than the model's parameters: the
+    dry run's fake tensors let them through, the first real step fails."""
+    x = data.x
+    own = next((p for p in model.parameters() if p.is_floating_point()), None)
+    if own is not None and x.is_floating_point() and x.dtype != own.dtype:
+        dt = lambda t: str(t.dtype).removeprefix("torch.")  # noqa: E731
+        raise ValueError(f"data: x is {dt(x)}, the model's parameters are "
+                         f"{dt(own)}; convert one to the other (e.g. "
+                         f"data.x = data.x.to(torch.{dt(own)}))")

@@ -1,0 +1,78 @@
+"""One real training step on a piece of DPR's core, as the prune rows run it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch_geometric.data import Data
+from torch_geometric.nn import GCN
+
+from leangnn.plan.core_probe import PROBE_EDGES, piece_of_core, probe_core
+from leangnn.plan.user_checks import LossFnError, checked_loss
+
+
+def _core(n: int = 40, e: int = 200, seed: int = 0) -> Data:
+    g = torch.Generator().manual_seed(seed)
+    row, col = torch.randint(0, n, (2, e), generator=g)
+    adj = torch.sparse_coo_tensor(torch.stack([row, col]), torch.rand(e, generator=g),
+                                  (n, n)).coalesce().to_sparse_csr()
+    # DPR's core keeps int32 indices
+    adj = torch.sparse_csr_tensor(adj.crow_indices().int(), adj.col_indices().int(),
+                                  adj.values(), (n, n))
+    return Data(adj_t=adj, x=torch.randn(n, 4, generator=g),
+                y=torch.randint(0, 3, (n,), generator=g), num_nodes=n, name="core")
+
+
+def test_the_piece_is_the_cores_first_edges_between_the_same_nodes():
+    core = _core()
+    piece = piece_of_core(core)
+    adj, sub = core.adj_t, piece.adj_t
+    m = min(PROBE_EDGES, adj.col_indices().numel())
+    assert sub.col_indices().numel() == m
+    assert sub.crow_indices().dtype == sub.col_indices().dtype == torch.int32
+    # reference: the core's first m entries as (row, col, value) triples
+    dense = adj.to_dense()
+    crow = adj.crow_indices().long()
+    rows = torch.repeat_interleave(torch.arange(adj.size(0)), crow.diff())[:m]
+    cols = adj.col_indices()[:m].long()
+    nodes = torch.unique(torch.cat([rows, cols]))
+    assert piece.num_nodes == nodes.numel()
+    kept = torch.zeros_like(dense).index_put_((rows, cols), torch.ones(m))
+    assert torch.equal(sub.to_dense(), (dense * kept)[nodes][:, nodes])
+    assert torch.equal(piece.x, core.x[nodes]) and torch.equal(piece.y, core.y[nodes])
+    assert piece.name == "core"  # graph-level entries kept as they are
+
+
+def test_a_model_that_trains_on_the_core_passes_and_keeps_its_weights():
+    model = GCN(4, 8, 2, 3)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    rng = torch.get_rng_state()
+    assert probe_core(model, _core(), lambda out, d: F.cross_entropy(out, d.y),
+                      torch.device("cpu")) is None
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    assert all(p.grad is None for p in model.parameters())
+    assert torch.equal(torch.get_rng_state(), rng)
+
+
+class _NoSparse(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 3)
+
+    def forward(self, x, adj_t):
+        if adj_t.layout != torch.strided:
+            raise TypeError("index must be a dense int64 tensor\nsecond line")
+        return self.lin(x)
+
+
+def test_a_model_the_cores_layout_breaks_is_its_first_error_line():
+    why = probe_core(_NoSparse(), _core(), lambda out, d: out.sum(),
+                     torch.device("cpu"))
+    assert why == "TypeError: index must be a dense int64 tensor"
+
+
+def test_a_bad_loss_is_the_users_error_not_the_rows():
+    with pytest.raises(LossFnError, match="one-element tensor"):
+        probe_core(GCN(4, 8, 2, 3), _core(), checked_loss(lambda out, d: 0.0),
+                   torch.device("cpu"))
