@@ -784,9 +784,13 @@ def test_ctrl_c_while_the_command_starts_is_one_line(after, tmp_path):
     import signal
     import time
 
+    # (a runner that started this process in the background passes SIGINT on
+    # ignored, and Python then installs no handler: the child gets the default)
     proc = subprocess.Popen([sys.executable, "-m", "leangnn", "train", "--epochs",
                              "1", "--out", str(tmp_path / "run")],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT,
+                                                             signal.SIG_DFL))
     time.sleep(after)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
