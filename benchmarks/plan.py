@@ -876,6 +876,18 @@ def _cli_estimate(row: dict, splits_cache: dict, cal, ran: dict | None = None
             "method": est.method}
 
 
+def _use_heap(mode: str) -> None:
+    """This process's environment for heap ``mode`` (:data:`leangnn.heap.HEAP_MODES`):
+    the runs inherit it (`leangnn` re-executes itself into the compact heap
+    unless told not to) and the estimates here read their calibration from
+    it."""
+    from leangnn.heap import heap_env
+
+    env = heap_env(mode)
+    os.environ.clear()
+    os.environ.update(env)
+
+
 #: the cli section's results per heap its runs get
 _CLI_JSON = {"compact": "plan_cli_compact.json", "default": "plan_cli.json",
              "mmap": "plan_cli_mmap.json"}
@@ -1265,14 +1277,9 @@ def main(argv=None) -> int:
         ap.error(f"--auto-repeat: at least 1, got {args.auto_repeat}")
 
     if args.section == "cli":
-        from leangnn.heap import heap_env
         from leangnn.plan.calibration import load_calibration
 
-        # this process estimates for the heap the runs get (they inherit it;
-        # `leangnn` re-executes itself into the compact heap unless told not to)
-        env = heap_env(args.cli_allocator)
-        os.environ.clear()
-        os.environ.update(env)
+        _use_heap(args.cli_allocator)
         name = _CLI_JSON[args.cli_allocator]
         if args.report:  # the markdown again from the JSON, no runs
             path = results_path(name, args.quick)
@@ -1309,12 +1316,7 @@ def main(argv=None) -> int:
                         "allocator": alloc}
         else:
             if alloc == "compact":
-                from leangnn.heap import heap_env
-
-                # the children inherit it; it selects the compact calibration
-                env = heap_env("compact")
-                os.environ.clear()
-                os.environ.update(env)
+                _use_heap(alloc)
             cal = calibration(args.device, args.device == "cpu" and alloc == "mmap",
                               False, args.quick)
             res_auto = auto_cases(args, cal)

@@ -12,13 +12,15 @@ def main() -> int:
     process pays them once; ``LEANGNN_HEAP=default`` keeps glibc's own)."""
     ensure_compact_heap()
     try:
-        # (the command line's imports take seconds: Ctrl-C there is the
-        # user's too, not a traceback)
+        # (the command line's imports, here and in cli.main's first lines,
+        # take seconds: Ctrl-C there is the user's too, not a traceback;
+        # cli.main answers it the same way once the command runs)
         from leangnn.cli import main as cli_main
+
+        return cli_main()
     except KeyboardInterrupt:
         print("leangnn: interrupted", file=sys.stderr)
         return 130
-    return cli_main()
 
 
 if __name__ == "__main__":

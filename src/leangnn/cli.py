@@ -716,11 +716,7 @@ def _attach_sizes(argv: list[str]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     """Run the ``leangnn`` command line; returns the exit status (2: an
     error the user can fix, printed as one ``leangnn: error: ...`` line)."""
-    try:
-        errors = _user_errors()
-    except KeyboardInterrupt:  # (its imports take seconds)
-        print("leangnn: interrupted", file=sys.stderr)
-        return 130
+    errors = _user_errors()
     try:
         argv = list(sys.argv[1:] if argv is None else argv)
         args = build_parser().parse_args(_attach_sizes(argv))

@@ -379,12 +379,10 @@ def test_a_lazy_cpu_plan_estimates_offload_beside_a_fitting_full_batch(splits):
 
 
 def _reference(name: str) -> Calibration:
-    from pathlib import Path
+    from leangnn.plan.calibration import REFERENCE_DIR
 
-    import leangnn.plan
-
-    path = Path(leangnn.plan.__file__).parent / "reference" / f"{name}.json"
-    return Calibration.from_dict(json.loads(path.read_text()))
+    return Calibration.from_dict(json.loads((REFERENCE_DIR / f"{name}.json")
+                                            .read_text()))
 
 
 @pytest.mark.parametrize("model", ["gcn", "sage", "gat"])

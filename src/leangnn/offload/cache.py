@@ -171,11 +171,15 @@ class DeviceCache:
                                     device=self.device)
         return self.pool
 
+    def slot_meta_bytes(self) -> int:
+        """Host bytes of the per-slot metadata (grows with the pool)."""
+        meta = (self.owner, self.row, self.key, self.aux, self.dirty)
+        return sum(t.numel() * t.element_size() for t in meta)
+
     def meta_bytes(self) -> int:
         """Host bytes of the slot metadata and the per-array row maps."""
-        meta = (self.owner, self.row, self.key, self.aux, self.dirty,
-                *self.slot_of.values())
-        return sum(t.numel() * t.element_size() for t in meta)
+        return self.slot_meta_bytes() + sum(
+            t.numel() * t.element_size() for t in self.slot_of.values())
 
     def register(self, aid: int, num_rows: int) -> None:
         self.slot_of[aid] = torch.full((num_rows,), -1, dtype=torch.long)

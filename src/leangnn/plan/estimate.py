@@ -949,10 +949,7 @@ def host_floor_bytes(eng, host: int) -> int:
     that no device budget or part count changes: the store's arrays and the
     per-array row maps (``n`` rows each, whatever the pool), without the
     per-slot metadata, which grows with the pool."""
-    c = eng.cache
-    per_slot = sum(t.numel() * t.element_size()
-                   for t in (c.owner, c.row, c.key, c.aux, c.dirty))
-    return max(0, int(host) - per_slot)
+    return max(0, int(host) - eng.cache.slot_meta_bytes())
 
 
 def offload_estimate(eng, counters, data: Data, graphs: list[Data], params: int,

@@ -690,9 +690,9 @@ def _estimate_rows(cfg, todo: list, budget: int, dev: torch.device, splits,
                 continue
             rows[i] = _row(cfg, strategy, fields, kind, dev, splits, cal, nproc)
             r = rows[i]
-            if strategy == "offload" and dev.type == "cpu" and floor is None \
-                    and offload_floor(r.estimate, cal) is not None:
-                floor = (offload_floor(r.estimate, cal), _pool(fields))
+            if strategy == "offload" and dev.type == "cpu" and floor is None:
+                low = offload_floor(r.estimate, cal)
+                floor = None if low is None else (low, _pool(fields))
             fits = r.need_bytes is not None and r.need_bytes <= budget and \
                 not r.host_short
             if not fits and strategy == "prune" and r.estimate is not None:
@@ -716,7 +716,12 @@ def _estimate_rows(cfg, todo: list, budget: int, dev: torch.device, splits,
 
 
 def _pool(fields: dict) -> int:
-    return parse_bytes(fields.get("device_budget") or "0", "device_budget")
+    """A row's device budget in bytes (the offload strategy's default without
+    one, as its estimate takes it)."""
+    from leangnn.offload.strategy import DEFAULT_BUDGET
+
+    return parse_bytes(fields.get("device_budget") or DEFAULT_BUDGET,
+                       "device_budget")
 
 
 def offload_floor(est, cal: Calibration) -> int | None:
