@@ -777,7 +777,7 @@ def test_train_auto_warns_when_the_run_needed_more_than_its_budget(
     assert "warning" not in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("after", [0.3, 1.0])
+@pytest.mark.parametrize("after", [0.3, 1.0, 1.5, 2.0])
 def test_ctrl_c_while_the_command_starts_is_one_line(after, tmp_path):
     # its imports (torch, PyG) take seconds: an interrupt there is the
     # user's, answered as one during training is, not with a traceback
@@ -786,8 +786,9 @@ def test_ctrl_c_while_the_command_starts_is_one_line(after, tmp_path):
 
     # (a runner that started this process in the background passes SIGINT on
     # ignored, and Python then installs no handler: the child gets the default)
+    # (epochs enough that no machine finishes before the signal)
     proc = subprocess.Popen([sys.executable, "-m", "leangnn", "train", "--epochs",
-                             "1", "--out", str(tmp_path / "run")],
+                             "50", "--out", str(tmp_path / "run")],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT,
                                                              signal.SIG_DFL))

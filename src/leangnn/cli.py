@@ -723,8 +723,9 @@ def main(argv: list[str] | None = None) -> int:
         args.argv = argv
         return args.func(args)
     except KeyboardInterrupt:
-        print("leangnn: interrupted", file=sys.stderr)
-        return 130
+        from .__main__ import interrupted
+
+        return interrupted()
     except BrokenPipeError as e:
         if not _stdout_gone():  # a pipe of its own (e.g. a peer's socket)
             print(f"leangnn: error: {_one_line(e)}", file=sys.stderr)
