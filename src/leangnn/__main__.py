@@ -3,23 +3,7 @@
 import sys
 
 from leangnn.heap import ensure_compact_heap
-
-
-def interrupted() -> int:
-    """Say the command was interrupted (Ctrl-C); the exit status, 130. Here,
-    not in :mod:`leangnn.cli`, whose imports take a second: the command's
-    first lines and :func:`leangnn.cli.main` both answer with it.
-
-    An interrupt that passed through code run by ``exec`` (a dataclass's
-    generated methods, built while torch imports) leaves CPython's "unhandled
-    KeyboardInterrupt" flag set although it was caught, and the interpreter
-    then ends the process by SIGINT at exit (status -2 instead of 130, one
-    run in three when hit 1.5-3 s in). Running any code by ``exec`` again
-    clears that flag.
-    """
-    print("leangnn: interrupted", file=sys.stderr)
-    exec("")  # noqa: S102 - clears the flag above, runs nothing
-    return 130
+from leangnn.interrupt import interrupted
 
 
 def main() -> int:

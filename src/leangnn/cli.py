@@ -723,7 +723,7 @@ def main(argv: list[str] | None = None) -> int:
         args.argv = argv
         return args.func(args)
     except KeyboardInterrupt:
-        from .__main__ import interrupted
+        from .interrupt import interrupted
 
         return interrupted()
     except BrokenPipeError as e:
