@@ -249,6 +249,8 @@ def _gat_subclass():
     (lambda c: build_model("res", 8, 16, c, 3, conv="gcn"), "full", ["res-gcn", "res"]),
     (lambda c: build_model("gsr", 8, 16, c, 4, conv="gat"), "reversible",
      ["gsr-gat", "gsr"]),
+    (lambda c: build_model("gsr", 8, 16, c, 4, num_groups=4), "reversible",
+     ["gsr-many", "gsr"]),
     (lambda c: _gat_subclass()(8, 16, 2, c), "full", []),
     (lambda c: __import__("torch_geometric.nn", fromlist=["GIN"]).GIN(8, 16, 2, c),
      "full", ["gin"]),
@@ -269,6 +271,7 @@ def test_a_registered_model_class_plans_with_its_calibrated_heap_factor(
                                                    "res": 2.5,
                                                    "res-gcn": 2.25, "gsr": 1.75,
                                                    "gsr-gat": 1.5,
+                                                   "gsr-many": 1.625,
                                                    "prune-gcn": 1.1, "prune": 1.2})
     model = make(int(data.y.max()) + 1)
     table = leangnn.plan(model, data, memory_budget="1GiB", calibration=cal,

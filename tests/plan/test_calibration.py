@@ -234,6 +234,12 @@ def test_heap_families_most_specific_first():
         ["dag-narrow", "dag"]
     assert heap_families("full", {"model": "dag", "hidden_channels": 32}) == \
         ["dag-wide", "dag"]
+    # GSR by its groups: 4 or more split each layer into many more blocks
+    # (GSRGNN's own default, 2, where a row does not say)
+    for groups, first in ((None, "gsr-sage"), (2, "gsr-sage"), (3, "gsr-sage"),
+                          (4, "gsr-many"), (8, "gsr-many")):
+        knobs = {"model": "gsr", "conv": "sage", "num_groups": groups}
+        assert heap_families("reversible", knobs) == [first, "gsr"]
 
 
 def test_time_scales_apply_to_their_family_alone():

@@ -59,7 +59,8 @@ __all__ = ["Calibration", "heap_families", "machine_kind", "allocator_mode",
            "long_run_families", "fit_long_runs", "SHORT_RUN_EPOCHS",
            "family_heap_factor", "family_heap_factors", "fit_heap_families",
            "HEAVY_HEAP_BYTES", "TIMED_FAMILIES",
-           "DAG_NARROW", "sample_families", "fit_time", "fit_offload"]
+           "DAG_NARROW", "GSR_MANY_GROUPS", "sample_families", "fit_time",
+           "fit_offload"]
 
 #: the calibrations shipped with the package, one per CPU allocator mode
 #: (``glibc-default.json``, ...; written by ``python -m leangnn.plan.calibrate
@@ -122,6 +123,9 @@ def kind_path(kind: str) -> Path:
 #: the widest DAG state (hidden channels) of the ``dag-narrow`` heap family
 DAG_NARROW = 16
 
+#: the fewest groups of the ``gsr-many`` heap family
+GSR_MANY_GROUPS = 4
+
 
 def heap_families(strategy: str | None, knobs: dict[str, Any] | None
                   ) -> list[str]:
@@ -133,7 +137,9 @@ def heap_families(strategy: str | None, knobs: dict[str, Any] | None
     for GSR, x2.2 for residual SAGE, x2.4 for plain SAGE and x2.5 for residual
     GCN stacks. Keys: the model
     (``sage``, ``gcn``, ``gat``, ...), for the deep models with their conv
-    (``res-sage``, ``gsr-gcn``, then ``res``), for the DAG model its state
+    (``res-sage``, ``gsr-gcn``, then ``res``; GSR with
+    :data:`GSR_MANY_GROUPS` groups or more ``gsr-many``, then ``gsr``), for
+    the DAG model its state
     width (``dag-narrow`` up to :data:`DAG_NARROW` channels, else
     ``dag-wide``; then ``dag``), and ``prune-`` before each for
     DPR's core (trained through a sparse adjacency: another op mix), then
@@ -146,7 +152,16 @@ def heap_families(strategy: str | None, knobs: dict[str, Any] | None
     if not model:
         return []
     fams = [model]
-    if model in ("res", "gsr"):
+    if model == "gsr" and int(knobs.get("num_groups") or 2) >= GSR_MANY_GROUPS:
+        # Each layer's state is split and concatenated group by group: many
+        # more blocks of several sizes, which the compact heap fragments
+        # more per byte (measured through `leangnn train`, 6 layers, 64
+        # channels, five circuits of 37k-124k nodes: with 4 groups 19-25%
+        # over what the 2-group runs' factor gave, with 8 groups 18%, with
+        # 2 groups of the same width 0-7%). Fitted on runs of its own
+        # (compact heap x1.51 where 2 groups have x1.24)
+        fams.insert(0, "gsr-many")
+    elif model in ("res", "gsr"):
         fams.insert(0, f"{model}-{knobs.get('conv') or 'sage'}")
     if model == "dag":
         # its per-level blocks are level width x channels: narrow states

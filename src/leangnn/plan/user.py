@@ -74,7 +74,7 @@ def calibrated_as(model: torch.nn.Module) -> dict[str, Any]:
     ``GraphSAGE``, ``GAT`` and ``GIN``, our ``ResGNN`` and ``GSRGNN``; a
     subclass, whose forward may differ, is not) or it is a ``DAGNN`` (its
     levels sweep however it is subclassed), the registry's name as its
-    ``family``, with its conv or state width, which select the calibrated
+    ``family``, with its conv, groups or state width, which select the calibrated
     heap factor (:func:`~leangnn.plan.calibration.heap_families`).
 
     A model of another class has no family and gets the largest factor
@@ -94,6 +94,7 @@ def calibrated_as(model: torch.nn.Module) -> dict[str, Any]:
         own["conv"] = model.conv_name
     elif family == "gsr":
         own["conv"] = model.stack.conv_name
+        own["num_groups"] = model.stack.num_groups
     return own
 
 
