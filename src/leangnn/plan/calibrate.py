@@ -209,14 +209,13 @@ CALIBRATION_RUNS: list[dict[str, Any]] = [
     # GSR with 4 groups or more (session 37, measured alone: --family
     # gsr-many): every run above has 2 groups, and `--model gsr` trains 4 by
     # default; its plans read 19-25% under the peaks of 6-layer stacks on
-    # circuits of 37k-124k nodes. Circuits no benchmark row trains on, and a
-    # csbm graph for a heap of edge-sized blocks
+    # circuits of 37k-124k nodes. The calibration's own circuits (no
+    # benchmark row trains on them), and a csbm graph for a heap of
+    # edge-sized blocks
     dict(strategy="reversible", model="gsr", conv="sage", num_layers=6,
-         num_groups=4, hidden_channels=64, dataset="epfl/sqrt",
-         val_dataset="iscas85/c17", test_dataset="iscas85/c432"),
+         num_groups=4, hidden_channels=64, **_SQUARE),
     dict(strategy="reversible", model="gsr", conv="gcn", num_layers=8,
-         num_groups=4, hidden_channels=64, dataset="misc/banyan_256",
-         val_dataset="iscas85/c17", test_dataset="iscas85/c432"),
+         num_groups=4, hidden_channels=64, **_SQUARE),
     dict(strategy="reversible", model="gsr", conv="sage", num_layers=32,
          num_groups=8, hidden_channels=64, **_S38417),
     dict(strategy="reversible", model="gsr", conv="sage", num_layers=8,
