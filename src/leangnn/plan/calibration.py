@@ -159,7 +159,7 @@ def heap_families(strategy: str | None, knobs: dict[str, Any] | None
         # channels, five circuits of 37k-124k nodes: with 4 groups 19-25%
         # over what the 2-group runs' factor gave, with 8 groups 18%, with
         # 2 groups of the same width 0-7%). Fitted on runs of its own
-        # (compact heap x1.51 where 2 groups have x1.24)
+        # (compact heap x1.59 where 2 groups have x1.24)
         fams.insert(0, "gsr-many")
     elif model in ("res", "gsr"):
         fams.insert(0, f"{model}-{knobs.get('conv') or 'sage'}")
