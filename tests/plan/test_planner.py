@@ -364,6 +364,34 @@ def test_a_cpu_pick_is_the_clearly_faster_exact_row(device, offload_s, picked):
         assert pick is rows[0] and "no recompute" in rows[1].why
 
 
+def test_candidates_under_the_budget_that_cannot_be_chosen_are_named():
+    """A row under the budget that cannot be chosen (a lower bound only, a
+    host store over the host's free memory) is not a budget problem: the
+    error names it and why (it used to say the budget was below every
+    candidate, e.g. GSR with 64 groups, whose dry run is too long)."""
+    from leangnn.plan.planner import PlanRow, PlanTable, mark_table
+
+    lower = "not chosen: only a lower bound (the dry run cannot follow it)"
+    rows = [PlanRow("reversible", {"model": "gsr", "num_groups": 64},
+                    need_bytes=10 << 20, epoch_seconds=1.0, host_short=lower),
+            PlanRow("full", {"model": "gsr"}, need_bytes=5 << 30,
+                    epoch_seconds=0.5)]
+    table = mark_table(PlanTable(rows, 1 << 30, "cpu"))
+    assert rows[0].why == lower and rows[1].why.startswith("needs 5.0 GiB > budget")
+    with pytest.raises(ValueError) as e:
+        choose(table)
+    msg = str(e.value)
+    assert "\n" not in msg and "below every candidate" not in msg
+    assert msg.startswith("memory_budget=1.0 GiB: no candidate on cpu can be chosen")
+    assert "reversible(model=gsr, num_groups=64) (~10.0 MiB): only a lower bound" in msg
+    # under a budget below it as well, the usual line
+    table = mark_table(PlanTable(rows, 1 << 20, "cpu"))
+    with pytest.raises(ValueError, match="below every candidate on cpu: the "
+                       "smallest, reversible"):
+        choose(table)
+    assert rows[0].why.startswith("needs 10.0 MiB > budget")
+
+
 def test_a_lazy_cpu_plan_estimates_offload_beside_a_fitting_full_batch(splits):
     # on a CPU an offload row can be the pick though full batch fits
     # (CPU_TIME_MARGIN): lazy planning still estimates it, and picks as the

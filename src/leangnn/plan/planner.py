@@ -223,7 +223,11 @@ def mark_table(table: PlanTable) -> PlanTable:
     ok = [r for r in table.rows if r.fits]
     if not ok:
         for r in table.rows:
-            if r.need_bytes is not None:
+            if r.need_bytes is None:
+                continue
+            if r.host_short and r.need_bytes <= table.budget_bytes:
+                r.why = r.host_short  # under the budget, but not to be trusted
+            else:
                 r.why = (f"needs {format_bytes(r.need_bytes)} > budget "
                          f"{format_bytes(table.budget_bytes)}")
         return table
@@ -312,7 +316,8 @@ def choose(table: PlanTable) -> PlanRow:
 
     Raises:
         ValueError: one line naming the smallest candidate and its need when
-            no candidate fits the budget.
+            no candidate fits the budget; where candidates under the budget
+            cannot be chosen (``host_short``), one line naming them and why.
     """
     pick = table.pick or mark_table(table).pick
     if pick is not None:
@@ -321,6 +326,17 @@ def choose(table: PlanTable) -> PlanRow:
     if not sized:
         raise ValueError("memory_budget: no strategy could be estimated ("
                          + "; ".join(f"{r.label}: {r.why}" for r in table.rows) + ")")
+    # Rows under the budget that cannot be chosen (a lower bound only, a host
+    # store larger than the host's free memory): the budget is not the
+    # reason, and saying "below every candidate" sent users to raise it
+    held = [r for r in sized if r.host_short and r.need_bytes <= table.budget_bytes]
+    if held:
+        raise ValueError(
+            f"memory_budget={format_bytes(table.budget_bytes)}: no candidate on "
+            f"{table.device} can be chosen: " + "; ".join(
+                f"{r.label} (~{format_bytes(r.need_bytes)}): "
+                f"{r.host_short.removeprefix('not chosen: ')}" for r in held[:3])
+            + (f"; {len(held) - 3} more" if len(held) > 3 else ""))
     low = min(sized, key=lambda r: r.need_bytes)
     over = [r.need_over for r in table.rows if r.need_over is not None]
     # (rows left out at a floor below the smallest need may need less)
