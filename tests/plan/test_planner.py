@@ -369,27 +369,43 @@ def test_candidates_under_the_budget_that_cannot_be_chosen_are_named():
     host store over the host's free memory) is not a budget problem: the
     error names it and why (it used to say the budget was below every
     candidate, e.g. GSR with 64 groups, whose dry run is too long)."""
-    from leangnn.plan.planner import PlanRow, PlanTable, mark_table
+    from leangnn.plan.planner import LOWER_BOUND, PlanRow, PlanTable, mark_table
 
-    lower = "not chosen: only a lower bound (the dry run cannot follow it)"
-    rows = [PlanRow("reversible", {"model": "gsr", "num_groups": 64},
+    lower = f"not chosen: {LOWER_BOUND}"
+    host = "host store needs 30.0 GiB > 20.0 GiB free host memory"
+    rows = [PlanRow("prune", {"model": "gsr", "budget_ratio": 0.5},
+                    kind="approximate", need_bytes=12 << 20, epoch_seconds=0.5,
+                    host_short=lower),
+            PlanRow("reversible", {"model": "gsr", "num_groups": 64},
                     need_bytes=10 << 20, epoch_seconds=1.0, host_short=lower),
+            PlanRow("offload", {"model": "gsr", "num_parts": 8},
+                    need_bytes=20 << 20, epoch_seconds=1.0, host_short=host),
             PlanRow("full", {"model": "gsr"}, need_bytes=5 << 30,
                     epoch_seconds=0.5)]
     table = mark_table(PlanTable(rows, 1 << 30, "cpu"))
-    assert rows[0].why == lower and rows[1].why.startswith("needs 5.0 GiB > budget")
+    assert rows[1].why == lower and rows[2].why == host
+    assert rows[3].why.startswith("needs 5.0 GiB > budget")
     with pytest.raises(ValueError) as e:
         choose(table)
     msg = str(e.value)
     assert "\n" not in msg and "below every candidate" not in msg
-    assert msg.startswith("memory_budget=1.0 GiB: no candidate on cpu can be chosen")
-    assert "reversible(model=gsr, num_groups=64) (~10.0 MiB): only a lower bound" in msg
-    # under a budget below it as well, the usual line
+    # one clause per reason, the smallest row named, the others counted
+    assert msg == (
+        "memory_budget=1.0 GiB: no candidate on cpu can be chosen: "
+        f"{LOWER_BOUND}: reversible(model=gsr, num_groups=64) (~10.0 MiB) and 1 "
+        f"more; {host}: offload(model=gsr, num_parts=8) (~20.0 MiB); a pinned "
+        "strategy trains without a plan")
+    # under a budget below them all, the usual line
     table = mark_table(PlanTable(rows, 1 << 20, "cpu"))
     with pytest.raises(ValueError, match="below every candidate on cpu: the "
                        "smallest, reversible"):
         choose(table)
-    assert rows[0].why.startswith("needs 10.0 MiB > budget")
+    assert rows[1].why.startswith("needs 10.0 MiB > budget")
+    # a host store alone gets no hint to pin a strategy (it would not fit)
+    table = mark_table(PlanTable([rows[2]], 1 << 30, "cpu"))
+    with pytest.raises(ValueError) as e:
+        choose(table)
+    assert str(e.value).endswith("(~20.0 MiB)")
 
 
 def test_a_lazy_cpu_plan_estimates_offload_beside_a_fitting_full_batch(splits):

@@ -49,6 +49,9 @@ __all__ = ["PlanRow", "PlanTable", "plan_config", "choose", "format_table",
            "PINNABLE", "offload_budgets", "budget_check", "need_figures",
            "CPU_TIME_MARGIN"]
 
+#: why a row with an analytic estimate is never chosen
+LOWER_BOUND = "only a lower bound (the dry run cannot follow it)"
+
 #: the strategies the planner has rows for
 PLANNED = ("full", "reversible", "offload", "prune", "distributed")
 GROUPS = (2, 4)               #: reversible group counts tried
@@ -331,12 +334,17 @@ def choose(table: PlanTable) -> PlanRow:
     # reason, and saying "below every candidate" sent users to raise it
     held = [r for r in sized if r.host_short and r.need_bytes <= table.budget_bytes]
     if held:
+        by_why: dict[str, list[PlanRow]] = {}
+        for r in sorted(held, key=lambda r: r.need_bytes):
+            by_why.setdefault(r.host_short.removeprefix("not chosen: "), []).append(r)
+        parts = [f"{why}: {rows[0].label} (~{format_bytes(rows[0].need_bytes)})"
+                 + (f" and {len(rows) - 1} more" if len(rows) > 1 else "")
+                 for why, rows in by_why.items()]
+        hint = ("; a pinned strategy trains without a plan"
+                if any(why == LOWER_BOUND for why in by_why) else "")
         raise ValueError(
             f"memory_budget={format_bytes(table.budget_bytes)}: no candidate on "
-            f"{table.device} can be chosen: " + "; ".join(
-                f"{r.label} (~{format_bytes(r.need_bytes)}): "
-                f"{r.host_short.removeprefix('not chosen: ')}" for r in held[:3])
-            + (f"; {len(held) - 3} more" if len(held) > 3 else ""))
+            f"{table.device} can be chosen: " + "; ".join(parts) + hint)
     low = min(sized, key=lambda r: r.need_bytes)
     over = [r.need_over for r in table.rows if r.need_over is not None]
     # (rows left out at a floor below the smallest need may need less)
@@ -491,7 +499,7 @@ def estimate_row(strategy: str, est: Estimate, cal: Calibration, kind: str,
     if est.method == "analytic":
         # a lower bound only (measured ~8x under for the dag model): a pick
         # on it could run out of the very budget it was chosen for
-        short = "not chosen: only a lower bound (the dry run cannot follow it)"
+        short = f"not chosen: {LOWER_BOUND}"
     if est.host_bytes:
         from leangnn.plan.fits import available_bytes
 
