@@ -20,8 +20,18 @@ def interrupted() -> int:
     KeyboardInterrupt" flag set although it was caught, and the interpreter
     then ends the process by SIGINT at exit (status -2 instead of 130, one
     run in three when hit 1.5-3 s in). Running any code by ``exec`` again
-    clears that flag.
+    clears that flag. Open tqdm bars are closed first, so the line is the
+    last one.
     """
+    # A progress bar still open (the circuits loading) would print its last
+    # state after this line when it is closed at exit: it goes first, cleared.
+    tqdm = sys.modules.get("tqdm")
+    for bar in list(getattr(getattr(tqdm, "tqdm", None), "_instances", ())):
+        try:
+            bar.leave = False
+            bar.close()
+        except Exception:  # noqa: BLE001 - a bar must not hide the answer
+            pass
     print("leangnn: interrupted", file=sys.stderr)
     exec("")  # noqa: S102 - clears the flag above, runs nothing
     return 130
