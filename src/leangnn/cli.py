@@ -20,6 +20,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from .config import AUTO, AUTO_MODEL, PLANNED_FIELDS, TrainConfig
+from .interrupt import interrupted
 
 __all__ = ["main", "build_parser", "UsageError"]
 
@@ -723,8 +724,6 @@ def main(argv: list[str] | None = None) -> int:
         args.argv = argv
         return args.func(args)
     except KeyboardInterrupt:
-        from .interrupt import interrupted
-
         return interrupted()
     except BrokenPipeError as e:
         if not _stdout_gone():  # a pipe of its own (e.g. a peer's socket)

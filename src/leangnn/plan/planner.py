@@ -228,8 +228,8 @@ def mark_table(table: PlanTable) -> PlanTable:
         for r in table.rows:
             if r.need_bytes is None:
                 continue
-            if r.host_short and r.need_bytes <= table.budget_bytes:
-                r.why = r.host_short  # under the budget, but not to be trusted
+            if _held(r, table.budget_bytes):
+                r.why = r.host_short
             else:
                 r.why = (f"needs {format_bytes(r.need_bytes)} > budget "
                          f"{format_bytes(table.budget_bytes)}")
@@ -289,6 +289,13 @@ def _faster_on_cpu(best: PlanRow, ok: list[PlanRow], device: str) -> PlanRow:
     return min(rivals, key=lambda r: (r.epoch_seconds, r.need_bytes), default=best)
 
 
+def _held(r: PlanRow, budget: int) -> bool:
+    """Whether ``r`` needs no more than ``budget`` but cannot be chosen (a
+    lower bound only, a host store over the host's free memory)."""
+    return bool(r.host_short) and r.need_bytes is not None and \
+        r.need_bytes <= budget
+
+
 def _roomier_offload(best: PlanRow, ok: list[PlanRow], device: str) -> PlanRow:
     """``best``, or when it is an offload row on a CPU the one that needs
     least among the offload rows that fit estimated within
@@ -332,7 +339,7 @@ def choose(table: PlanTable) -> PlanRow:
     # Rows under the budget that cannot be chosen (a lower bound only, a host
     # store larger than the host's free memory): the budget is not the
     # reason, and saying "below every candidate" sent users to raise it
-    held = [r for r in sized if r.host_short and r.need_bytes <= table.budget_bytes]
+    held = [r for r in sized if _held(r, table.budget_bytes)]
     if held:
         by_why: dict[str, list[PlanRow]] = {}
         for r in sorted(held, key=lambda r: r.need_bytes):
