@@ -863,8 +863,9 @@ def _cli_estimate(row: dict, splits_cache: dict, cal, ran: dict | None = None
     c0, w0 = time.process_time(), time.perf_counter()
     replanned = None
     if cfg.strategy == "auto":
+        # as the command plans it: the pick trains in the planning process
         table = plan_config(cfg, splits, cfg.memory_budget, calibration=cal,
-                            lazy=True)
+                            lazy=True, in_process=True)
         pick = choose(table)
         est, label = pick.estimate, pick.label
         base, cfg = cfg, pick.apply(cfg)
@@ -876,7 +877,8 @@ def _cli_estimate(row: dict, splits_cache: dict, cal, ran: dict | None = None
 
         replanned = label
         cfg = TrainConfig.from_dict({**base.to_dict(), **ran["config"]})
-        est, label = estimate_config(cfg, splits, calibration=cal), ran["pick"]
+        est, label = estimate_config(cfg, splits, calibration=cal.in_process()), \
+            ran["pick"]
     return {"pick": label, "replanned_pick": replanned,
             "strategy": cfg.strategy, "model": cfg.model,
             "num_layers": cfg.num_layers,

@@ -38,7 +38,7 @@ def test_calibrate_repeats_reuses_and_skips_failures(tmp_path, monkeypatch,
     monkeypatch.setattr(leangnn.plan.estimate, "estimate_config", fake_estimate)
     calls = []
 
-    def fake_measure(cfg, device, mmap, timeout):
+    def fake_measure(cfg, device, mmap, timeout, planned=False):
         calls.append(cfg.model)
         peak = {"gcn": [30, 10, 20], "sage": [50, 70, 60]}[cfg.model]
         i = sum(c == cfg.model for c in calls) - 1
@@ -124,7 +124,7 @@ def test_long_runs_add_their_scales_to_the_stored_calibration(tmp_path, monkeypa
 
     import leangnn.plan.calibrate as cmod
     import leangnn.plan.measure
-    from leangnn.plan.calibration import Calibration, load_calibration
+    from leangnn.plan.calibration import Calibration, load_calibration, machine_kind
 
     monkeypatch.setenv("LEANGNN_CACHE", str(tmp_path))
     monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
@@ -145,7 +145,9 @@ def test_long_runs_add_their_scales_to_the_stored_calibration(tmp_path, monkeypa
         return {"epoch_peak_bytes": [10, 10, 10] + [top] * (epochs - 3)}
 
     monkeypatch.setattr(leangnn.plan.measure, "measure_trainer", fake_trainer)
-    base = Calibration(load_calibration("cpu").kind, "glibc-default",
+    # this machine's kind (with none stored, load_calibration gives the
+    # reference, measured on another machine kind)
+    base = Calibration(machine_kind("cpu"), "glibc-default",
                        calibrated=True, budget_scale=1.1)
     base.save()
     cal = cmod.calibrate_long_runs("cpu", epochs=6, progress=False)
@@ -218,7 +220,7 @@ def test_calibrate_families_fits_one_family_and_keeps_the_rest(tmp_path,
     monkeypatch.setattr(leangnn.plan.estimate, "estimate_config", fake_estimate)
     measured = []
 
-    def fake_measure(cfg, device, mmap, timeout):
+    def fake_measure(cfg, device, mmap, timeout, planned=False):
         measured.append(cfg.model)
         # resident = 1.7 x heap + the calibration's constant
         return {"run_bytes": 1.7 * heap[cfg.rounds] + before.const,
@@ -240,11 +242,38 @@ def test_calibrate_families_fits_one_family_and_keeps_the_rest(tmp_path,
         {"ops": 10, "written": 1e6, "flops": 1e6}))
     assert load_calibration("cpu").heap_scales["dag"] == pytest.approx(1.7)
     # stamped as a refit, the whole calibration's date kept
-    assert set(cal.refitted) == {*before.refitted, "heap dag"}
+    # (on a machine of another kind than the reference's, also where from)
+    assert set(cal.refitted) - {"reference"} == {*before.refitted, "heap dag"}
     assert cal.measured_at == before.measured_at
     with pytest.raises(ValueError, match=r"no calibration run of \['nope'\]"):
         cmod.calibrate_families(["nope"], "cpu")
     assert cmod.main(["--family", "dag", "--repeat", "1", "--reuse"]) == 0
+
+
+def test_a_refit_of_the_reference_is_stored_as_this_machines(tmp_path, monkeypatch):
+    # the shipped reference was measured on another machine kind: a partial
+    # refit on top of it is stored (and read back) as this machine's, with
+    # where it came from kept
+    import leangnn.plan.calibrate as cmod
+    import leangnn.plan.calibration as calmod
+    from leangnn.plan.calibration import load_calibration
+
+    monkeypatch.setenv("LEANGNN_CACHE", str(tmp_path))
+    ref = load_calibration("cpu")
+    assert ref.reference  # nothing stored: the shipped one
+    for mod in (cmod, calmod):
+        monkeypatch.setattr(mod, "machine_kind", lambda device: "cpu-test-box")
+    base = cmod._refit_base("cpu")
+    assert (base.kind, base.reference) == ("cpu-test-box", "")
+    assert base.refitted["reference"] == ref.reference
+    assert (base.heap_scales, base.const) == (ref.heap_scales, ref.const)
+    base.stamp("time")
+    base.save()
+    back = load_calibration("cpu")
+    assert (back.kind, back.reference) == ("cpu-test-box", "")
+    assert "time" in back.refitted
+    # this machine's stored calibration is the base from then on, as it is
+    assert cmod._refit_base("cpu").refitted == back.refitted
 
 
 def test_calibrate_time_fits_the_time_terms_and_keeps_the_memory_fit(
@@ -278,9 +307,12 @@ def test_calibrate_time_fits_the_time_terms_and_keeps_the_memory_fit(
             + 1e-12 * w["flops"]
 
     monkeypatch.setattr(leangnn.plan.estimate, "estimate_config", fake_estimate)
-    monkeypatch.setattr(cmod, "_measure", lambda cfg, device, mmap, timeout: {
-        "run_bytes": 9 << 20, "epoch_seconds": [1.0],
-        "epoch_cpu_seconds": [seconds(works[cfg.num_layers])], "baseline_bytes": 0})
+    def fake_measure(cfg, device, mmap, timeout, planned=False):
+        return {"run_bytes": 9 << 20, "epoch_seconds": [1.0],
+                "epoch_cpu_seconds": [seconds(works[cfg.num_layers])],
+                "baseline_bytes": 0}
+
+    monkeypatch.setattr(cmod, "_measure", fake_measure)
     cal = cmod.calibrate_time("cpu", mmap=False, progress=False)
     assert (cal.per_op, cal.per_byte, cal.per_big_byte, cal.per_flop) == \
         pytest.approx((1e-5, 2e-10, 6e-10, 1e-12), rel=1e-4)

@@ -9,11 +9,13 @@ import numpy as np
 import pytest
 
 from leangnn.plan.calibration import (
+    PLANNED,
     Calibration,
     allocator_mode,
     calibration_label,
     calibration_path,
     fit_calibration,
+    is_planned,
     load_calibration,
     machine_kind,
 )
@@ -315,6 +317,73 @@ def test_default_glibc_heap_factor_per_op_mix(monkeypatch):
         1000 + 2.2 * 2000 + const, abs=1)  # nothing like it: the largest
     back = Calibration.from_dict(json.loads(json.dumps(cal.to_dict())))
     assert back.heap_scales == cal.heap_scales
+
+
+def test_first_run_constant_per_op_mix_and_what_a_plan_in_process_paid(
+        monkeypatch):
+    # tiny runs: a plain model's sets the constant, a deeper op mix's its
+    # own (most specific applying, the plain one for the rest); the heap
+    # factors are fitted on what each run's own constant leaves; runs planned
+    # in their process measure less by what the plan paged in, and fit
+    # nothing else
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
+    plain, gsr, cut = 8e6, 10.5e6, 3.5e6
+    base = _samples(1.0, 0.0, 2e-5, 1e-9, 3e-10)[0]
+
+    def sample(config, heap, factor, const):
+        big = 1000.0
+        return dict(base, config=config, big_bytes=big, heap_bytes=heap,
+                    run_bytes=big + factor * heap + const)
+
+    tiny_sage = {"strategy": "full", "model": "sage", "num_layers": 2}
+    tiny_gsr = {"strategy": "reversible", "model": "gsr", "conv": "sage",
+                "num_layers": 4}
+    samples = [
+        sample(tiny_sage, 4000.0, 1.0, plain),
+        sample(tiny_gsr, 4000.0, 1.0, gsr),
+        sample({**tiny_sage, PLANNED: True}, 4000.0, 1.0, plain - cut),
+        sample({**tiny_gsr, PLANNED: True}, 4000.0, 1.0, gsr - cut - 2e5),
+        sample({"strategy": "full", "model": "sage", "num_layers": 3},
+               float(64 << 20), 1.5, plain),
+        sample({"strategy": "reversible", "model": "gsr", "conv": "gcn",
+                "num_layers": 8}, float(64 << 20), 1.3, gsr),
+    ]
+    cal = fit_calibration(samples, "cpu")
+    if cal.allocator != "glibc-default":
+        pytest.skip("not a glibc system")
+    assert cal.const == pytest.approx(plain)
+    assert cal.family_consts == pytest.approx({"gsr": gsr, "gsr-sage": gsr})
+    assert cal.first_run_const(["gsr-gcn", "gsr"]) == pytest.approx(gsr)
+    assert cal.first_run_const(["res-sage", "res"]) == pytest.approx(plain)
+    # each heap factor from its own constant: exact
+    assert cal.heap_scales["sage"] == pytest.approx(1.5)
+    assert cal.heap_scales["gsr-gcn"] == pytest.approx(1.3)
+    assert cal.in_process_bytes == pytest.approx(cut + 1e5)  # the median
+    assert not any(is_planned(s) for s in samples[4:])
+
+    def run_bytes(c, knobs, strategy):
+        est = Estimate(strategy, knobs, "cpu", step_bytes=3000, big_bytes=1000,
+                       heap_bytes=2000)
+        c.apply(est)
+        return est.run_bytes
+
+    gsr_knobs = {"model": "gsr", "conv": "gcn", "num_groups": 2}
+    assert run_bytes(cal, gsr_knobs, "reversible") == pytest.approx(
+        1000 + 1.3 * 2000 + gsr, abs=1)
+    here = cal.in_process()
+    assert run_bytes(here, gsr_knobs, "reversible") == pytest.approx(
+        1000 + 1.3 * 2000 + gsr - cut - 1e5, abs=1)
+    assert here.const == pytest.approx(plain - cut - 1e5)
+    assert here.in_process() is here  # paid once
+    assert cal.in_process_bytes  # the calibration itself is not changed
+    back = Calibration.from_dict(json.loads(json.dumps(cal.to_dict())))
+    assert (back.family_consts, back.in_process_bytes) == (
+        cal.family_consts, cal.in_process_bytes)
+    # without tiny runs of their own every op mix pays the one constant
+    older = Calibration.from_dict({k: v for k, v in cal.to_dict().items()
+                                   if k not in ("family_consts", "in_process_bytes")})
+    assert older.first_run_const(["gsr-gcn", "gsr"]) == older.const
+    assert older.in_process() is older
 
 
 def test_default_glibc_heap_factor_weighs_runs_by_their_heap_share(monkeypatch):

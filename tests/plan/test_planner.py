@@ -84,6 +84,25 @@ def test_tight_budget_picks_what_fits(roomy, res_cfg):
     assert cfg.num_layers == res_cfg.num_layers
 
 
+def test_a_pick_that_trains_in_the_planning_process_pays_less_first_run(
+        res_cfg, splits):
+    # what the plan's dry runs paged in is not the run's to pay again
+    # (leangnn train --strategy auto); a plan for another process keeps it
+    from dataclasses import replace
+
+    cal = replace(EXACT, const=6e6, family_consts={"res": 9e6},
+                  in_process_bytes=4e6)
+    apart = plan_config(res_cfg, splits, "1GiB", calibration=cal,
+                        strategies=("full",))
+    here = plan_config(res_cfg, splits, "1GiB", calibration=cal,
+                       strategies=("full",), in_process=True)
+    assert apart.pick.label == here.pick.label
+    ref = estimate_config(res_cfg, splits, calibration=EXACT)
+    assert apart.pick.estimate.run_bytes == ref.run_bytes + 9e6
+    assert here.pick.estimate.run_bytes == ref.run_bytes + 5e6
+    assert cal.in_process_bytes == 4e6  # the caller's calibration unchanged
+
+
 def test_budget_below_every_candidate_is_one_line(roomy, res_cfg, splits):
     smallest = min(r.need_bytes for r in roomy.rows)
     table = roomy.with_budget(smallest - 1)

@@ -178,9 +178,29 @@ Trainer(TrainConfig.from_dict(json.loads(sys.argv[1])), progress=False).fit()
 """
 
 
+def _cli_argv(d: dict[str, Any]) -> list[str]:
+    """``leangnn train`` flags that set configuration ``d``'s fields (those
+    with a flag of their own, and not at their default)."""
+    from leangnn.cli import _TRAIN_FLAGS
+    from leangnn.config import TrainConfig
+
+    default = TrainConfig().to_dict()
+    argv = []
+    for flag, name in _TRAIN_FLAGS.items():
+        value = d.get(name)
+        if value is None or value == default.get(name) and name != "model":
+            continue
+        if isinstance(value, bool):
+            if value:
+                argv.append(f"--{flag.replace('_', '-')}")
+            continue
+        argv += [f"--{flag.replace('_', '-')}", str(value)]
+    return argv
+
+
 def measure_trainer(cfg, epochs: int = 3, threads: int | None = 1,
-                    mmap: bool = False, timeout: float | None = None
-                    ) -> dict[str, Any]:
+                    mmap: bool = False, timeout: float | None = None,
+                    planned: bool = False) -> dict[str, Any]:
     """Train ``cfg`` with :class:`~leangnn.train.Trainer` in a fresh
     interpreter, as ``leangnn train`` does (run directory, validation,
     checkpoints), and read its ``summary.json``.
@@ -190,6 +210,10 @@ def measure_trainer(cfg, epochs: int = 3, threads: int | None = 1,
     harness's. ``threads`` pins ``OMP_NUM_THREADS`` (default 1): on a shared
     machine a second OpenMP thread spin-waits for a busy core and an epoch's
     wall time varies tenfold; one thread's is its CPU time.
+
+    ``planned`` trains it as ``leangnn train --strategy auto`` does: planned
+    in the process that trains (the pick must be ``cfg``'s strategy and
+    model), for :attr:`~leangnn.plan.calibration.Calibration.in_process_bytes`.
 
     Returns:
         ``{"run_bytes", "method", "baseline_bytes", "epoch_seconds": [...],
@@ -202,20 +226,33 @@ def measure_trainer(cfg, epochs: int = 3, threads: int | None = 1,
         RuntimeError: the run failed (its last error line).
         subprocess.TimeoutExpired: it took longer than ``timeout`` seconds.
     """
+    from leangnn.heap import heap_env, heap_mode
+
     d = cfg if isinstance(cfg, dict) else cfg.to_dict()
-    env = _heap_env(mmap)
+    # (the command re-executes itself into the compact heap unless told not to)
+    env = heap_env("mmap") if mmap else heap_env(heap_mode()) if planned \
+        else _heap_env(mmap)
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
     with tempfile.TemporaryDirectory(prefix="leangnn-measure-") as tmp:
         out = Path(tmp) / "run"
         run = {**d, "epochs": epochs, "out": str(out)}
-        p = subprocess.run([sys.executable, "-c", _TRAINER, json.dumps(run)],
-                           env=env, capture_output=True, text=True, timeout=timeout)
+        argv = [sys.executable, "-c", _TRAINER, json.dumps(run)]
+        if planned:
+            argv = [sys.executable, "-m", "leangnn", "train", *_cli_argv(
+                {**run, "strategy": "auto"}), "--quiet"]
+        p = subprocess.run(argv, env=env, capture_output=True, text=True,
+                           timeout=timeout)
         if p.returncode != 0:
             lines = p.stderr.strip().splitlines() or [f"exit {p.returncode}"]
             raise RuntimeError(f"training {d.get('strategy')}/{d.get('model')} "
                                f"failed: {lines[-1]}")
         summary = json.loads((out / "summary.json").read_text())
+        if planned and (summary.get("strategy"), summary.get("model")) != (
+                d.get("strategy"), d.get("model")):
+            raise RuntimeError(
+                f"planned {d.get('strategy')}/{d.get('model')}: the plan picked "
+                f"{summary.get('strategy')}/{summary.get('model')} instead")
         records = [json.loads(line) for line in
                    (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
     times = [r["epoch_seconds"] for r in records]

@@ -625,7 +625,7 @@ def plan_config(cfg, splits, memory_budget=None, device=None,
                 calibration: Calibration | None = None,
                 strategies: tuple[str, ...] | None = None,
                 lazy: bool = False, pinned: dict | None = None,
-                nproc: int | None = None) -> PlanTable:
+                nproc: int | None = None, in_process: bool = False) -> PlanTable:
     """Plan ``cfg``'s model (its ``model``, ``num_layers``, ``hidden_channels``
     and options; its ``strategy`` is ignored) on ``splits``' training graphs.
 
@@ -649,6 +649,11 @@ def plan_config(cfg, splits, memory_budget=None, device=None,
             ``distributed`` rows, each rank's need estimated (summed on a
             CPU, whose memory the ranks share). (default: ``None``, one
             process)
+        in_process (bool, optional): the pick trains in this process next
+            (``leangnn train --strategy auto``): the plan's dry runs have
+            paid part of its first-run constant
+            (:meth:`~leangnn.plan.calibration.Calibration.in_process`).
+            (default: ``False``)
 
     Returns:
         PlanTable: rows marked, the pick ``chosen`` (none when nothing fits;
@@ -658,6 +663,8 @@ def plan_config(cfg, splits, memory_budget=None, device=None,
     dev = torch.device(device or cfg.device)
     budget = resolve_budget(memory_budget, dev)
     cal = calibration or load_calibration(dev)
+    if in_process:
+        cal = cal.in_process()
     todo = plan_candidates(cfg, budget, dev, strategies, pinned, nproc)
     if len(splits.train) > 1:
         # the preferred mode first (:func:`_mode_first`): planned lazily, the

@@ -112,7 +112,7 @@ def plan(model: torch.nn.Module, data: Data, memory_budget=None, loss_fn=None,
          device="cpu", lr: float = 1e-3, clip_norm: float | None = 1.0,
          calibration: Calibration | None = None,
          strategies: tuple[str, ...] | None = None,
-         epochs: int | None = None) -> PlanTable:
+         epochs: int | None = None, in_process: bool = False) -> PlanTable:
     """Plan training ``model`` on ``data`` (any PyG model) under a budget.
 
     Rows: full batch; offload (PyG ``BasicGNN`` models) under the budget; the
@@ -139,6 +139,11 @@ def plan(model: torch.nn.Module, data: Data, memory_budget=None, loss_fn=None,
         epochs (int, optional): the run's epochs; ``None`` (unknown) plans
             for a long run (a CPU run's peak creeps up over its first ~10
             epochs: :meth:`~leangnn.plan.calibration.Calibration.long_run_scale`).
+        in_process (bool, optional): the run trains in this process after
+            the plan (as :func:`fit`'s does): the plan's own dry runs have
+            paid part of its first-run constant
+            (:meth:`~leangnn.plan.calibration.Calibration.in_process`).
+            (default: ``False``)
 
     Raises:
         ValueError: one line naming the argument or tensor and the value: a
@@ -169,6 +174,8 @@ def plan(model: torch.nn.Module, data: Data, memory_budget=None, loss_fn=None,
     dev = torch.device(device)
     budget = resolve_budget(memory_budget, dev)
     cal = calibration or load_calibration(dev)
+    if in_process:
+        cal = cal.in_process()
     loss_fn = checked_loss(loss_fn) or default_loss(data)
     name = type(model).__name__
     reversible = hasattr(model, "stack") and hasattr(model.stack, "num_groups")
@@ -335,7 +342,7 @@ def fit(model: torch.nn.Module, data: Data, loss_fn=None, strategy: str = "auto"
         raise ValueError(f"epochs: expected a positive int, got {epochs!r}")
     table = plan(model, data, memory_budget, loss_fn, device, lr, clip_norm,
                  strategies=None if strategy == "auto" else (strategy,),
-                 epochs=epochs)
+                 epochs=epochs, in_process=True)
     if strategy == "auto":
         row = choose(table)
     else:
