@@ -206,10 +206,13 @@ def test_calibrate_families_fits_one_family_and_keeps_the_rest(tmp_path,
     before = load_calibration("cpu")  # the shipped reference here
     runs = [dict(strategy="full", model="gcn", num_layers=2, dataset="csbm:100"),
             dict(strategy="full", model="dag", dataset="iscas85/c17"),
-            dict(strategy="full", model="dag", rounds=2, dataset="iscas85/c432")]
+            dict(strategy="full", model="dag", rounds=2, dataset="iscas85/c432"),
+            # next to no tensors: the DAG model's own first-run constant
+            dict(strategy="full", model="dag", rounds=3, dataset="iscas85/c17")]
     monkeypatch.setattr(cmod, "CALIBRATION_RUNS", runs)
     monkeypatch.setattr(leangnn.data, "load_graphs", lambda cfg, progress: None)
-    heap = {1: 20 << 20, 2: 40 << 20}
+    heap = {1: 20 << 20, 2: 40 << 20, 3: 100_000}
+    more = 2e6  # what a DAG run pays beyond the plain models' constant
 
     def fake_estimate(cfg, splits):
         return Estimate(cfg.strategy, {"model": cfg.model}, "cpu",
@@ -222,15 +225,20 @@ def test_calibrate_families_fits_one_family_and_keeps_the_rest(tmp_path,
 
     def fake_measure(cfg, device, mmap, timeout, planned=False):
         measured.append(cfg.model)
-        # resident = 1.7 x heap + the calibration's constant
-        return {"run_bytes": 1.7 * heap[cfg.rounds] + before.const,
+        # resident = 1.7 x heap + the DAG model's constant (the tiny run: its
+        # heap as it is)
+        factor = 1.0 if cfg.rounds == 3 else 1.7
+        return {"run_bytes": factor * heap[cfg.rounds] + before.const + more,
                 "epoch_seconds": [0.5], "epoch_cpu_seconds": [0.4],
                 "baseline_bytes": 0}
 
     monkeypatch.setattr(cmod, "_measure", fake_measure)
     cal = cmod.calibrate_families(["dag"], "cpu", mmap=False, progress=False)
-    assert measured == ["dag", "dag"]  # gcn's run is not measured again
-    # the family and its finer op mix (both runs have 32 channels: wide)
+    assert measured == ["dag"] * 3  # gcn's run is not measured again
+    # the family and its finer op mix (both runs have 32 channels: wide),
+    # fitted on what the family's own constant leaves
+    assert cal.family_consts["dag"] == pytest.approx(before.const + more)
+    assert cal.family_consts["dag-wide"] == pytest.approx(before.const + more)
     assert cal.heap_scales["dag"] == pytest.approx(1.7)
     assert cal.heap_scales["dag-wide"] == pytest.approx(1.7)
     assert {k: v for k, v in cal.heap_scales.items() if not k.startswith("dag")} \

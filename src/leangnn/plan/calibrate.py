@@ -33,6 +33,7 @@ from leangnn.plan.calibration import (
     Calibration,
     allocator_mode,
     calibration_path,
+    family_first_run,
     fit_calibration,
     fit_heap_families,
     fit_long_runs,
@@ -40,6 +41,7 @@ from leangnn.plan.calibration import (
     fit_time,
     heap_families,
     is_planned,
+    is_tiny,
     kind_path,
     load_calibration,
     long_run_families,
@@ -511,6 +513,11 @@ def calibrate_families(families: list[str], device: str = "cpu",
     samples = _measure_runs(runs, device, mmap, timeout, repeat, reuse, progress)
     heavy = [s for s in samples if s.get("heap_bytes") and
              s["heap_bytes"] >= HEAVY_HEAP_BYTES]
+    # the families' own first-run constants, where they have tiny runs, before
+    # the factors fitted on what those leave
+    cal.family_consts = {**cal.family_consts, **{
+        f: v for f, v in family_first_run([s for s in samples if is_tiny(s)]).items()
+        if any(f == fam or f.startswith(f"{fam}-") for fam in families)}}
     for fam in families:
         mine = [s for s in heavy if fam in s["families"]]
         if not mine:

@@ -61,7 +61,8 @@ __all__ = ["Calibration", "heap_families", "machine_kind", "allocator_mode",
            "family_heap_factor", "family_heap_factors", "fit_heap_families",
            "HEAVY_HEAP_BYTES", "TIMED_FAMILIES",
            "DAG_NARROW", "GSR_MANY_GROUPS", "sample_families", "fit_time",
-           "fit_offload", "fit_first_run", "PLANNED", "is_planned"]
+           "fit_offload", "fit_first_run", "family_first_run", "is_tiny", "PLANNED",
+           "is_planned"]
 
 #: the calibrations shipped with the package, one per CPU allocator mode
 #: (``glibc-default.json``, ...; written by ``python -m leangnn.plan.calibrate
@@ -804,6 +805,30 @@ def _without_planned(s: dict[str, Any]) -> str:
     return json.dumps(c, sort_keys=True)
 
 
+def _first_run_rest(s: dict[str, Any]) -> float:
+    return s["run_bytes"] - s["big_bytes"] - s["heap_bytes"]
+
+
+def is_tiny(s: dict[str, Any]) -> bool:
+    """Whether calibration sample ``s`` has next to no tensors (under 1 MiB
+    of big blocks and heap): what it measured is its first-run constant."""
+    return s.get("heap_bytes") is not None and \
+        s.get("big_bytes", 0) + s["heap_bytes"] < 1 << 20
+
+
+def family_first_run(tiny: list[dict[str, Any]]) -> dict[str, float]:
+    """:attr:`Calibration.family_consts` from ``tiny`` runs: every op mix of
+    the runs of more than one (``["gsr-sage", "gsr"]``), the median of
+    its runs' first-run constants."""
+    by_fam: dict[str, list[float]] = {}
+    for s in tiny:
+        fams = sample_families(s)
+        if len(fams) > 1 and not is_planned(s):
+            for fam in fams:
+                by_fam.setdefault(fam, []).append(_first_run_rest(s))
+    return {f: float(np.median(v)) for f, v in sorted(by_fam.items())}
+
+
 def fit_first_run(cal: Calibration, tiny: list[dict[str, Any]],
                   planned: list[dict[str, Any]] = ()) -> None:
     """Set ``cal``'s first-run constants from its ``tiny`` runs (next to no
@@ -819,21 +844,12 @@ def fit_first_run(cal: Calibration, tiny: list[dict[str, Any]],
     the planned runs, of how much less they measured than the same
     configuration trained without a plan in its process.
     """
-    def rest(s):
-        return s["run_bytes"] - s["big_bytes"] - s["heap_bytes"]
-
     if not tiny:
         cal.const, cal.family_consts, cal.in_process_bytes = 0.0, {}, 0.0
         return
     plain = [s for s in tiny if len(sample_families(s)) <= 1] or tiny
-    cal.const = float(np.median([rest(s) for s in plain]))
-    by_fam: dict[str, list[float]] = {}
-    for s in tiny:
-        fams = sample_families(s)
-        if len(fams) > 1:
-            for fam in fams:
-                by_fam.setdefault(fam, []).append(rest(s))
-    cal.family_consts = {f: float(np.median(v)) for f, v in sorted(by_fam.items())}
+    cal.const = float(np.median([_first_run_rest(s) for s in plain]))
+    cal.family_consts = family_first_run(tiny)
     direct = {_without_planned(s): s for s in tiny}
     cuts = [direct[_without_planned(s)]["run_bytes"] - s["run_bytes"]
             for s in planned if _without_planned(s) in direct]
@@ -863,8 +879,7 @@ def fit_calibration(samples: list[dict[str, Any]], device="cpu") -> Calibration:
         # What a run's meter sees with no tensors to speak of (a tiny
         # circuit: first calls of kernels, validation, checkpoint writing;
         # measured ~8 MiB through the Trainer) is a constant of its own ...
-        tiny = [s for s in heap if s["big_bytes"] + s["heap_bytes"] < 1 << 20]
-        fit_first_run(cal, tiny, planned)
+        fit_first_run(cal, [s for s in heap if is_tiny(s)], planned)
         # ... and every block up to 32 MiB comes from the heap, which
         # fragments by a model-dependent factor (measured x1.4 for GAT, x2.5
         # for residual GCN stacks): for a model without runs, the largest, so
