@@ -179,22 +179,33 @@ Trainer(TrainConfig.from_dict(json.loads(sys.argv[1])), progress=False).fit()
 
 
 def _cli_argv(d: dict[str, Any]) -> list[str]:
-    """``leangnn train`` flags that set configuration ``d``'s fields (those
-    with a flag of their own, and not at their default)."""
-    from leangnn.cli import _TRAIN_FLAGS
+    """``leangnn train`` options that set configuration ``d``'s fields: each
+    field with an option of its own and a value other than its default,
+    spelled as the command's parser spells it (``--layers``, ``--no-retain``)."""
+    import argparse
+
+    from leangnn.cli import _TRAIN_FLAGS, build_parser
     from leangnn.config import TrainConfig
 
+    train = next(a for a in build_parser()._actions
+                 if isinstance(a, argparse._SubParsersAction)).choices["train"]
+    options = {a.dest: a for a in train._actions if a.option_strings}
     default = TrainConfig().to_dict()
     argv = []
-    for flag, name in _TRAIN_FLAGS.items():
-        value = d.get(name)
+    for dest, name in _TRAIN_FLAGS.items():
+        value, action = d.get(name), options[dest]
         if value is None or value == default.get(name) and name != "model":
             continue
         if isinstance(value, bool):
-            if value:
-                argv.append(f"--{flag.replace('_', '-')}")
+            # --flag / --no-flag (BooleanOptionalAction), or the one of
+            # store_true / store_false that sets this value
+            flags = [f for f in action.option_strings
+                     if f.startswith("--no-") != value]
+            if isinstance(action, argparse.BooleanOptionalAction) or flags and \
+                    action.const is value:
+                argv.append(flags[0])
             continue
-        argv += [f"--{flag.replace('_', '-')}", str(value)]
+        argv += [action.option_strings[0], str(value)]
     return argv
 
 
