@@ -386,6 +386,39 @@ def test_first_run_constant_per_op_mix_and_what_a_plan_in_process_paid(
     assert older.in_process() is older
 
 
+def test_offload_setup_keeps_a_constant_beyond_its_accounting(monkeypatch):
+    # each offload run's setup measured its accounting plus ~3.5 MiB: the
+    # need counts the median on top of an offload row's setup (once, however
+    # often the calibration is applied), nothing on a row without a setup
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
+    samples = _samples(1.0, 0.0, 2e-5, 1e-9, 3e-10)
+    off = [dict(s, work={**s["work"], "jobs": 10, "device_bytes": 1.0,
+                         "host_bytes": 1.0},
+                run_bytes=0.9 * s["tensor_bytes"], setup_bytes=acc + extra,
+                estimated_setup_bytes=acc)
+           for s, acc, extra in zip(samples[3:6], (2e6, 9e6, 30e6),
+                                    (3.0e6, 3.5e6, 4.9e6))]
+    cal = fit_calibration(samples[:3] + off, "cpu")
+    assert cal.setup_const == pytest.approx(3.5e6)
+    est = Estimate("offload", {"model": "sage"}, "cpu", step_bytes=1000,
+                   method="offload-accounting", setup_bytes=5_000_000,
+                   work={"ops": 1, "written": 0, "flops": 0, "jobs": 1,
+                         "device_bytes": 600, "host_bytes": 400})
+    cal.apply(est)
+    cal.apply(est)
+    assert est.counted_setup_bytes == 5_000_000 + 3_500_000
+    assert est.fixed_bytes == est.model_bytes + est.graph_bytes + 8_500_000
+    bare = Estimate("full", {"model": "sage"}, "cpu", step_bytes=1000)
+    cal.apply(bare)
+    assert bare.counted_setup_bytes == 0
+    # on CUDA the setup is host memory, not the device's need
+    gpu = Estimate("offload", {"model": "sage"}, "cuda", step_bytes=1000,
+                   method="offload-accounting", setup_bytes=5_000_000,
+                   work=est.work)
+    cal.apply(gpu)
+    assert gpu.counted_setup_bytes == 0
+
+
 def test_default_glibc_heap_factor_weighs_runs_by_their_heap_share(monkeypatch):
     # a small run's factor is mostly its process-to-process spread over a
     # few MiB of heap; a large run's heap is most of what it measures: the

@@ -38,6 +38,7 @@ from leangnn.plan.calibration import (
     fit_heap_families,
     fit_long_runs,
     fit_offload,
+    fit_setup,
     fit_time,
     heap_families,
     is_planned,
@@ -312,11 +313,16 @@ def _sample(run: dict[str, Any], device: str, mmap: bool | None,
     # CPU time of one thread where measured: the load of a shared machine
     # stays out of it (wall time: the fastest epoch)
     secs = m.get("epoch_cpu_seconds") or m["epoch_seconds"]
+    setups = [r["setup_bytes"] for r in runs if r.get("setup_bytes") is not None]
     out = {"config": run, "tensor_bytes": step, "run_bytes": m["run_bytes"],
            "work": est.work, "epoch_seconds": min(secs),
            "estimate_seconds": est.estimate_seconds,
            "families": heap_families(est.strategy, est.knobs),
            "run_bytes_all": [r["run_bytes"] for r in runs]}
+    if setups and est.setup_bytes:
+        # what the setup kept (the median process) beside its accounting
+        out.update(setup_bytes=float(np.median(setups)),
+                   estimated_setup_bytes=est.setup_bytes)
     if est.big_bytes or est.heap_bytes:
         big, heap = est.big_bytes, est.heap_bytes
         if est.later is not None:  # the costlier of the first and later epochs
@@ -563,6 +569,7 @@ def calibrate_offload(device: str = "cpu", mmap: bool | None = None,
     if not samples:
         raise RuntimeError("calibrate: every offload run failed")
     fit_offload(cal, samples)
+    cal.setup_const = fit_setup(samples)
     cal.stamp("offload")
     cal.samples = [s for s in cal.samples
                    if s.get("config", {}).get("strategy") != "offload"] + samples

@@ -61,8 +61,8 @@ __all__ = ["Calibration", "heap_families", "machine_kind", "allocator_mode",
            "family_heap_factor", "family_heap_factors", "fit_heap_families",
            "HEAVY_HEAP_BYTES", "TIMED_FAMILIES",
            "DAG_NARROW", "GSR_MANY_GROUPS", "sample_families", "fit_time",
-           "fit_offload", "fit_first_run", "family_first_run", "is_tiny", "PLANNED",
-           "is_planned"]
+           "fit_offload", "fit_setup", "fit_first_run", "family_first_run",
+           "is_tiny", "PLANNED", "is_planned"]
 
 #: the calibrations shipped with the package, one per CPU allocator mode
 #: (``glibc-default.json``, ...; written by ``python -m leangnn.plan.calibrate
@@ -209,6 +209,12 @@ class Calibration:
             first-run constant (its dry runs page in much of the same code);
             :meth:`in_process` takes it off. Measured 3.0-4.1 MiB on tiny
             runs of five models, the same run planned in process and not.
+        setup_const (float): CPU: what offload's setup keeps beyond the
+            engine's own accounting of it
+            (:func:`~leangnn.plan.estimate.engine_setup_bytes`), the median
+            over the offload calibration runs: measured 3.0-4.9 MiB on
+            eleven of them (circuits and csbm graphs, 2-8 parts), the three
+            processes of each within 0.1 MiB; a constant, not a share.
         budget_scale (float): what a plan's need is of its estimate, when
             it is compared with the budget: on CUDA the device memory held
             per byte measured (reserved over allocated); on a CPU the margin
@@ -317,6 +323,7 @@ class Calibration:
     const: float = 0.0
     family_consts: dict[str, float] = field(default_factory=dict)
     in_process_bytes: float = 0.0
+    setup_const: float = 0.0
     budget_scale: float = 1.0
     per_op: float = 3e-5
     per_byte: float = 1e-9
@@ -495,6 +502,8 @@ class Calibration:
         if est.method == "offload-accounting":
             est.overhead_bytes = round(self.offload_bytes(
                 est.step_bytes, est.work, fams) - est.step_bytes)
+            est.setup_overhead_bytes = round(self.setup_const) \
+                if est.setup_bytes else 0
         else:
             floor, share = est.floor_bytes, est.heap_edge_share
             est.overhead_bytes = self.overhead(est.step_bytes, est.big_bytes,
@@ -931,6 +940,7 @@ def fit_calibration(samples: list[dict[str, Any]], device="cpu") -> Calibration:
         cal.scale, cal.const = float(y[0] / max(x[0], 1)), 0.0
     if off:
         fit_offload(cal, off)
+        cal.setup_const = fit_setup(off)
     pred = [s["tensor_bytes"] + cal.overhead(
         int(s["tensor_bytes"]), int(s.get("big_bytes") or 0),
         int(s.get("heap_bytes") or 0), sample_families(s))
@@ -1013,6 +1023,17 @@ def _spread_margin(samples: list[dict[str, Any]]) -> float:
     if not ratios:
         return 1.0
     return max(1.0, float(np.quantile(ratios, SPREAD_QUANTILE)))
+
+
+def fit_setup(off: list[dict[str, Any]]) -> float:
+    """:attr:`Calibration.setup_const` from offload calibration samples
+    ``off`` (those with ``setup_bytes`` measured and
+    ``estimated_setup_bytes``): the median of what each setup kept beyond
+    its accounting; 0 without any."""
+    extra = [s["setup_bytes"] - s["estimated_setup_bytes"] for s in off
+             if s.get("setup_bytes") is not None
+             and s.get("estimated_setup_bytes") is not None]
+    return max(0.0, float(np.median(extra))) if extra else 0.0
 
 
 def fit_offload(cal: Calibration, off: list[dict[str, Any]]) -> None:

@@ -117,6 +117,9 @@ class Estimate:
         setup_bytes (int): host bytes the strategy's setup keeps before the
             first step (offload: every training graph's engine topology,
             :func:`engine_setup_bytes`); on CPU part of the need.
+        setup_overhead_bytes (int): what the setup keeps beyond that
+            accounting, set by the calibration
+            (:attr:`~leangnn.plan.calibration.Calibration.setup_const`).
         later (tuple, optional): ``(step, big, heap)`` bytes of epochs after
             the first (Adam's moments and every graph's heap already there);
             ``later_run_bytes`` with the overhead. The figures above are the
@@ -153,6 +156,7 @@ class Estimate:
     later_run_bytes: int | None = None
     precompute_bytes: int = 0
     setup_bytes: int = 0
+    setup_overhead_bytes: int = 0
     ranks: list[dict[str, Any]] = field(default_factory=list)
 
     @property
@@ -168,9 +172,12 @@ class Estimate:
 
     @property
     def counted_setup_bytes(self) -> int:
-        """The part of ``setup_bytes`` the need counts: all of it on a CPU,
-        none on CUDA (host memory, checked apart)."""
-        return self.setup_bytes if torch.device(self.device).type == "cpu" else 0
+        """The part of the setup's bytes (``setup_bytes`` and
+        ``setup_overhead_bytes``) the need counts: all of it on a CPU, none
+        on CUDA (host memory, checked apart)."""
+        if torch.device(self.device).type != "cpu":
+            return 0
+        return self.setup_bytes + self.setup_overhead_bytes
 
     @property
     def fixed_bytes(self) -> int:
