@@ -515,6 +515,13 @@ def test_cpu_need_covers_the_process_to_process_spread():
     cal = fit_calibration(samples, "cpu")
     assert cal.budget_scale == pytest.approx(float(np.quantile(ratios, 0.9)))
     assert calibration_label(cal).endswith(f"need = estimate x{cal.budget_scale:.2f}")
+    # an estimate under its runs' median: the margin covers the highest
+    # process over the estimate, the estimate's error and the spread together
+    from leangnn.plan.calibration import _spread_margin
+
+    under = [0.95 * s["run_bytes"] for s in samples]
+    assert _spread_margin(samples, under) == pytest.approx(
+        float(np.quantile([r / 0.95 for r in ratios], 0.9)))
     # and the plan's need is the estimate times it
     from leangnn.plan.planner import estimate_row
 

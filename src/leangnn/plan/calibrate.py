@@ -239,12 +239,12 @@ CALIBRATION_RUNS: list[dict[str, Any]] = [
          num_groups=4, hidden_channels=64, dataset="csbm:40000"),
     # next to no tensors again, one run per deeper op mix (session 38): a
     # GSR, residual, DAG or DPR run pages in more code than SAGE-2 (measured
-    # through `leangnn train` on c17: GSR 9.8-10.9 MiB, SAGE-2 7.7-8.0),
-    # which left small GSR runs 11-16% under with one constant for all
+    # through `leangnn train` on c17: GSR-4 10.1 MiB, SAGE-2 7.9), which
+    # left small GSR and DAG runs 12-20% under with one constant for all
     *[dict(**tiny, dataset="iscas85/c17", val_dataset="iscas85/c432",
            test_dataset="iscas85/c499") for tiny in _TINY],
     # the same planned in the process that trains (`--strategy auto`): its
-    # dry runs page in much of that code first (measured 3.0-4.1 MiB less);
+    # dry runs page in much of that code first (measured 3.0-4.2 MiB less);
     # not DPR's, which a plan picks only where nothing exact fits
     *[dict(**tiny, dataset="iscas85/c17", val_dataset="iscas85/c432",
            test_dataset="iscas85/c499", **{PLANNED: True})
