@@ -376,3 +376,24 @@ def test_runs_measured_in_the_heap_asked_for(monkeypatch):
     assert heap_mode(_heap_env(True)) == "mmap"
     assert "tcache_count" not in _heap_env(True).get("GLIBC_TUNABLES", "")
     assert _kind("cpu", True).endswith("glibc-mmap")
+
+
+def test_a_cuda_calibration_leaves_the_planned_runs_out(monkeypatch):
+    # a plan in the training process pays host code (a CPU figure): a CUDA
+    # calibration does not train those runs, a CPU one does
+    import leangnn.plan.calibrate as cmod
+    from leangnn.plan.calibration import PLANNED
+
+    seen = {}
+
+    def fake_runs(runs, *args, **kwargs):
+        seen["runs"] = runs
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(cmod, "_measure_runs", fake_runs)
+    with pytest.raises(RuntimeError, match="stop here"):
+        cmod.calibrate("cuda")
+    assert seen["runs"] and not any(r.get(PLANNED) for r in seen["runs"])
+    with pytest.raises(RuntimeError, match="stop here"):
+        cmod.calibrate("cpu")
+    assert any(r.get(PLANNED) for r in seen["runs"])
