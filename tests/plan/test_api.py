@@ -221,8 +221,9 @@ def test_plan_and_fit_our_dag_model_on_a_circuit():
     assert full is not None and full.strategy == "full"
     assert full.knobs["model"] == "DAGNN" and full.knobs["family"] == "dag"
     est = full.estimate
+    # (and the DAG model's own first-run constant, where calibrated)
     want = est.big_bytes + cal.heap_factor(["dag-narrow"]) * est.heap_bytes \
-        + cal.const
+        + cal.first_run_const(["dag-narrow", "dag"])
     assert est.run_bytes == pytest.approx(want, abs=1)
     why = {r.strategy: r.why for r in table.rows if r is not full}
     assert "DPR's core keeps no circuit levels" in why["prune"]
