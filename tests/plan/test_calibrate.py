@@ -378,7 +378,8 @@ def test_runs_measured_in_the_heap_asked_for(monkeypatch):
     assert _kind("cpu", True).endswith("glibc-mmap")
 
 
-def test_a_cuda_calibration_leaves_the_planned_runs_out(monkeypatch):
+def test_a_cuda_calibration_leaves_the_planned_runs_out(monkeypatch, tmp_path,
+                                                        capsys):
     # a plan in the training process pays host code (a CPU figure): a CUDA
     # calibration does not train those runs, a CPU one does
     import leangnn.plan.calibrate as cmod
@@ -386,14 +387,16 @@ def test_a_cuda_calibration_leaves_the_planned_runs_out(monkeypatch):
 
     seen = {}
 
-    def fake_runs(runs, *args, **kwargs):
-        seen["runs"] = runs
-        raise RuntimeError("stop here")
+    def fake_sample(run, *args, **kwargs):
+        seen["runs"].append(run)
+        raise RuntimeError("not measured here")
 
-    monkeypatch.setattr(cmod, "_measure_runs", fake_runs)
-    with pytest.raises(RuntimeError, match="stop here"):
-        cmod.calibrate("cuda")
-    assert seen["runs"] and not any(r.get(PLANNED) for r in seen["runs"])
-    with pytest.raises(RuntimeError, match="stop here"):
-        cmod.calibrate("cpu")
-    assert any(r.get(PLANNED) for r in seen["runs"])
+    monkeypatch.setattr(cmod, "_sample", fake_sample)
+    monkeypatch.setenv("LEANGNN_CACHE", str(tmp_path))
+    for device, kept in (("cuda", False), ("cpu", True)):
+        # every path that measures runs (the whole calibration, --family)
+        seen["runs"] = []
+        cmod._measure_runs(cmod.CALIBRATION_RUNS, device, False, None, 1, False,
+                           False)
+        assert seen["runs"]
+        assert any(r.get(PLANNED) for r in seen["runs"]) == kept, device

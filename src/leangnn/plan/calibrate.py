@@ -268,8 +268,6 @@ def _measure(cfg, device: str, mmap: bool, timeout: float | None,
         # out of the speed figures
         return measure_trainer(cfg, epochs=CALIBRATION_EPOCHS, threads=1,
                                mmap=mmap, timeout=timeout, planned=planned)
-    if planned:
-        raise ValueError(f"{PLANNED}: a CPU calibration's runs only")
     return measure_fresh(cfg, epochs=2, mmap=mmap, timeout=timeout)
 
 
@@ -378,6 +376,11 @@ def _measure_runs(runs: list[dict[str, Any]], device: str, mmap: bool | None,
                   progress: bool) -> list[dict[str, Any]]:
     """The samples of ``runs`` (see :func:`calibrate`); a run that fails is
     left out, said on stderr."""
+    if torch.device(device).type != "cpu":
+        # what a plan in the training process pages in is host code: a CPU
+        # figure (on CUDA the first-run constant is cuBLAS' workspaces), for
+        # every calibration that measures runs (--family too)
+        runs = [r for r in runs if not r.get(PLANNED)]
     store_path = measurements_path(device, mmap)
     try:
         store = json.loads(store_path.read_text())
@@ -444,10 +447,6 @@ def calibrate(device: str = "cpu", quick: bool = False, mmap: bool | None = None
     A run whose estimate or measurement fails is left out (said on stderr).
     """
     runs = CALIBRATION_RUNS[:4] if quick else CALIBRATION_RUNS
-    if torch.device(device).type != "cpu":
-        # what a plan in the training process pages in is host code: a CPU
-        # figure (on CUDA the first-run constant is cuBLAS' workspaces)
-        runs = [r for r in runs if not r.get(PLANNED)]
     samples = _measure_runs(runs, device, mmap, timeout, repeat, reuse, progress)
     if not samples:
         raise RuntimeError("calibrate: every calibration run failed")

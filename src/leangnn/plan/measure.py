@@ -196,16 +196,13 @@ def _cli_argv(d: dict[str, Any]) -> list[str]:
         value, action = d.get(name), options[dest]
         if value is None or value == default.get(name) and name != "model":
             continue
-        if isinstance(value, bool):
-            # --flag / --no-flag (BooleanOptionalAction), or the one of
-            # store_true / store_false that sets this value
-            flags = [f for f in action.option_strings
-                     if f.startswith("--no-") != value]
-            if isinstance(action, argparse.BooleanOptionalAction) or flags and \
-                    action.const is value:
-                argv.append(flags[0])
-            continue
-        argv += [action.option_strings[0], str(value)]
+        if isinstance(action, argparse.BooleanOptionalAction):
+            argv.append(action.option_strings[0 if value else 1])  # --x / --no-x
+        elif isinstance(value, bool):
+            # store_true / store_false: off its default, the option sets it
+            argv.append(action.option_strings[0])
+        else:
+            argv += [action.option_strings[0], str(value)]
     return argv
 
 
@@ -241,8 +238,7 @@ def measure_trainer(cfg, epochs: int = 3, threads: int | None = 1,
 
     d = cfg if isinstance(cfg, dict) else cfg.to_dict()
     # (the command re-executes itself into the compact heap unless told not to)
-    env = heap_env("mmap") if mmap else heap_env(heap_mode()) if planned \
-        else _heap_env(mmap)
+    env = heap_env(heap_mode()) if planned and not mmap else _heap_env(mmap)
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
     with tempfile.TemporaryDirectory(prefix="leangnn-measure-") as tmp:
