@@ -583,7 +583,7 @@ def test_train_auto_records_the_plan_and_resumes(tmp_path, capsys):
     line resumes the run."""
     from leangnn.config import TrainConfig
     from leangnn.data import load_graphs
-    from leangnn.plan.planner import plan_config
+    from leangnn.plan.planner import plan_config, resumed_plan
 
     # (deep enough that the reversible twin needs less than full batch: on
     # c17 at 2 layers GSR's larger first-run constant decides, and it needs
@@ -628,9 +628,20 @@ def test_train_auto_records_the_plan_and_resumes(tmp_path, capsys):
     assert check["within_budget"] == (check["measured_need_bytes"] <= int(budget))
     assert check["estimated_need_bytes"] == plan["estimated_peak_bytes"]
     assert "leangnn train: planned reversible(" in out
+    # planned in this process: the share of the first-run constant the dry
+    # runs paid is recorded, and a resumed process (no plan in it) pays it
+    assert plan["in_process_bytes"] == table.in_process_bytes > 0
+    capsys.readouterr()
     assert main([*argv, "--epochs", "2", "--resume"]) == 0
     s2 = json.loads((run / "summary.json").read_text())
-    assert s2["epochs_run"] == 2 and s2["plan"] == plan
+    share = plan["in_process_bytes"]
+    assert s2["epochs_run"] == 2 and s2["plan"] == resumed_plan(plan)
+    assert s2["plan"]["resumed_bytes"] == share
+    assert s2["plan"]["estimated_peak_bytes"] == plan["estimated_peak_bytes"] + share
+    assert s2["budget_check"]["estimated_need_bytes"] == \
+        plan["estimated_peak_bytes"] + share
+    warned = "resumed apart from its plan" in capsys.readouterr().err
+    assert warned == (plan["estimated_peak_bytes"] + share > int(budget))
     assert json.loads((run / "config.json").read_text())["strategy"] == "reversible"
     assert json.loads((run / "plan.json").read_text()) == plan
     # a fresh, unplanned run over it (--force) leaves no stale plan behind

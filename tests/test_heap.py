@@ -9,15 +9,19 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from leangnn import heap
 from leangnn.heap import (
     COMPACT_TUNABLES,
+    MKL_ENV,
     compact_heap_env,
     default_heap_env,
     ensure_compact_heap,
     heap_env,
     heap_mode,
+    mkl_buffer_bytes,
+    mkl_buffers_cached,
     mmap_threshold,
 )
 
@@ -46,6 +50,20 @@ def test_compact_env_keeps_the_users_tunables():
     assert back["GLIBC_TUNABLES"].split(":") == ["glibc.malloc.arena_max=2",
                                                  "glibc.malloc.trim_threshold=1024"]
     assert "GLIBC_TUNABLES" not in default_heap_env(compact_heap_env({}))
+
+
+def test_compact_env_turns_off_mkls_thread_buffers_unless_the_user_chose():
+    assert compact_heap_env({})["MKL_DISABLE_FAST_MM"] == "1"
+    assert compact_heap_env({"MKL_DISABLE_FAST_MM": "yes"})["MKL_DISABLE_FAST_MM"] \
+        == "yes"
+    assert "MKL_DISABLE_FAST_MM" not in default_heap_env(compact_heap_env({}))
+    assert default_heap_env({"MKL_DISABLE_FAST_MM": "yes"})["MKL_DISABLE_FAST_MM"] \
+        == "yes"
+    assert not mkl_buffers_cached(compact_heap_env({}))
+    assert mkl_buffers_cached({}) == torch.backends.mkl.is_available()
+    # (MKL reads any non-empty value as off)
+    assert mkl_buffers_cached({"MKL_DISABLE_FAST_MM": ""}) == \
+        torch.backends.mkl.is_available()
 
 
 def test_a_child_of_each_heap():
@@ -161,3 +179,39 @@ def test_compact_heap_trains_the_same_model_in_less_memory(tmp_path):
     assert compact["metrics"] == default["metrics"]
     # measured: 64 MiB against 178 MiB (3 processes each)
     assert compact["memory"]["peak_bytes"] < 0.6 * default["memory"]["peak_bytes"]
+
+
+_STEP = """
+import json, torch
+from leangnn.heap import mkl_buffer_bytes
+torch.manual_seed(0)
+torch.set_num_threads(2)
+x = torch.randn(20000, 128)
+lin = torch.nn.Sequential(torch.nn.Linear(128, 128), torch.nn.ReLU(),
+                          torch.nn.Linear(128, 64))
+loss = lin(x).square().mean()
+loss.backward()
+print(json.dumps({"held": mkl_buffer_bytes(), "loss": loss.item(),
+                  "grad": [p.grad.double().sum().item() for p in lin.parameters()]}))
+"""
+
+
+def _step(mkl_off: bool) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in MKL_ENV}
+    env.pop("OMP_NUM_THREADS", None)
+    if mkl_off:
+        env.update(MKL_ENV)
+    p = subprocess.run([sys.executable, "-c", _STEP], env=env, check=True,
+                       capture_output=True, text=True, timeout=300)
+    return json.loads(p.stdout)
+
+
+@pytest.mark.skipif(mkl_buffer_bytes() is None, reason="torch built without MKL")
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="MKL runs one thread on one core")
+def test_mkls_thread_buffers_off_hold_nothing_and_compute_the_same():
+    # two threads: each MKL worker keeps the buffers of its share of the
+    # products; with MKL_ENV none (the compact heap's environment)
+    cached, off = _step(False), _step(True)
+    assert cached["held"] > 1 << 20 and off["held"] == 0
+    # where buffers live decides nothing of the values
+    assert cached["loss"] == off["loss"] and cached["grad"] == off["grad"]

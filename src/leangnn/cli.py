@@ -104,6 +104,27 @@ def _resumed_config(args, given: dict) -> TrainConfig:
     return TrainConfig.load(saved, **given)
 
 
+def _resume_note(cfg) -> None:
+    """Warn, before a resumed ``--strategy auto`` run trains, when its need
+    without the plan in its process (:func:`~leangnn.plan.planner.resumed_plan`)
+    is over its budget."""
+    from .plan.planner import resumed_plan
+    from .rundir import RunDir
+    from .utils import format_bytes
+
+    plan = RunDir(cfg.out).read_plan()
+    if not plan or not plan.get("in_process_bytes"):
+        return
+    plan = resumed_plan(plan)
+    need, budget = plan.get("estimated_peak_bytes"), plan.get("memory_budget_bytes")
+    if need is not None and budget is not None and need > budget:
+        print(f"leangnn train: warning: resumed apart from its plan, this run "
+              f"needs ~{format_bytes(need)} (its plan was made in the process "
+              f"that trained, which had paged in "
+              f"{format_bytes(plan['resumed_bytes'])} of it), above "
+              f"--memory-budget {format_bytes(budget)}", file=sys.stderr)
+
+
 def _check_out(out: str | None, force: bool) -> None:
     """Fail now, not after loading data, when ``--out`` cannot be a fresh run
     (:meth:`leangnn.rundir.RunDir.open` checks the same again, under its lock)."""
@@ -172,6 +193,7 @@ def _train(args) -> int:
         extra["plan"] = json.loads(Path(os.environ[PLAN_FILE_ENV]).read_text())
     if args.resume:
         cfg = _resumed_config(args, given)
+        _resume_note(cfg)
     else:
         cfg = TrainConfig(**given)
         if int(os.environ.get("RANK", "0") or 0) == 0:

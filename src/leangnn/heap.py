@@ -27,6 +27,16 @@ run above through ``leangnn train``, 3 processes each; ``benchmarks/README.md``,
   in again at every step. The Trainer still releases free pages after every
   epoch (:func:`leangnn.profile.release_free_heap`).
 
+A fourth setting is not glibc's: ``MKL_DISABLE_FAST_MM=1`` (:data:`MKL_ENV`)
+turns off MKL's own per-thread buffer cache. With more than one thread each
+MKL worker keeps the buffers its share of a matrix product packed, held
+until the process ends; one thread keeps none (``mkl_serv_mem_stat``: 17 MiB
+in 4 buffers after a 20000x128 @ 128x128 product at 2 threads, 0 at 1). Through
+``leangnn train``, 3 epochs, 2 threads against 1: csbm:8000 SAGE-3 74.6 MiB
+against 61.6 with the cache, 61.0 against 61.1 without; default circuits
+GSR-8 at 128 channels 29.7 against 21.6, ... (``benchmarks/README.md``,
+"Threads"). MKL reads it when the process starts, like glibc its tunables.
+
 That run then peaked at 184 MiB instead of 713 MiB, at 0.52 s instead of
 0.77 s per epoch. glibc reads the tunables when a process starts, so the
 ``leangnn`` command re-executes itself once with them added
@@ -47,9 +57,9 @@ import os
 import sys
 from collections.abc import Mapping
 
-__all__ = ["COMPACT_TUNABLES", "HEAP_MODES", "MMAP_ENV", "heap_mode",
+__all__ = ["COMPACT_TUNABLES", "HEAP_MODES", "MMAP_ENV", "MKL_ENV", "heap_mode",
            "mmap_threshold", "compact_heap_env", "default_heap_env", "heap_env",
-           "ensure_compact_heap"]
+           "ensure_compact_heap", "mkl_buffers_cached", "mkl_buffer_bytes"]
 
 #: the tunables of the compact heap, in ``GLIBC_TUNABLES`` syntax
 COMPACT_TUNABLES = ("glibc.malloc.tcache_count=0",
@@ -62,6 +72,10 @@ HEAP_MODES = ("default", "compact", "mmap")
 #: glibc's mmap threshold pinned at 64 KiB: resident memory follows the live
 #: tensors (the ``mmap`` mode; slow, every block above it faulted in afresh)
 MMAP_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536"}
+
+#: MKL's per-thread buffer cache off (any non-empty value turns it off):
+#: part of the compact heap's environment
+MKL_ENV = {"MKL_DISABLE_FAST_MM": "1"}
 
 #: set in the re-executed process: never re-execute twice
 _REEXEC = "LEANGNN_HEAP_REEXEC"
@@ -100,22 +114,28 @@ def mmap_threshold(env: Mapping[str, str] | None = None) -> int | None:
 
 def compact_heap_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
     """``env`` (default: this process's) with :data:`COMPACT_TUNABLES` added
-    to ``GLIBC_TUNABLES`` (a tunable the user set keeps the user's value) and
-    no ``MALLOC_MMAP_THRESHOLD_``."""
+    to ``GLIBC_TUNABLES`` (a tunable the user set keeps the user's value),
+    :data:`MKL_ENV` (unless the user set it) and no
+    ``MALLOC_MMAP_THRESHOLD_``."""
     out = dict(os.environ if env is None else env)
     out.pop("MALLOC_MMAP_THRESHOLD_", None)
     have = _tunables(out)
     names = {t.split("=", 1)[0] for t in have}
     add = [t for t in COMPACT_TUNABLES if t.split("=", 1)[0] not in names]
     out["GLIBC_TUNABLES"] = ":".join(have + add)
+    for k, v in MKL_ENV.items():
+        out[k] = out.get(k) or v
     return out
 
 
 def default_heap_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
-    """``env`` without :data:`COMPACT_TUNABLES` and
-    ``MALLOC_MMAP_THRESHOLD_``: glibc's default heap."""
+    """``env`` without :data:`COMPACT_TUNABLES`, :data:`MKL_ENV` and
+    ``MALLOC_MMAP_THRESHOLD_``: glibc's default heap (and MKL's)."""
     out = dict(os.environ if env is None else env)
     out.pop("MALLOC_MMAP_THRESHOLD_", None)
+    for k, v in MKL_ENV.items():
+        if out.get(k) == v:
+            del out[k]
     rest = [t for t in _tunables(out) if t not in COMPACT_TUNABLES]
     if rest:
         out["GLIBC_TUNABLES"] = ":".join(rest)
@@ -188,3 +208,36 @@ def ensure_compact_heap() -> None:
         os.execve(sys.executable, argv, env)
     except OSError:
         return
+
+
+def mkl_buffers_cached(env: Mapping[str, str] | None = None) -> bool:
+    """Whether a process started with ``env`` (default: this one's) keeps
+    MKL's per-thread buffers (its torch uses MKL and ``MKL_DISABLE_FAST_MM``
+    is unset or empty): then a run on more than one thread holds them beside
+    its tensors, which the planner's one-thread calibration does not see."""
+    env = os.environ if env is None else env
+    if env.get("MKL_DISABLE_FAST_MM"):
+        return False
+    import torch
+
+    return bool(torch.backends.mkl.is_available())
+
+
+def mkl_buffer_bytes() -> int | None:
+    """Bytes MKL's allocator holds now in this process (``mkl_serv_mem_stat``
+    of the MKL linked into torch); ``None`` where torch has no MKL or does
+    not export it."""
+    import ctypes
+
+    import torch
+
+    if not torch.backends.mkl.is_available():
+        return None
+    path = os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so")
+    try:
+        stat = ctypes.CDLL(path).mkl_serv_mem_stat
+    except (OSError, AttributeError):
+        return None
+    stat.argtypes, stat.restype = [ctypes.POINTER(ctypes.c_int)], ctypes.c_int64
+    buffers = ctypes.c_int()
+    return int(stat(ctypes.byref(buffers)))

@@ -246,7 +246,11 @@ class Trainer:
             run.truncate_metrics(start)
             saved_plan = run.read_plan()
             if saved_plan is not None and "plan" not in self.summary_extra:
-                self.summary_extra["plan"] = saved_plan
+                from leangnn.plan.planner import resumed_plan
+
+                # this process did not plan: it pays what the plan's dry runs
+                # had paid in the process that planned
+                self.summary_extra["plan"] = resumed_plan(saved_plan)
         run.write_config(cfg)
         if not resume and "plan" in self.summary_extra:
             run.write_plan(self.summary_extra["plan"])

@@ -103,6 +103,16 @@ def test_fit_auto_trains_a_pyg_gcn_like_plain_pytorch(data):
         "measured_need_bytes": peak + fixed, "within_budget": peak + fixed <= 1 << 30}
 
 
+@pytest.mark.skipif(not torch.backends.mkl.is_available(), reason="torch without MKL")
+def test_fit_warns_of_mkls_thread_buffers_it_did_not_plan(data, monkeypatch):
+    monkeypatch.delenv("MKL_DISABLE_FAST_MM", raising=False)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    with pytest.warns(UserWarning, match="leangnn.fit: MKL keeps per-thread"):
+        out = leangnn.fit(GCN(8, 16, 2, int(data.y.max()) + 1), data,
+                          memory_budget="1GiB", epochs=1)
+    assert "MKL_DISABLE_FAST_MM=1" in out["plan"].caveat
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name,strategy", [("res", "full"), ("gsr", "reversible")])
 def test_fit_auto_trains_our_deep_models(data, name, strategy):

@@ -332,6 +332,46 @@ def test_budget_check_counts_the_need_as_the_planner_does():
     assert budget_check(plan, 70, setup_bytes=15)["measured_need_bytes"] == 100
 
 
+@pytest.mark.skipif(not torch.backends.mkl.is_available(), reason="torch without MKL")
+def test_a_plan_says_when_mkl_keeps_thread_buffers_it_leaves_out(monkeypatch, splits):
+    from leangnn.plan.planner import plan_summary, thread_caveat
+
+    monkeypatch.delenv("MKL_DISABLE_FAST_MM", raising=False)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    said = thread_caveat("cpu")
+    assert "MKL_DISABLE_FAST_MM=1" in said and "2 threads" in said
+    assert thread_caveat("cuda") == ""
+    cfg = TrainConfig(model="sage", num_layers=2, hidden_channels=8)
+    table = plan_config(cfg, splits, "1GiB", strategies=("full",), lazy=True)
+    assert table.caveat == said and format_table(table).endswith(f"note: {said}")
+    assert plan_summary(table)["caveat"] == said
+    # the command's environment, or one thread: nothing left out
+    monkeypatch.setenv("MKL_DISABLE_FAST_MM", "1")
+    assert thread_caveat("cpu") == ""
+    monkeypatch.delenv("MKL_DISABLE_FAST_MM")
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    assert thread_caveat("cpu") == ""
+    table = plan_config(cfg, splits, "1GiB", strategies=("full",), lazy=True)
+    assert table.caveat == "" and "note:" not in format_table(table)
+
+
+def test_a_resumed_run_pays_what_its_plan_in_process_had_paid():
+    from leangnn.plan.planner import budget_check, resumed_plan
+
+    plan = {"memory_budget_bytes": 100, "estimated_peak_bytes": 90,
+            "estimated_fixed_bytes": 30, "estimated_run_bytes": 60,
+            "in_process_bytes": 0}
+    assert resumed_plan(plan) is plan  # planned apart: nothing changes
+    again = resumed_plan({**plan, "in_process_bytes": 12})
+    assert (again["estimated_peak_bytes"], again["estimated_run_bytes"]) == (102, 72)
+    assert (again["in_process_bytes"], again["resumed_bytes"]) == (0, 12)
+    assert resumed_plan(again) == again  # its share is counted once
+    assert budget_check(again, 70)["estimated_need_bytes"] == 102
+    # a plan written before the share was recorded
+    old = {k: v for k, v in plan.items() if k != "in_process_bytes"}
+    assert resumed_plan(old) is old
+
+
 def test_offload_need_counts_the_engines_setup(splits):
     # the engine's topology (edges by target, chunks, partition) is built
     # before the meter starts and stays: part of the need on a CPU, the

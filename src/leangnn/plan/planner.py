@@ -47,6 +47,7 @@ __all__ = ["PlanRow", "PlanTable", "plan_config", "choose", "format_table",
            "candidates", "plan_candidates", "resolve_budget", "plan_summary",
            "PLANNED", "GROUPS", "CORE_RATIOS", "OFFLOAD_PARTS", "CPU_DEVICE_SHARES",
            "PINNABLE", "offload_budgets", "budget_check", "need_figures",
+           "resumed_plan", "thread_caveat",
            "CPU_TIME_MARGIN"]
 
 #: why a row with an analytic estimate is never chosen
@@ -180,6 +181,13 @@ class PlanTable:
             (``uncalibrated`` when none is stored or shipped, ``reference
             KIND`` for the shipped reference calibration).
         seconds (float): what planning took.
+        in_process_bytes (int): what the estimates took off for a pick that
+            trains in the planning process
+            (:attr:`~leangnn.plan.calibration.Calibration.in_process_bytes`;
+            ``0``: planned for a process of its own).
+        caveat (str): what the estimates leave out in this process
+            (:func:`thread_caveat`), printed under the table; empty when
+            nothing.
     """
 
     rows: list[PlanRow]
@@ -187,6 +195,8 @@ class PlanTable:
     device: str
     calibration: str = ""
     seconds: float = 0.0
+    in_process_bytes: int = 0
+    caveat: str = ""
 
     @property
     def pick(self) -> PlanRow | None:
@@ -206,6 +216,7 @@ class PlanTable:
         pick = self.pick
         return json_safe({"budget_bytes": self.budget_bytes, "device": self.device,
                           "calibration": self.calibration, "seconds": self.seconds,
+                          "caveat": self.caveat,
                           "pick": None if pick is None else pick.label,
                           "rows": [r.to_dict() for r in self.rows]})
 
@@ -383,7 +394,27 @@ def format_table(table: PlanTable) -> str:
     lines.append(f"budget {format_bytes(table.budget_bytes)} on {table.device} "
                  f"({table.calibration}); planned in {table.seconds:.1f} s; pick: "
                  + (pick.label if pick else "none fits"))
+    if table.caveat:
+        lines.append(f"note: {table.caveat}")
     return "\n".join(lines)
+
+
+def thread_caveat(device: torch.device | str = "cpu") -> str:
+    """What a plan for ``device`` in this process leaves out: on a CPU with
+    more than one thread and MKL's per-thread buffer cache on
+    (:func:`leangnn.heap.mkl_buffers_cached`), each MKL worker keeps the
+    buffers of its share of a matrix product, which the calibration's
+    one-thread runs never hold (measured +1..+22% through ``leangnn train``
+    at 2 threads; ``benchmarks/README.md``, "Threads"). Empty otherwise."""
+    from leangnn.heap import mkl_buffers_cached
+
+    threads = torch.get_num_threads()
+    if torch.device(device).type != "cpu" or threads < 2 or not mkl_buffers_cached():
+        return ""
+    return (f"MKL keeps per-thread buffers on these {threads} threads, which the "
+            "estimates leave out (measured up to +22%); start Python with "
+            "MKL_DISABLE_FAST_MM=1, as the leangnn command does, or with "
+            "OMP_NUM_THREADS=1")
 
 
 def _knob(key: str, value) -> str:
@@ -405,6 +436,7 @@ def plan_summary(table: PlanTable) -> dict[str, Any]:
     out: dict[str, Any] = {
         "memory_budget_bytes": table.budget_bytes, "device": table.device,
         "calibration": table.calibration, "plan_seconds": table.seconds,
+        "in_process_bytes": table.in_process_bytes, "caveat": table.caveat,
         "pick": None if pick is None else pick.label}
     if pick is not None:
         est = pick.estimate
@@ -421,6 +453,24 @@ def plan_summary(table: PlanTable) -> dict[str, Any]:
                     "fits": r.fits, "epoch_seconds": r.epoch_seconds, "why": r.why}
                    for r in table.rows]
     return json_safe(out)
+
+
+def resumed_plan(plan: dict[str, Any]) -> dict[str, Any]:
+    """A saved plan (:func:`plan_summary`) as it holds for a run resumed in a
+    process of its own: where the plan was made in the process that then
+    trained (``in_process_bytes``), its dry runs had paged in part of the
+    run's first-run constant, which the resumed process pays within its run
+    (measured: a 20 MiB auto run of GSR-8 needed 21.0 MiB resumed). The
+    estimated need and run peak get that share back; ``resumed_bytes``
+    records it. Unchanged where the plan was made apart."""
+    share = int(plan.get("in_process_bytes") or 0)
+    if not share:
+        return plan
+    out = dict(plan, in_process_bytes=0, resumed_bytes=share)
+    for key in ("estimated_peak_bytes", "estimated_run_bytes"):
+        if out.get(key) is not None:
+            out[key] = int(out[key]) + share
+    return out
 
 
 def need_figures(row: PlanRow) -> dict[str, Any]:
@@ -663,6 +713,7 @@ def plan_config(cfg, splits, memory_budget=None, device=None,
     dev = torch.device(device or cfg.device)
     budget = resolve_budget(memory_budget, dev)
     cal = calibration or load_calibration(dev)
+    share = round(cal.in_process_bytes) if in_process else 0
     if in_process:
         cal = cal.in_process()
     todo = plan_candidates(cfg, budget, dev, strategies, pinned, nproc)
@@ -679,7 +730,8 @@ def plan_config(cfg, splits, memory_budget=None, device=None,
         forget()  # nothing of a failed plan is kept
         raise
     table = PlanTable([r for r in rows if r is not None], budget, str(dev),
-                      calibration_label(cal))
+                      calibration_label(cal), in_process_bytes=share,
+                      caveat=thread_caveat(dev))
     mark_table(table)
     # what the rows share is dropped; what they built for training (DPR's
     # core, the offload engine's graph) is kept for the pick alone, which

@@ -21,6 +21,7 @@ from __future__ import annotations
 import copy
 import math
 import time
+import warnings
 from typing import Any
 
 import torch
@@ -50,6 +51,7 @@ from leangnn.plan.planner import (
     need_figures,
     offload_budgets,
     resolve_budget,
+    thread_caveat,
     unavailable_row,
 )
 from leangnn.plan.user_checks import (
@@ -174,6 +176,7 @@ def plan(model: torch.nn.Module, data: Data, memory_budget=None, loss_fn=None,
     dev = torch.device(device)
     budget = resolve_budget(memory_budget, dev)
     cal = calibration or load_calibration(dev)
+    share = round(cal.in_process_bytes) if in_process else 0
     if in_process:
         cal = cal.in_process()
     loss_fn = checked_loss(loss_fn) or default_loss(data)
@@ -227,8 +230,8 @@ def plan(model: torch.nn.Module, data: Data, memory_budget=None, loss_fn=None,
     rows += _prune_rows(model, data, loss_fn, dev, cal, own, epochs, lr, clip_norm,
                         levels=own.get("family") == "dag") \
         if "prune" in wanted else []
-    table = PlanTable(rows, budget, str(dev),
-                      calibration_label(cal))
+    table = PlanTable(rows, budget, str(dev), calibration_label(cal),
+                      in_process_bytes=share, caveat=thread_caveat(dev))
     mark_table(table)
     table.seconds = time.perf_counter() - t0
     return table
@@ -343,6 +346,8 @@ def fit(model: torch.nn.Module, data: Data, loss_fn=None, strategy: str = "auto"
     table = plan(model, data, memory_budget, loss_fn, device, lr, clip_norm,
                  strategies=None if strategy == "auto" else (strategy,),
                  epochs=epochs, in_process=True)
+    if table.caveat:
+        warnings.warn(f"leangnn.fit: {table.caveat}", stacklevel=3)
     if strategy == "auto":
         row = choose(table)
     else:
