@@ -27,16 +27,6 @@ run above through ``leangnn train``, 3 processes each; ``benchmarks/README.md``,
   in again at every step. The Trainer still releases free pages after every
   epoch (:func:`leangnn.profile.release_free_heap`).
 
-A fourth setting is not glibc's: ``MKL_DISABLE_FAST_MM=1`` (:data:`MKL_ENV`)
-turns off MKL's own per-thread buffer cache. With more than one thread each
-MKL worker keeps the buffers its share of a matrix product packed, held
-until the process ends; one thread keeps none (``mkl_serv_mem_stat``: 17 MiB
-in 4 buffers after a 20000x128 @ 128x128 product at 2 threads, 0 at 1). Through
-``leangnn train``, 3 epochs, 2 threads against 1: csbm:8000 SAGE-3 74.6 MiB
-against 61.6 with the cache, 61.0 against 61.1 without; default circuits
-GSR-8 at 128 channels 29.7 against 21.6, ... (``benchmarks/README.md``,
-"Threads"). MKL reads it when the process starts, like glibc its tunables.
-
 That run then peaked at 184 MiB instead of 713 MiB, at 0.52 s instead of
 0.77 s per epoch. glibc reads the tunables when a process starts, so the
 ``leangnn`` command re-executes itself once with them added
@@ -46,7 +36,19 @@ environment (``export GLIBC_TUNABLES=...``, see the README). The planner
 reads which heap its process has (:func:`heap_mode`) and uses that mode's
 calibration.
 
-Off switch: ``LEANGNN_HEAP=default`` (glibc as it comes). A
+One more setting is not glibc's: ``MKL_DISABLE_FAST_MM=1`` (:data:`MKL_ENV`)
+turns off MKL's own per-thread buffer cache. With more than one thread each
+MKL worker keeps the buffers its share of a matrix product packed, held
+until the process ends (``mkl_serv_mem_stat``: 17 MiB in 4 buffers after a
+20000x128 @ 128x128 product at 2 threads, none at 1; the DAG model's
+products keep some on one thread too: 2-4 MiB of its peak). Through
+``leangnn train``, 3 epochs, 2 threads against 1: csbm:8000 SAGE-3 74.6 MiB
+against 61.6 with the cache, 61.0 against 61.1 without; default circuits
+GSR-8 at 128 channels 29.7 against 21.6 with the cache, 23.1 against 22.0
+(two processes each; ``benchmarks/README.md``,
+"Threads"). MKL reads it when the process starts, like glibc its tunables.
+
+Off switch: ``LEANGNN_HEAP=default`` (glibc and MKL as they come). A
 ``MALLOC_MMAP_THRESHOLD_`` or ``GLIBC_TUNABLES`` ``malloc`` setting of the
 user's own is left as it is.
 """
