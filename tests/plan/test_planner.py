@@ -334,6 +334,7 @@ def test_budget_check_counts_the_need_as_the_planner_does():
 
 @pytest.mark.skipif(not torch.backends.mkl.is_available(), reason="torch without MKL")
 def test_a_plan_says_when_mkl_keeps_thread_buffers_it_leaves_out(monkeypatch, splits):
+    from leangnn.heap import compact_heap_env
     from leangnn.plan.planner import plan_summary, thread_caveat
 
     monkeypatch.delenv("MKL_DISABLE_FAST_MM", raising=False)
@@ -350,7 +351,12 @@ def test_a_plan_says_when_mkl_keeps_thread_buffers_it_leaves_out(monkeypatch, sp
     assert thread_caveat("cpu") == ""
     monkeypatch.delenv("MKL_DISABLE_FAST_MM")
     monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
-    assert thread_caveat("cpu") == ""
+    monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
+    assert thread_caveat("cpu") == ""  # the default heap's calibration kept it too
+    # the compact heap's calibration ran with the cache off
+    monkeypatch.setenv("GLIBC_TUNABLES", compact_heap_env({})["GLIBC_TUNABLES"])
+    assert "ran without" in thread_caveat("cpu")
+    monkeypatch.delenv("GLIBC_TUNABLES")
     table = plan_config(cfg, splits, "1GiB", strategies=("full",), lazy=True)
     assert table.caveat == "" and "note:" not in format_table(table)
 

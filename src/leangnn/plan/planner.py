@@ -400,21 +400,30 @@ def format_table(table: PlanTable) -> str:
 
 
 def thread_caveat(device: torch.device | str = "cpu") -> str:
-    """What a plan for ``device`` in this process leaves out: on a CPU with
-    more than one thread and MKL's per-thread buffer cache on
-    (:func:`leangnn.heap.mkl_buffers_cached`), each MKL worker keeps the
-    buffers of its share of a matrix product, which the calibration's
+    """What a plan for ``device`` in this process leaves out of MKL's
+    per-thread buffer cache (:func:`leangnn.heap.mkl_buffers_cached`; empty
+    when nothing): on a CPU with more than one thread each MKL worker keeps
+    the buffers of its share of a matrix product, which the calibration's
     one-thread runs never hold (measured +1..+22% through ``leangnn train``
-    at 2 threads; ``benchmarks/README.md``, "Threads"). Empty otherwise."""
-    from leangnn.heap import mkl_buffers_cached
+    at 2 threads; ``benchmarks/README.md``, "Threads"); on one thread in the
+    compact heap, whose calibration ran with the cache off, the DAG model's
+    products still keep some (2-4 MiB of its peak)."""
+    from leangnn.heap import heap_mode, mkl_buffers_cached
 
-    threads = torch.get_num_threads()
-    if torch.device(device).type != "cpu" or threads < 2 or not mkl_buffers_cached():
+    if torch.device(device).type != "cpu" or not mkl_buffers_cached():
         return ""
-    return (f"MKL keeps per-thread buffers on these {threads} threads, which the "
-            "estimates leave out (measured up to +22%); start Python with "
-            "MKL_DISABLE_FAST_MM=1, as the leangnn command does, or with "
-            "OMP_NUM_THREADS=1")
+    fix = ("start Python with MKL_DISABLE_FAST_MM=1, as the leangnn command "
+           "does")
+    threads = torch.get_num_threads()
+    if threads > 1:
+        return (f"MKL keeps per-thread buffers on these {threads} threads, which "
+                f"the estimates leave out (measured up to +22%); {fix}, or with "
+                "OMP_NUM_THREADS=1")
+    if heap_mode() == "compact":
+        return ("MKL keeps buffers in this process, which the compact heap's "
+                "calibration ran without (the DAG model's products: 2-4 MiB); "
+                f"{fix}")
+    return ""
 
 
 def _knob(key: str, value) -> str:
