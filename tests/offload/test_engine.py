@@ -503,6 +503,13 @@ def test_offered_graph_structures_are_reused_and_equal_fresh_ones(
     ref_model = _model(name)
     fresh = OffloadEngine(ref_model, data, int(0.7 * need), 4, cache_dir=tmp_path)
     assert fresh.csr is not counting.csr
+    # what it took over is counted as its own setup, byte for byte what a
+    # fresh engine builds (a setup's measured growth leaves it out)
+    built = [fresh.csr.col, fresh.csr.rowptr, fresh.csr.weight, fresh.degree,
+             fresh.partition.part]
+    assert eng.taken_bytes == sum(t.untyped_storage().nbytes() for t in built
+                                  if t is not None) > 0
+    assert fresh.taken_bytes == 0 and counting.taken_bytes == 0
     for key in ("rowptr", "col", "weight"):
         a, b = getattr(eng.csr, key, None), getattr(fresh.csr, key, None)
         assert (a is None) == (b is None) and (a is None or torch.equal(a, b))

@@ -233,16 +233,26 @@ def test_auto_run_trains_what_the_pick_alone_trains(want, tmp_path, monkeypatch)
     assert budget is not None, f"no row's need picks {want}: {needs}"
     dpr.withdraw_offers()  # (offered for these splits, not the run's)
     engine.withdraw_offers()
-    taken = []
+    taken, hits = [], []
     for mod in (dpr, engine):
         real = mod._take_offer if mod is dpr else mod._offered
 
         def spy(*a, _real=real, **k):
             hit = _real(*a, **k)
             taken.append(hit is not None)
+            hits.append(hit)
             return hit
 
         monkeypatch.setattr(mod, "_take_offer" if mod is dpr else "_offered", spy)
+    import contextlib
+
+    import leangnn.train
+
+    @contextlib.contextmanager
+    def no_growth(release):  # the setup's measured growth, held at zero
+        yield {"bytes": 0}
+
+    monkeypatch.setattr(leangnn.train, "resident_growth", no_growth)
     auto = tmp_path / "auto"
     assert main(["train", *args, "--strategy", "auto", "--memory-budget", budget,
                  "--out", str(auto)]) == 0
@@ -269,6 +279,16 @@ def test_auto_run_trains_what_the_pick_alone_trains(want, tmp_path, monkeypatch)
     sp = json.loads((tmp_path / "pick" / "summary.json").read_text())
     assert sa["metrics"] == sp["metrics"]  # test and validation
     assert sa.get("core_reused") is (True if want == "prune" else None)
+    if want == "offload":
+        # the structures the plan built are counted in the run's setup (its
+        # measured growth left them out): budget_check sees them
+        _, _, csr, degree, parts = next(h for h in hits if h is not None)
+        built = sum(t.untyped_storage().nbytes() for t in
+                    (csr.col, csr.rowptr, csr.weight, degree,
+                     *(p.part for p in parts.values())) if t is not None)
+        assert sa["memory"]["setup_bytes"] == built > 0
+        assert sa["budget_check"]["measured_setup_bytes"] == \
+            sa["memory"]["setup_bytes"]
 
 
 def test_offload_rows_try_shares_of_the_budget_on_a_cpu_only():

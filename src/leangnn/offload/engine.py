@@ -119,6 +119,13 @@ def withdraw_offers(keep=None) -> None:
         e[4] = {k: p for k, p in e[4].items() if k[0] == min(keep.num_parts, n)}
 
 
+def _storage_bytes(*tensors) -> int:
+    """Bytes of the distinct storages behind ``tensors`` (``None`` skipped)."""
+    seen = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+            for t in tensors if t is not None}
+    return sum(seen.values())
+
+
 def _upcoming(sched, order: list[int], i: int):
     """The chunk of the job after ``order[i]`` in its sweep (``None`` last)."""
     return sched.chunks[order[i + 1]] if i + 1 < len(order) else None
@@ -177,6 +184,11 @@ class OffloadEngine:
         self.N = n = int(data.num_nodes)
         if like is not None and (like.N, like.layout) != (n, self.layout):
             raise ValueError("like: the other engine runs a different graph or model")
+        #: host bytes of the graph structures this engine took over from a
+        #: planner's counting engine (:func:`offer_graph`) instead of building
+        #: them: resident before its setup, so a setup's measured growth
+        #: leaves them out
+        self.taken_bytes = 0
         self._graph(data, like)
         self.slot_width = max(self.layout.widths[: self.L])
         # made before the workspace probes (else the first probe's job would
@@ -229,6 +241,9 @@ class OffloadEngine:
             part = offered[4].get(self._partition_key())
             if not o.virtual:
                 _OFFERS.remove(offered)
+                self.taken_bytes = _storage_bytes(
+                    self.csr.col, self.csr.rowptr, self.csr.weight, self.degree,
+                    None if part is None else part.part)
             if part is not None:
                 self.partition = part
                 return

@@ -100,6 +100,13 @@ class OffloadStrategy(Strategy):
         for g in train_graphs:
             self.engine(model, g)
 
+    @property
+    def taken_bytes(self) -> int:
+        """Host bytes of graph structures the engines took over from the
+        planner in this process (:attr:`OffloadEngine.taken_bytes`): part of
+        what the setup keeps, though built before it."""
+        return sum(eng.taken_bytes for _, _, eng in self._engines.values())
+
     def train_step(self, model: torch.nn.Module, data: Data, loss_fn: LossFn) -> float:
         return self.engine(model, data).train_step(loss_fn, data)
 
