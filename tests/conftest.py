@@ -15,6 +15,19 @@ def _private_cache(tmp_path_factory):
     yield
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _command_environment():
+    """The tests call the command's ``main`` in this process, which the
+    ``leangnn`` command would have re-executed with MKL's per-thread cache
+    off (:data:`leangnn.heap.MKL_ENV`): its plans then leave nothing of it
+    out. The tests of that caveat unset it themselves."""
+    from leangnn.heap import MKL_ENV
+
+    for k, v in MKL_ENV.items():
+        os.environ[k] = os.environ.get(k) or v
+    yield
+
+
 @pytest.fixture(scope="session")
 def graphs():
     """The graph-parallel tests' graphs: a directed circuit (regression on a

@@ -364,7 +364,9 @@ def test_a_plan_says_when_mkl_keeps_thread_buffers_it_leaves_out(monkeypatch, sp
     assert thread_caveat("cuda") == ""
     cfg = TrainConfig(model="sage", num_layers=2, hidden_channels=8)
     table = plan_config(cfg, splits, "1GiB", strategies=("full",), lazy=True)
-    assert table.caveat == said and format_table(table).endswith(f"note: {said}")
+    lines = format_table(table).splitlines()
+    assert table.caveat == said and lines[-2] == f"note: {said}"
+    assert lines[-1].endswith(f"pick: {table.pick.label}")  # the pick stays last
     assert plan_summary(table)["caveat"] == said
     # the command's environment, or one thread: nothing left out
     monkeypatch.setenv("MKL_DISABLE_FAST_MM", "1")

@@ -186,8 +186,8 @@ class PlanTable:
             (:attr:`~leangnn.plan.calibration.Calibration.in_process_bytes`;
             ``0``: planned for a process of its own).
         caveat (str): what the estimates leave out in this process
-            (:func:`thread_caveat`), printed under the table; empty when
-            nothing.
+            (:func:`thread_caveat`), printed above the pick's line; empty
+            when nothing.
     """
 
     rows: list[PlanRow]
@@ -391,11 +391,11 @@ def format_table(table: PlanTable) -> str:
     lines = ["  ".join(h.ljust(w) for h, w in zip(head, widths)).rstrip()]
     lines += ["  ".join(c.ljust(w) for c, w in zip(x, widths)).rstrip() for x in rows]
     pick = table.pick
+    if table.caveat:
+        lines.append(f"note: {table.caveat}")
     lines.append(f"budget {format_bytes(table.budget_bytes)} on {table.device} "
                  f"({table.calibration}); planned in {table.seconds:.1f} s; pick: "
                  + (pick.label if pick else "none fits"))
-    if table.caveat:
-        lines.append(f"note: {table.caveat}")
     return "\n".join(lines)
 
 
