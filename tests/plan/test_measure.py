@@ -17,6 +17,12 @@ from leangnn.plan.measure import _cli_argv
     dict(strategy="offload", model="sage", flat_parameters=False, retain=False,
          num_parts=4, device_budget="64MiB", cache="none"),
     dict(strategy="full", model="dag", reverse=True, memory_budget=None),
+    # sizes at another model's defaults (the DAG model's 2 layers and 32
+    # channels are not SAGE's 8 and 64)
+    dict(strategy="offload", model="sage", num_layers=2, hidden_channels=32,
+         device_budget="16MiB", dataset="csbm:3000"),
+    dict(strategy="reversible", model="gsr", num_layers=16, hidden_channels=32,
+         epochs=40, task="critical"),
 ])
 def test_cli_argv_sets_the_configuration_as_given(fields):
     # the command's own parser reads the options back into the same

@@ -190,11 +190,16 @@ def _cli_argv(d: dict[str, Any]) -> list[str]:
     train = next(a for a in build_parser()._actions
                  if isinstance(a, argparse._SubParsersAction)).choices["train"]
     options = {a.dest: a for a in train._actions if a.option_strings}
-    default = TrainConfig().to_dict()
+    # the defaults of this model, task and dataset: the sizes are the model's
+    # own (SAGE 8 layers and 64 channels, the DAG model 2 and 32), so a value
+    # at another model's default must still be spelled out
+    given = ("model", "task", "dataset")  # named even at their defaults
+    default = TrainConfig(**{k: d[k] for k in given
+                             if d.get(k) is not None}).to_dict()
     argv = []
     for dest, name in _TRAIN_FLAGS.items():
         value, action = d.get(name), options[dest]
-        if value is None or value == default.get(name) and name != "model":
+        if value is None or value == default.get(name) and name not in given:
             continue
         if isinstance(action, argparse.BooleanOptionalAction):
             argv.append(action.option_strings[0 if value else 1])  # --x / --no-x
