@@ -628,6 +628,10 @@ def test_train_auto_records_the_plan_and_resumes(tmp_path, capsys):
     assert check["within_budget"] == (check["measured_need_bytes"] <= int(budget))
     assert check["estimated_need_bytes"] == plan["estimated_peak_bytes"]
     assert "leangnn train: planned reversible(" in out
+    # the epoch estimate is one thread's: said where the run had more
+    threads = s["env"]["num_threads"]
+    assert f"on {threads} thread" in out
+    assert ("estimated" in out and "for one thread" in out) == (threads > 1)
     # planned in this process: the share of the first-run constant the dry
     # runs paid is recorded, and a resumed process (no plan in it) pays it
     assert plan["in_process_bytes"] == table.in_process_bytes > 0

@@ -349,14 +349,19 @@ def _plan_line(summary: dict) -> str:
         mem = max((r.get("run_peak_bytes", 0) for rec in ranks for r in rec),
                   default=mem)
     est_t = p.get("estimated_epoch_seconds")
+    threads = (summary.get("env") or {}).get("num_threads") or 1
+    # the time terms are calibrated on one thread (its CPU time); say so where
+    # the run had more, whose epochs are shorter
+    one = " for one thread" if threads > 1 and est_t is not None and not ranks \
+        and str(p.get("device", "cpu")).startswith("cpu") else ""
 
     def sec(v):
         return "n/a" if v is None else f"{v:.3g} s"
 
     return (f"planned {p.get('pick')} for {format_bytes(p['memory_budget_bytes'])}: "
             f"estimated peak {format_bytes(p.get('estimated_run_bytes') or 0)}, "
-            f"measured {format_bytes(mem or 0)}; epoch estimated {sec(est_t)}, "
-            f"measured {sec(t)}")
+            f"measured {format_bytes(mem or 0)}; epoch estimated {sec(est_t)}{one}, "
+            f"measured {sec(t)} on {threads} thread{'s' if threads > 1 else ''}")
 
 
 def _over_budget_line(summary: dict) -> str | None:
