@@ -413,7 +413,7 @@ def thread_caveat(device: torch.device | str = "cpu") -> str:
     if torch.device(device).type != "cpu" or not mkl_buffers_cached():
         return ""
     fix = ("start with MKL_DISABLE_FAST_MM=1 (the leangnn command sets it "
-           "unless LEANGNN_HEAP=default)")
+           "where it starts its compact heap)")
     threads = torch.get_num_threads()
     if threads > 1:
         return (f"MKL keeps per-thread buffers on these {threads} threads, which "
