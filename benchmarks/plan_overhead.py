@@ -62,10 +62,9 @@ def _run(args: list[str], epochs: int, timeout: float) -> dict:
             "epoch_cpu": statistics.median(r["epoch_cpu_seconds"] for r in records)}
 
 
-def _pick_args(auto_args: list[str], config: dict) -> list[str]:
-    """The auto command line with ``--strategy auto --memory-budget B``
-    replaced by the pick's strategy and knobs (the options that set the
-    resolved ``config``'s fields)."""
+def _pick_args(config: dict) -> list[str]:
+    """The command line of the pick alone: the options that set the auto
+    run's resolved ``config`` (its strategy and knobs), without its budget."""
     from leangnn.plan.measure import _cli_argv
 
     plain = {k: v for k, v in config.items() if k not in ("out", "memory_budget",
@@ -80,7 +79,7 @@ def measure_row(row: dict, epochs: int, rounds: int, timeout: float) -> dict:
         a = _run(auto_args, epochs, timeout)
         auto.append(a)
         if pick_args is None:
-            pick_args = _pick_args(auto_args, a["config"])
+            pick_args = _pick_args(a["config"])
         pick.append(_run(pick_args, epochs, timeout))
     med = {k: {v: statistics.median(r[v] for r in runs) for v in ("wall", "cpu")}
            for k, runs in (("auto", auto), ("pick", pick))}

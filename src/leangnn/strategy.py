@@ -110,6 +110,10 @@ class Strategy:
     trains_at_fit_end = False
     #: whether this process writes the run directory (rank 0 of a job)
     is_main = True
+    #: host bytes of setup state taken over from a plan made in this process
+    #: instead of built (resident before :meth:`setup`, so the setup's
+    #: measured growth leaves them out; the trainer adds them)
+    taken_bytes = 0
 
     def __init__(self, device: torch.device | str = "cpu"):
         self.device = torch.device(device)

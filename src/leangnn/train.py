@@ -269,9 +269,7 @@ class Trainer:
                 # before the epochs whose random streams the checkpoint
                 # continues.
                 set_rng_state(rng)
-        # (plus what it took over from a plan made in this process: the
-        # planner built those structures, so the growth left them out)
-        self._setup_bytes = grown["bytes"] + getattr(self.strategy, "taken_bytes", 0)
+        self._setup_bytes = grown["bytes"] + self.strategy.taken_bytes
         meter = self._meter = MemoryMeter(self.device).start()
         so_far = self._prev_peak
         bar = tqdm(range(start, cfg.epochs), desc=f"train {cfg.strategy}/{cfg.model}",

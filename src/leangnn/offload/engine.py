@@ -119,13 +119,6 @@ def withdraw_offers(keep=None) -> None:
         e[4] = {k: p for k, p in e[4].items() if k[0] == min(keep.num_parts, n)}
 
 
-def _storage_bytes(*tensors) -> int:
-    """Bytes of the distinct storages behind ``tensors`` (``None`` skipped)."""
-    seen = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
-            for t in tensors if t is not None}
-    return sum(seen.values())
-
-
 def _upcoming(sched, order: list[int], i: int):
     """The chunk of the job after ``order[i]`` in its sweep (``None`` last)."""
     return sched.chunks[order[i + 1]] if i + 1 < len(order) else None
@@ -239,13 +232,12 @@ class OffloadEngine:
             # the engine that trains takes them (a plan's rows only share)
             self.csr, self.degree = offered[2], offered[3]
             part = offered[4].get(self._partition_key())
-            if not o.virtual:
-                _OFFERS.remove(offered)
-                self.taken_bytes = _storage_bytes(
-                    self.csr.col, self.csr.rowptr, self.csr.weight, self.degree,
-                    None if part is None else part.part)
             if part is not None:
                 self.partition = part
+            if not o.virtual:
+                _OFFERS.remove(offered)
+                self.taken_bytes = self.topology_bytes(partition=part is not None)
+            if part is not None:
                 return
         else:
             ei, w = self.lw.topology(data.edge_index, n, data.get("edge_weight", None))
@@ -255,6 +247,14 @@ class OffloadEngine:
         self.partition = partition_graph(data.edge_index, n, o.num_parts,
                                          o.partition_method, o.seed,
                                          cache_dir=o.cache_dir)
+
+    def topology_bytes(self, partition: bool = True) -> int:
+        """Host bytes of the graph structures built once for this graph: the
+        edges grouped by target (with GCN's weights), the in-degrees and,
+        with ``partition``, the partition (the chunks' own topology aside)."""
+        parts = (self.csr.col, self.csr.rowptr, self.csr.weight, self.degree,
+                 self.partition.part if partition else None)
+        return sum(t.untyped_storage().nbytes() for t in parts if t is not None)
 
     def _topology_key(self) -> tuple:
         """What the edges grouped by target depend on besides the graph: the

@@ -101,10 +101,8 @@ class OffloadStrategy(Strategy):
             self.engine(model, g)
 
     @property
-    def taken_bytes(self) -> int:
-        """Host bytes of graph structures the engines took over from the
-        planner in this process (:attr:`OffloadEngine.taken_bytes`): part of
-        what the setup keeps, though built before it."""
+    def taken_bytes(self) -> int:  # (see Strategy.taken_bytes)
+        """The engines' :attr:`OffloadEngine.taken_bytes`."""
         return sum(eng.taken_bytes for _, _, eng in self._engines.values())
 
     def train_step(self, model: torch.nn.Module, data: Data, loss_fn: LossFn) -> float:

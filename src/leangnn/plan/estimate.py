@@ -355,9 +355,7 @@ def engine_setup_bytes(eng, floor: bool = False) -> int:
     distinct storages 70.2 MiB, this count 70.2 MiB; its setup grew the
     process by 74.9 MiB.
     """
-    csr = eng.csr
-    n = sum(tensor_bytes(t) for t in (csr.col, csr.rowptr, csr.weight, eng.degree,
-                                      eng.partition.part) if t is not None)
+    n = eng.topology_bytes()
     weight = torch.empty((), dtype=eng.dtype).element_size()
     for c in getattr(getattr(eng, "sched", None), "chunks", None) or ():
         n += c.num_edges * (8 + (weight if c.weighted else 0)) + 8 * (

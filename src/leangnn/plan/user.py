@@ -381,7 +381,7 @@ def fit(model: torch.nn.Module, data: Data, loss_fn=None, strategy: str = "auto"
     release = release_free_heap if trim else (lambda: None)
     with resident_growth(release) as grown:
         strat.setup(model, [data])
-    setup = grown["bytes"] + getattr(strat, "taken_bytes", 0)  # (see the Trainer)
+    setup = grown["bytes"] + strat.taken_bytes
     meter = MemoryMeter(device).start()
     losses = []
     model.train()
