@@ -398,6 +398,13 @@ def test_a_resumed_run_pays_what_its_plan_in_process_had_paid():
     # a plan written before the share was recorded
     old = {k: v for k, v in plan.items() if k != "in_process_bytes"}
     assert resumed_plan(old) is old
+    # a plan.json edited by hand: one error naming the figure and the value
+    for bad in ("x", float("nan"), -5, 1e300, True):
+        with pytest.raises(ValueError, match=r"plan.json: in_process_bytes: "
+                                             r"expected a number of bytes, got"):
+            resumed_plan({**plan, "in_process_bytes": bad})
+    with pytest.raises(ValueError, match="estimated_run_bytes: expected"):
+        resumed_plan({**plan, "in_process_bytes": 12, "estimated_run_bytes": "7"})
 
 
 def test_offload_need_counts_the_engines_setup(splits):

@@ -471,15 +471,29 @@ def resumed_plan(plan: dict[str, Any]) -> dict[str, Any]:
     run's first-run constant, which the resumed process pays within its run
     (measured: a 20 MiB auto run of GSR-8 needed 21.0 MiB resumed). The
     estimated need and run peak get that share back; ``resumed_bytes``
-    records it. Unchanged where the plan was made apart."""
-    share = int(plan.get("in_process_bytes") or 0)
+    records it. Unchanged where the plan was made apart.
+
+    Raises:
+        ValueError: one of those figures is not a number of bytes (a
+            plan.json edited by hand), naming it and the value.
+    """
+    share = _plan_bytes(plan, "in_process_bytes")
     if not share:
         return plan
     out = dict(plan, in_process_bytes=0, resumed_bytes=share)
     for key in ("estimated_peak_bytes", "estimated_run_bytes"):
         if out.get(key) is not None:
-            out[key] = int(out[key]) + share
+            out[key] = _plan_bytes(plan, key) + share
     return out
+
+
+def _plan_bytes(plan: dict[str, Any], key: str) -> int:
+    value = plan.get(key) or 0
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+            not math.isfinite(value) or not 0 <= value < 1 << 60:
+        raise ValueError(f"plan.json: {key}: expected a number of bytes, got "
+                         f"{value!r}")
+    return int(value)
 
 
 def need_figures(row: PlanRow) -> dict[str, Any]:
