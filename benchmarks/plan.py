@@ -394,13 +394,16 @@ def _need(row, measured_run: int, setup: int | None = None) -> int:
 AUTO_EPOCHS = 4
 
 
-def _auto_json(allocator: str) -> str:
-    return {"mmap": "plan_auto.json", "default": "plan_auto_default.json",
+def _auto_json(allocator: str, threads: int = 1) -> str:
+    """The auto section's results file; at other than one thread (``0``:
+    torch's default) its own (``plan_auto_compact_threads0.json``)."""
+    name = {"mmap": "plan_auto.json", "default": "plan_auto_default.json",
             "compact": "plan_auto_compact.json"}[allocator]
+    return name if threads == 1 else name.replace(".json", f"_threads{threads}.json")
 
 
 def _measure_auto_row(cfg, allocator: str, device: str, timeout: float,
-                      repeat: int = 1) -> dict:
+                      repeat: int = 1, threads: int = 1) -> dict:
     """One candidate trained for real in ``repeat`` fresh processes:
     ``measured_run_bytes`` (the highest peak: the budget is judged by the
     worst process) and ``measured_epoch_seconds`` (the median over processes
@@ -410,15 +413,20 @@ def _measure_auto_row(cfg, allocator: str, device: str, timeout: float,
     apart); under the pinned threshold, the harness's training loop as
     before. Why several: one process's offload epochs moved by up to 40%
     between measurements (csbm:8000, SAGE-3, a 77 MiB pool in 4 parts:
-    0.123, 0.146, 0.146, 0.177 s), as much as the rows being ranked differ."""
+    0.123, 0.146, 0.146, 0.177 s), as much as the rows being ranked differ.
+    At other than one thread (``threads``; ``0``: torch's default, every
+    core), the user's setting, epochs are timed by wall seconds: the CPU
+    seconds of several threads count their spin-waits (run it on an idle
+    machine)."""
     from leangnn.plan.measure import measure_fresh, measure_trainer
 
     runs = []
     for _ in range(max(1, repeat)):
         if allocator in ("default", "compact") and device == "cpu":
             # (a child gets this process's heap: its environment is set)
-            m = measure_trainer(cfg, epochs=AUTO_EPOCHS, threads=1, timeout=timeout)
-            times = m["epoch_cpu_seconds"]
+            m = measure_trainer(cfg, epochs=AUTO_EPOCHS, threads=threads or None,
+                                timeout=timeout)
+            times = m["epoch_cpu_seconds"] if threads == 1 else m["epoch_seconds"]
         else:
             m = measure_fresh(cfg, epochs=AUTO_EPOCHS, mmap=device == "cpu",
                               timeout=timeout)
@@ -444,7 +452,7 @@ def auto_cases(args, cal) -> dict:
     from leangnn.plan.planner import choose, plan_config, plan_summary
 
     allocator = args.auto_allocator
-    out_path = results_path(_auto_json(allocator), args.quick)
+    out_path = results_path(_auto_json(allocator, args.threads), args.quick)
     old = json.loads(out_path.read_text()) if out_path.is_file() else {}
     cases = []
     for case in AUTO_CASES:
@@ -489,7 +497,8 @@ def auto_cases(args, cal) -> dict:
                     # epoch's wall time on a shared machine is not enough to
                     # rank rows 1.2x apart)
                     r.update(_measure_auto_row(cfg, allocator, args.device,
-                                               args.timeout, args.auto_repeat))
+                                               args.timeout, args.auto_repeat,
+                                               args.threads))
                 except (RuntimeError, TimeoutError,
                         subprocess.TimeoutExpired) as e:
                     r["measured_error"] = str(e).splitlines()[-1]
@@ -515,7 +524,7 @@ def auto_cases(args, cal) -> dict:
             f"{res.get('ratio_to_fastest', float('nan')):.2f} "
             f"({res.get('fastest')})")
     return {"device": args.device, "calibration": cal.kind, "cases": cases,
-            "allocator": allocator}
+            "allocator": allocator, "threads": args.threads}
 
 
 def _judge(res: dict) -> dict:
@@ -556,8 +565,15 @@ def auto_markdown(res: dict) -> str:
                f"{AUTO_EPOCHS}-epoch run. Every candidate row was then trained "
                "for real through the Trainer as `leangnn train` runs it (fresh "
                f"interpreter, {AUTO_EPOCHS} epochs with validation and "
-               "checkpoints, one OpenMP thread: memory over the whole run, time "
-               "the median CPU seconds of the epochs after the first; with "
+               "checkpoints, "
+               + ("one OpenMP thread: memory over the whole run, time the median "
+                  "CPU seconds" if res.get("threads", 1) == 1 else
+                  f"`OMP_NUM_THREADS={res['threads']}`" if res["threads"] else
+                  "torch's default threads (every core; the planner's times are "
+                  "still one thread's)")
+               + (": memory over the whole run, time the median wall seconds"
+                  if res.get("threads", 1) != 1 else "")
+               + " of the epochs after the first; with "
                "`--auto-repeat N`, N processes per row: the highest peak, the "
                "median of their times)")
     else:
@@ -1263,8 +1279,10 @@ def main(argv=None) -> int:
                     help="auto section: fresh processes per candidate row (the "
                          "median epoch time, the highest peak; default 1)")
     ap.add_argument("--threads", type=int, default=1,
-                    help="cli section: OMP_NUM_THREADS of the runs (0: torch's "
-                         "default; on a shared machine more threads spin-wait)")
+                    help="cli and auto sections: OMP_NUM_THREADS of the runs "
+                         "(0: torch's default; on a shared machine more threads "
+                         "spin-wait; auto then times wall seconds and writes "
+                         "results/plan_auto_<heap>_threads<N>.json)")
     ap.add_argument("--cli-epochs", type=int, default=3)
     ap.add_argument("--merge-runs", default=None, metavar="JSON",
                     help="cli section with --report: add the runs in JSON "
@@ -1321,13 +1339,13 @@ def main(argv=None) -> int:
     if args.section in ("auto", "all"):
         alloc = args.auto_allocator
         if args.report:
-            saved = json.loads(results_path(_auto_json(alloc),
+            saved = json.loads(results_path(_auto_json(alloc, args.threads),
                                             args.quick).read_text())
             cases = [_judge(c) for c in saved.values() if isinstance(c, dict)
                      and "rows" in c]
             kind = cases[0]["plan"]["calibration"] if cases else ""
             res_auto = {"device": args.device, "calibration": kind, "cases": cases,
-                        "allocator": alloc}
+                        "allocator": alloc, "threads": args.threads}
         else:
             if alloc == "compact":
                 _use_heap(alloc)
@@ -1337,6 +1355,11 @@ def main(argv=None) -> int:
         md = Path(args.md) if args.md else markdown_path("plan", args.quick)
         name = {"mmap": "plan-auto", "default": "plan-auto-default",
                 "compact": "plan-auto-compact"}[alloc]
+        if args.threads != 1 and not args.md:
+            # (the README's section is the one-thread table; this one is
+            # written beside its JSON)
+            md = results_path(_auto_json(alloc, args.threads), args.quick
+                              ).with_suffix(".md")
         write_section(name, auto_markdown(res_auto),
                       md.with_name(name.replace("-", "_") + ".md") if args.md
                       else md)
