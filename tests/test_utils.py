@@ -44,6 +44,10 @@ def test_format_bytes():
     assert format_bytes(512) == "512 B"
     assert format_bytes(3 << 20) == "3.0 MiB"
     assert format_bytes(None) == "n/a"
+    # past a TiB the unit keeps up instead of printing 976562500000000019418578944.0
+    assert format_bytes(3 << 50) == "3.0 PiB"
+    assert format_bytes((1 << 63) - 1) == "8.0 EiB"
+    assert format_bytes(1e30) == "8.67e+11 EiB"
 
 
 def test_parse_bytes():
@@ -70,6 +74,17 @@ def test_parse_bytes_numpy_exponents_petabytes_and_non_finite():
         with pytest.raises(ValueError, match=r"^memory_budget: cannot read .* as a "
                            "positive size"):
             parse_bytes(bad, "memory_budget")
+
+
+def test_parse_bytes_refuses_sizes_of_an_exbibyte_and_more():
+    assert parse_bytes("1023PiB") == 1023 << 50 and parse_bytes("1EB") == 10**18
+    assert parse_bytes((1 << 60) - 1) == (1 << 60) - 1
+    # `leangnn plan --memory-budget 1e30GiB` took it and printed a 27-digit
+    # number of TiB; the run's configuration refused it alone
+    for bad in ("1e30GiB", "1EiB", 1 << 63, 1e19):
+        with pytest.raises(ValueError, match=r"^--memory-budget: expected a size "
+                           "below 1 EiB, got "):
+            parse_bytes(bad, "--memory-budget")
 
 
 def _draws():

@@ -46,7 +46,6 @@ AUTO_MODEL = "res"
 PLANNED_FIELDS = ("strategy", "model", "num_groups", "budget_ratio",
                   "device_budget", "num_parts")
 _MAX_SEED = 2**32
-_MAX_BUDGET = 1 << 60
 #: float32's largest value: the optimizer's step size is cast to the
 #: parameters' dtype, so a larger learning rate (1e308, inf) stopped Adam with
 #: a bare "cannot be converted to type float without overflow"
@@ -240,14 +239,9 @@ class TrainConfig:
             _bad("budget_ratio", self.budget_ratio, "a ratio in (0, 1]")
         if not 0.0 <= self.decoder_min_gain <= 1.0:
             _bad("decoder_min_gain", self.decoder_min_gain, "a number in [0, 1]")
-        if self.device_budget is not None and \
-                _checked(parse_bytes, self.device_budget, "device_budget") >= \
-                _MAX_BUDGET:
-            _bad("device_budget", self.device_budget, "a size below 1 EiB")
-        if self.memory_budget is not None and \
-                _checked(parse_bytes, self.memory_budget, "memory_budget") >= \
-                _MAX_BUDGET:
-            _bad("memory_budget", self.memory_budget, "a size below 1 EiB")
+        for name in ("device_budget", "memory_budget"):
+            if getattr(self, name) is not None:  # (parse_bytes: below 1 EiB)
+                _checked(parse_bytes, getattr(self, name), name)
         for name in ("dataset", "val_dataset", "test_dataset", "out"):
             value = getattr(self, name)
             if value is not None and not value.strip():

@@ -16,13 +16,18 @@ import numpy as np
 import torch
 
 __all__ = ["atomic_write_text", "atomic_torch_save", "append_jsonl", "seed_everything",
-           "get_rng_state", "set_rng_state", "format_bytes", "parse_bytes",
+           "get_rng_state", "set_rng_state", "format_bytes", "parse_bytes", "MAX_BYTES",
            "cache_root", "remove_stale_tmp", "temp_path", "json_safe"]
 
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1000, "kib": 1 << 10, "m": 1 << 20,
           "mb": 1000**2, "mib": 1 << 20, "g": 1 << 30, "gb": 1000**3, "gib": 1 << 30,
           "t": 1 << 40, "tb": 1000**4, "tib": 1 << 40, "p": 1 << 50, "pb": 1000**5,
-          "pib": 1 << 50}
+          "pib": 1 << 50, "eb": 1000**6, "eib": 1 << 60}
+
+
+#: sizes start below this (1 EiB): a byte count stays an int64 with room for
+#: the sums a plan makes of it
+MAX_BYTES = 1 << 60
 
 
 def parse_bytes(value: str | int | float, name: str = "size") -> int:
@@ -31,7 +36,7 @@ def parse_bytes(value: str | int | float, name: str = "size") -> int:
 
     Raises:
         ValueError: naming ``name`` and the value when it is not a positive,
-            finite size.
+            finite size below :data:`MAX_BYTES` (1 EiB).
     """
     out = 0
     if isinstance(value, numbers.Real) and not isinstance(value, bool | np.bool_):
@@ -46,6 +51,8 @@ def parse_bytes(value: str | int | float, name: str = "size") -> int:
     if out <= 0:
         raise ValueError(f"{name}: cannot read {value!r} as a positive size; use "
                          "e.g. 2GiB, 512MB or a number of bytes")
+    if out >= MAX_BYTES:
+        raise ValueError(f"{name}: expected a size below 1 EiB, got {value!r}")
     return out
 
 
@@ -256,8 +263,8 @@ def _first_line(e: BaseException) -> str:
 def format_bytes(n: float | None) -> str:
     if n is None:
         return "n/a"
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if abs(n) < 1024:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
-    return f"{n:.1f} TiB"
+    return f"{n:.1f} EiB" if abs(n) < 1024 else f"{n:.3g} EiB"

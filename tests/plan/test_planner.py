@@ -383,6 +383,30 @@ def test_a_plan_says_when_mkl_keeps_thread_buffers_it_leaves_out(monkeypatch, sp
     assert table.caveat == "" and "note:" not in format_table(table)
 
 
+def test_a_plan_says_when_its_budget_is_above_what_the_device_has_free(
+        monkeypatch, splits):
+    import leangnn.plan.fits as fits
+    from leangnn.plan.planner import budget_caveat, plan_summary
+
+    monkeypatch.setenv("MKL_DISABLE_FAST_MM", "1")  # (no thread caveat beside it)
+    monkeypatch.setattr(fits, "available_bytes", lambda device: 3 << 30)
+    assert budget_caveat(3 << 30, "cpu") == ""
+    said = budget_caveat((3 << 30) + 1, "cpu")
+    assert said == ("the budget is above the 3.0 GiB cpu has free now: a row "
+                    "that fits the budget may not fit here")
+    cfg = TrainConfig(model="sage", num_layers=2, hidden_channels=8)
+    table = plan_config(cfg, splits, "1TiB", strategies=("full",), lazy=True)
+    lines = format_table(table).splitlines()
+    assert table.caveat == said and lines[-2] == f"note: {said}"
+    assert plan_summary(table)["caveat"] == said
+    # a plan for a larger machine is still made, and its pick is the same
+    small = plan_config(cfg, splits, "1GiB", strategies=("full",), lazy=True)
+    assert small.caveat == "" and small.pick.label == table.pick.label
+    # unknown free memory: nothing to say
+    monkeypatch.setattr(fits, "available_bytes", lambda device: None)
+    assert budget_caveat(1 << 50, "cpu") == ""
+
+
 def test_a_resumed_run_pays_what_its_plan_in_process_had_paid():
     from leangnn.plan.planner import budget_check, resumed_plan
 

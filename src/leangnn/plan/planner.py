@@ -47,7 +47,7 @@ __all__ = ["PlanRow", "PlanTable", "plan_config", "choose", "format_table",
            "candidates", "plan_candidates", "resolve_budget", "plan_summary",
            "PLANNED", "GROUPS", "CORE_RATIOS", "OFFLOAD_PARTS", "CPU_DEVICE_SHARES",
            "PINNABLE", "offload_budgets", "budget_check", "need_figures",
-           "resumed_plan", "thread_caveat",
+           "resumed_plan", "thread_caveat", "budget_caveat", "plan_caveat",
            "CPU_TIME_MARGIN"]
 
 #: why a row with an analytic estimate is never chosen
@@ -186,8 +186,9 @@ class PlanTable:
             (:attr:`~leangnn.plan.calibration.Calibration.in_process_bytes`;
             ``0``: planned for a process of its own).
         caveat (str): what the estimates leave out in this process
-            (:func:`thread_caveat`), printed above the pick's line; empty
-            when nothing.
+            (:func:`thread_caveat`) and a budget above what the device has
+            free (:func:`budget_caveat`), printed above the pick's line;
+            empty when nothing.
     """
 
     rows: list[PlanRow]
@@ -424,6 +425,27 @@ def thread_caveat(device: torch.device | str = "cpu") -> str:
                 "calibration ran without (the DAG model's products: 2-4 MiB); "
                 f"{fix}")
     return ""
+
+
+def budget_caveat(budget_bytes: int, device: torch.device | str = "cpu") -> str:
+    """A note when ``budget_bytes`` is above what ``device`` has free now
+    (:func:`~leangnn.plan.fits.available_bytes`; empty when it is not, or
+    when that is unknown): the plan may be for a larger machine, which is
+    fine, but on this one a row the budget fits can run out of memory."""
+    from leangnn.plan.fits import available_bytes
+
+    have = available_bytes(device)
+    if have is None or budget_bytes <= have:
+        return ""
+    return (f"the budget is above the {format_bytes(have)} {torch.device(device)} "
+            "has free now: a row that fits the budget may not fit here")
+
+
+def plan_caveat(budget_bytes: int, device: torch.device | str = "cpu") -> str:
+    """:attr:`PlanTable.caveat` of a plan for ``device`` under ``budget_bytes``
+    made in this process: :func:`thread_caveat` and :func:`budget_caveat`."""
+    return "; ".join(c for c in (thread_caveat(device),
+                                 budget_caveat(budget_bytes, device)) if c)
 
 
 def _knob(key: str, value) -> str:
@@ -754,7 +776,7 @@ def plan_config(cfg, splits, memory_budget=None, device=None,
         raise
     table = PlanTable([r for r in rows if r is not None], budget, str(dev),
                       calibration_label(cal), in_process_bytes=share,
-                      caveat=thread_caveat(dev))
+                      caveat=plan_caveat(budget, dev))
     mark_table(table)
     # what the rows share is dropped; what they built for training (DPR's
     # core, the offload engine's graph) is kept for the pick alone, which

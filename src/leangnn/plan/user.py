@@ -50,8 +50,8 @@ from leangnn.plan.planner import (
     mark_table,
     need_figures,
     offload_budgets,
+    plan_caveat,
     resolve_budget,
-    thread_caveat,
     unavailable_row,
 )
 from leangnn.plan.user_checks import (
@@ -231,7 +231,7 @@ def plan(model: torch.nn.Module, data: Data, memory_budget=None, loss_fn=None,
                         levels=own.get("family") == "dag") \
         if "prune" in wanted else []
     table = PlanTable(rows, budget, str(dev), calibration_label(cal),
-                      in_process_bytes=share, caveat=thread_caveat(dev))
+                      in_process_bytes=share, caveat=plan_caveat(budget, dev))
     mark_table(table)
     table.seconds = time.perf_counter() - t0
     return table
