@@ -558,8 +558,10 @@ def auto_markdown(res: dict) -> str:
             "tunables", "compact": "the compact glibc heap `leangnn train` runs "
             "in, `leangnn.heap`"}.get(alloc, "")
     if default:
+        threads = res.get("threads", 1)
         how = (f"`python benchmarks/plan.py --section auto --auto-allocator "
-               f"{alloc}` on {res['device']} ({res['calibration']}: {heap}). "
+               f"{alloc}" + (f" --threads {threads}" if threads != 1 else "")
+               + f"` on {res['device']} ({res['calibration']}: {heap}). "
                "Budget: a "
                "share of what the planner says full batch needs, planned for a "
                f"{AUTO_EPOCHS}-epoch run. Every candidate row was then trained "
@@ -567,12 +569,12 @@ def auto_markdown(res: dict) -> str:
                f"interpreter, {AUTO_EPOCHS} epochs with validation and "
                "checkpoints, "
                + ("one OpenMP thread: memory over the whole run, time the median "
-                  "CPU seconds" if res.get("threads", 1) == 1 else
-                  f"`OMP_NUM_THREADS={res['threads']}`" if res["threads"] else
+                  "CPU seconds" if threads == 1 else
+                  f"`OMP_NUM_THREADS={threads}`" if threads else
                   "torch's default threads (every core; the planner's times are "
                   "still one thread's)")
                + (": memory over the whole run, time the median wall seconds"
-                  if res.get("threads", 1) != 1 else "")
+                  if threads != 1 else "")
                + " of the epochs after the first; with "
                "`--auto-repeat N`, N processes per row: the highest peak, the "
                "median of their times)")
@@ -622,7 +624,7 @@ def auto_markdown(res: dict) -> str:
                 f"{statistics.median(ratios):.2f}x."]
     out += ["", "Every row of every case (measured need and s/epoch beside the "
             "estimates) is in `results/"
-            f"{_auto_json(alloc)}`."]
+            f"{_auto_json(alloc, res.get('threads', 1))}`."]
     return "\n".join(out)
 
 
