@@ -386,14 +386,22 @@ def test_a_plan_says_when_mkl_keeps_thread_buffers_it_leaves_out(monkeypatch, sp
 def test_a_plan_says_when_its_budget_is_above_what_the_device_has_free(
         monkeypatch, splits):
     import leangnn.plan.fits as fits
-    from leangnn.plan.planner import budget_caveat, plan_summary
+    import leangnn.profile as profile
+    from leangnn.plan.planner import (
+        budget_caveat,
+        free_to_process,
+        plan_summary,
+        resolve_budget,
+    )
 
     monkeypatch.setenv("MKL_DISABLE_FAST_MM", "1")  # (no thread caveat beside it)
     monkeypatch.setattr(fits, "available_bytes", lambda device: 3 << 30)
-    assert budget_caveat(3 << 30, "cpu") == ""
-    said = budget_caveat((3 << 30) + 1, "cpu")
-    assert said == ("the budget is above the 3.0 GiB cpu has free now: a row "
-                    "that fits the budget may not fit here")
+    monkeypatch.setattr(profile, "rss_bytes", lambda: 1 << 30)
+    assert free_to_process("cpu") == 4 << 30  # free, and what this process holds
+    assert budget_caveat(4 << 30, "cpu") == ""
+    said = budget_caveat((4 << 30) + 1, "cpu")
+    assert said == ("the budget is above the 4.0 GiB of cpu memory this process "
+                    "could use now: a row that fits the budget may not fit here")
     cfg = TrainConfig(model="sage", num_layers=2, hidden_channels=8)
     table = plan_config(cfg, splits, "1TiB", strategies=("full",), lazy=True)
     lines = format_table(table).splitlines()
@@ -402,6 +410,12 @@ def test_a_plan_says_when_its_budget_is_above_what_the_device_has_free(
     # a plan for a larger machine is still made, and its pick is the same
     small = plan_config(cfg, splits, "1GiB", strategies=("full",), lazy=True)
     assert small.caveat == "" and small.pick.label == table.pick.label
+    # a plan for the free memory: what it loads and builds meanwhile is its
+    # own, so free memory falling by as much says nothing
+    budget = resolve_budget(None, torch.device("cpu"))
+    monkeypatch.setattr(fits, "available_bytes", lambda device: budget - (200 << 20))
+    monkeypatch.setattr(profile, "rss_bytes", lambda: 200 << 20)
+    assert plan_config(cfg, splits, budget, strategies=("full",)).caveat == ""
     # unknown free memory: nothing to say
     monkeypatch.setattr(fits, "available_bytes", lambda device: None)
     assert budget_caveat(1 << 50, "cpu") == ""

@@ -48,6 +48,7 @@ __all__ = ["PlanRow", "PlanTable", "plan_config", "choose", "format_table",
            "PLANNED", "GROUPS", "CORE_RATIOS", "OFFLOAD_PARTS", "CPU_DEVICE_SHARES",
            "PINNABLE", "offload_budgets", "budget_check", "need_figures",
            "resumed_plan", "thread_caveat", "budget_caveat", "plan_caveat",
+           "free_to_process",
            "CPU_TIME_MARGIN"]
 
 #: why a row with an analytic estimate is never chosen
@@ -427,18 +428,39 @@ def thread_caveat(device: torch.device | str = "cpu") -> str:
     return ""
 
 
-def budget_caveat(budget_bytes: int, device: torch.device | str = "cpu") -> str:
-    """A note when ``budget_bytes`` is above what ``device`` has free now
-    (:func:`~leangnn.plan.fits.available_bytes`; empty when it is not, or
-    when that is unknown): the plan may be for a larger machine, which is
-    fine, but on this one a row the budget fits can run out of memory."""
+def free_to_process(device: torch.device | str = "cpu") -> int | None:
+    """What this process could hold on ``device`` now: the device's free
+    memory (:func:`~leangnn.plan.fits.available_bytes`) plus what the
+    process holds there already (its resident set on a CPU, the caching
+    allocator's reserve on CUDA), so that the figure does not shrink as a
+    plan loads graphs and builds cores; ``None`` when unknown."""
     from leangnn.plan.fits import available_bytes
+    from leangnn.profile import rss_bytes
 
-    have = available_bytes(device)
+    dev = torch.device(device)
+    have = available_bytes(dev)
+    if have is None:
+        return None
+    if dev.type == "cpu":
+        return have + rss_bytes()
+    if dev.type == "cuda":
+        return have + torch.cuda.memory_reserved(dev)
+    return have
+
+
+def budget_caveat(budget_bytes: int, device: torch.device | str = "cpu") -> str:
+    """A note when ``budget_bytes`` is above what this process could hold on
+    ``device`` now (:func:`free_to_process`; empty when it is not, or when
+    that is unknown): the plan may be for a larger machine, which is fine,
+    but on this one a row the budget fits can run out of memory. (A plan
+    without a budget, made for the free memory, never gets it: the figure
+    counts what the plan itself took since.)"""
+    have = free_to_process(device)
     if have is None or budget_bytes <= have:
         return ""
-    return (f"the budget is above the {format_bytes(have)} {torch.device(device)} "
-            "has free now: a row that fits the budget may not fit here")
+    return (f"the budget is above the {format_bytes(have)} of {torch.device(device)} "
+            "memory this process could use now: a row that fits the budget may "
+            "not fit here")
 
 
 def plan_caveat(budget_bytes: int, device: torch.device | str = "cpu") -> str:
