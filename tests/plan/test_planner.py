@@ -410,6 +410,8 @@ def test_a_plan_says_when_its_budget_is_above_what_the_device_has_free(
     # a plan for a larger machine is still made, and its pick is the same
     small = plan_config(cfg, splits, "1GiB", strategies=("full",), lazy=True)
     assert small.caveat == "" and small.pick.label == table.pick.label
+    assert table.with_budget("1GiB").caveat == ""
+    assert small.with_budget("1TiB").caveat == said
     # a plan for the free memory: what it loads and builds meanwhile is its
     # own, so free memory falling by as much says nothing
     budget = resolve_budget(None, torch.device("cpu"))

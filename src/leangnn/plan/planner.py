@@ -210,6 +210,7 @@ class PlanTable:
 
         table = copy.deepcopy(self)
         table.budget_bytes = parse_bytes(memory_budget, "memory_budget")
+        table.caveat = plan_caveat(table.budget_bytes, table.device)
         for r in table.rows:
             r.chosen, r.why = False, r.why if r.need_bytes is None else ""
         return mark_table(table)
