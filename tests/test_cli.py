@@ -541,6 +541,21 @@ def test_plan_table_json_and_budget_below_every_candidate(capsys):
     assert "budget_ratio=0.5" in out[1] and out[-1].endswith("pick: none fits")
 
 
+def test_plan_shows_progress_over_its_rows_unless_quiet_or_json(capsys):
+    """A large graph's DPR cores and partitions take minutes: the rows get a
+    bar on stderr, which ``--quiet`` and ``--json`` (for tools) leave out,
+    and the table (stdout) stays whole."""
+    loud = [a for a in _C17 if a != "--quiet"]
+    argv = ["plan", *loud, "--model", "sage", "--memory-budget", "1GiB"]
+    assert main(argv) == 0
+    io = capsys.readouterr()
+    assert "plan: " in io.err and "row" in io.err and "plan: " not in io.out
+    assert io.out.splitlines()[-1].startswith("budget 1.0 GiB on cpu")
+    for quiet in (["--quiet"], ["--json"]):
+        assert main([*argv, *quiet]) == 0
+        assert "plan: " not in capsys.readouterr().err
+
+
 def test_plan_keeps_the_knobs_the_user_gave(capsys):
     """``--groups`` / ``--parts`` / ``--device-budget`` / ``--budget-ratio``
     pin the planner's grid: every row of that kind takes the given value,

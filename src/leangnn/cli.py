@@ -312,7 +312,8 @@ def _planned(cfg, args, pinned: dict, nproc: int | None = None):
         # lazy: only the rows the pick needs (12 s -> 0.7 s on the default run)
         # (without nproc the pick trains here, after the plan's dry runs)
         table = plan_config(cfg, splits, budget, lazy=True, pinned=pinned,
-                            nproc=nproc, in_process=nproc is None)
+                            nproc=nproc, in_process=nproc is None,
+                            progress=not args.quiet)
     finally:
         set_rng_state(rng)
     if not args.quiet:
@@ -413,7 +414,7 @@ def _plan(args) -> int:
         _budget_note(cfg, budget)
     splits = load_graphs(cfg, progress=not (args.quiet or args.json))
     table = plan_config(cfg, splits, budget, strategies=strategies, pinned=pinned,
-                        nproc=args.nproc)
+                        nproc=args.nproc, progress=not (args.quiet or args.json))
     print(table.to_json() if args.json else format_table(table))
     choose(table)  # nothing fits: the one-line error, exit 2
     return 0

@@ -743,7 +743,8 @@ def plan_config(cfg, splits, memory_budget=None, device=None,
                 calibration: Calibration | None = None,
                 strategies: tuple[str, ...] | None = None,
                 lazy: bool = False, pinned: dict | None = None,
-                nproc: int | None = None, in_process: bool = False) -> PlanTable:
+                nproc: int | None = None, in_process: bool = False,
+                progress: bool = False) -> PlanTable:
     """Plan ``cfg``'s model (its ``model``, ``num_layers``, ``hidden_channels``
     and options; its ``strategy`` is ignored) on ``splits``' training graphs.
 
@@ -772,6 +773,9 @@ def plan_config(cfg, splits, memory_budget=None, device=None,
             paid part of its first-run constant
             (:meth:`~leangnn.plan.calibration.Calibration.in_process`).
             (default: ``False``)
+        progress (bool, optional): a tqdm bar over the rows on stderr (a
+            large graph's DPR cores and partitions take minutes).
+            (default: ``False``)
 
     Returns:
         PlanTable: rows marked, the pick ``chosen`` (none when nothing fits;
@@ -793,7 +797,8 @@ def plan_config(cfg, splits, memory_budget=None, device=None,
         # the rows share the graph's hash and adjacency, and offer what they
         # build for training to the pick
         with plan_scope():
-            rows = _estimate_rows(cfg, todo, budget, dev, splits, cal, lazy, nproc)
+            rows = _estimate_rows(cfg, todo, budget, dev, splits, cal, lazy, nproc,
+                                  progress)
     except BaseException:
         forget()  # nothing of a failed plan is kept
         raise
@@ -816,9 +821,19 @@ def plan_config(cfg, splits, memory_budget=None, device=None,
 
 
 def _estimate_rows(cfg, todo: list, budget: int, dev: torch.device, splits,
-                   cal: Calibration, lazy: bool, nproc: int | None = None
-                   ) -> list[PlanRow | None]:
+                   cal: Calibration, lazy: bool, nproc: int | None = None,
+                   progress: bool = False) -> list[PlanRow | None]:
     """The rows of ``todo`` (:func:`candidates`), lazily or all."""
+    from tqdm.auto import tqdm
+
+    with tqdm(total=len(todo), desc="plan", unit="row", disable=not progress,
+              leave=False) as bar:
+        return _rows(cfg, todo, budget, dev, splits, cal, lazy, nproc, bar)
+
+
+def _rows(cfg, todo: list, budget: int, dev: torch.device, splits,
+          cal: Calibration, lazy: bool, nproc: int | None, bar
+          ) -> list[PlanRow | None]:
     rows: list[PlanRow | None] = [None] * len(todo)
     done = False
     core_fits: float | None = None  # the largest core ratio found to fit
@@ -835,6 +850,7 @@ def _estimate_rows(cfg, todo: list, budget: int, dev: torch.device, splits,
                 knobs = {k: v for k, v in fields.items() if k != "strategy"}
                 rows[i] = unavailable_row(strategy, knobs, "not estimated: a "
                                           "preferred row fits (planned lazily)", kind)
+                bar.update()
                 continue
             if (strategy == "offload" and floor is not None and floor[0] > budget
                     and _pool(fields) <= floor[1]):
@@ -845,8 +861,11 @@ def _estimate_rows(cfg, todo: list, budget: int, dev: torch.device, splits,
                     "graph and host store every offload row of this device "
                     "budget or less holds)", kind)
                 rows[i].need_over = floor[0]
+                bar.update()
                 continue
+            bar.set_postfix_str(strategy)
             rows[i] = _row(cfg, strategy, fields, kind, dev, splits, cal, nproc)
+            bar.update()
             r = rows[i]
             if strategy == "offload" and dev.type == "cpu" and floor is None:
                 low = offload_floor(r.estimate, cal)
