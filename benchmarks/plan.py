@@ -559,6 +559,12 @@ def auto_markdown(res: dict) -> str:
             "in, `leangnn.heap`"}.get(alloc, "")
     if default:
         threads = res.get("threads", 1)
+        timed = ("one OpenMP thread: memory over the whole run, time the median "
+                 "CPU seconds" if threads == 1 else
+                 (f"`OMP_NUM_THREADS={threads}`" if threads else "torch's default "
+                  "threads (every core; the planner's times are still one "
+                  "thread's)") + ": memory over the whole run, time the median "
+                 "wall seconds")
         how = (f"`python benchmarks/plan.py --section auto --auto-allocator "
                f"{alloc}" + (f" --threads {threads}" if threads != 1 else "")
                + f"` on {res['device']} ({res['calibration']}: {heap}). "
@@ -567,15 +573,7 @@ def auto_markdown(res: dict) -> str:
                f"{AUTO_EPOCHS}-epoch run. Every candidate row was then trained "
                "for real through the Trainer as `leangnn train` runs it (fresh "
                f"interpreter, {AUTO_EPOCHS} epochs with validation and "
-               "checkpoints, "
-               + ("one OpenMP thread: memory over the whole run, time the median "
-                  "CPU seconds" if threads == 1 else
-                  f"`OMP_NUM_THREADS={threads}`" if threads else
-                  "torch's default threads (every core; the planner's times are "
-                  "still one thread's)")
-               + (": memory over the whole run, time the median wall seconds"
-                  if threads != 1 else "")
-               + " of the epochs after the first; with "
+               f"checkpoints, {timed} of the epochs after the first; with "
                "`--auto-repeat N`, N processes per row: the highest peak, the "
                "median of their times)")
     else:

@@ -387,12 +387,8 @@ def test_a_plan_says_when_its_budget_is_above_what_the_device_has_free(
         monkeypatch, splits):
     import leangnn.plan.fits as fits
     import leangnn.profile as profile
-    from leangnn.plan.planner import (
-        budget_caveat,
-        free_to_process,
-        plan_summary,
-        resolve_budget,
-    )
+    from leangnn.plan.fits import free_to_process
+    from leangnn.plan.planner import budget_caveat, plan_summary, resolve_budget
 
     monkeypatch.setenv("MKL_DISABLE_FAST_MM", "1")  # (no thread caveat beside it)
     monkeypatch.setattr(fits, "available_bytes", lambda device: 3 << 30)

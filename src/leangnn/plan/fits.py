@@ -27,6 +27,7 @@ import torch
 from leangnn.utils import format_bytes
 
 __all__ = ["FitEstimate", "parameter_count", "estimate", "available_bytes",
+           "free_to_process",
            "check_fits", "check_graph_fits", "CSBM_BYTES_PER_NODE",
            "PROBE_IN_CHANNELS", "PROBE_OUT_CHANNELS"]
 
@@ -219,6 +220,25 @@ def available_bytes(device: str | torch.device) -> int | None:
     if dev.type == "cuda" and torch.cuda.is_available():
         return int(torch.cuda.mem_get_info(dev)[0])
     return None
+
+
+def free_to_process(device: torch.device | str = "cpu") -> int | None:
+    """What this process could hold on ``device`` now: the device's free
+    memory (:func:`available_bytes`) plus what the
+    process holds there already (its resident set on a CPU, the caching
+    allocator's reserve on CUDA), so that the figure does not shrink as a
+    plan loads graphs and builds cores; ``None`` when unknown."""
+    from leangnn.profile import rss_bytes
+
+    dev = torch.device(device)
+    have = available_bytes(dev)
+    if have is None:
+        return None
+    if dev.type == "cpu":
+        return have + rss_bytes()
+    if dev.type == "cuda":
+        return have + torch.cuda.memory_reserved(dev)
+    return have
 
 
 def _refuse(cfg, what: str, need: int, have: int, detail: str) -> None:

@@ -41,14 +41,13 @@ from leangnn.plan.estimate import (
     plan_scope,
     withdraw,
 )
-from leangnn.utils import format_bytes, json_safe, parse_bytes
+from leangnn.utils import MAX_BYTES, format_bytes, json_safe, parse_bytes
 
 __all__ = ["PlanRow", "PlanTable", "plan_config", "choose", "format_table",
            "candidates", "plan_candidates", "resolve_budget", "plan_summary",
            "PLANNED", "GROUPS", "CORE_RATIOS", "OFFLOAD_PARTS", "CPU_DEVICE_SHARES",
            "PINNABLE", "offload_budgets", "budget_check", "need_figures",
            "resumed_plan", "thread_caveat", "budget_caveat", "plan_caveat",
-           "free_to_process",
            "CPU_TIME_MARGIN"]
 
 #: why a row with an analytic estimate is never chosen
@@ -429,33 +428,16 @@ def thread_caveat(device: torch.device | str = "cpu") -> str:
     return ""
 
 
-def free_to_process(device: torch.device | str = "cpu") -> int | None:
-    """What this process could hold on ``device`` now: the device's free
-    memory (:func:`~leangnn.plan.fits.available_bytes`) plus what the
-    process holds there already (its resident set on a CPU, the caching
-    allocator's reserve on CUDA), so that the figure does not shrink as a
-    plan loads graphs and builds cores; ``None`` when unknown."""
-    from leangnn.plan.fits import available_bytes
-    from leangnn.profile import rss_bytes
-
-    dev = torch.device(device)
-    have = available_bytes(dev)
-    if have is None:
-        return None
-    if dev.type == "cpu":
-        return have + rss_bytes()
-    if dev.type == "cuda":
-        return have + torch.cuda.memory_reserved(dev)
-    return have
-
-
 def budget_caveat(budget_bytes: int, device: torch.device | str = "cpu") -> str:
     """A note when ``budget_bytes`` is above what this process could hold on
-    ``device`` now (:func:`free_to_process`; empty when it is not, or when
-    that is unknown): the plan may be for a larger machine, which is fine,
+    ``device`` now (:func:`~leangnn.plan.fits.free_to_process`; empty when
+    it is not, or when that is unknown): the plan may be for a larger
+    machine, which is fine,
     but on this one a row the budget fits can run out of memory. (A plan
     without a budget, made for the free memory, never gets it: the figure
     counts what the plan itself took since.)"""
+    from leangnn.plan.fits import free_to_process
+
     have = free_to_process(device)
     if have is None or budget_bytes <= have:
         return ""
@@ -535,7 +517,7 @@ def resumed_plan(plan: dict[str, Any]) -> dict[str, Any]:
 def _plan_bytes(plan: dict[str, Any], key: str) -> int:
     value = plan.get(key) or 0
     if isinstance(value, bool) or not isinstance(value, (int, float)) or \
-            not math.isfinite(value) or not 0 <= value < 1 << 60:
+            not math.isfinite(value) or not 0 <= value < MAX_BYTES:
         raise ValueError(f"plan.json: {key}: expected a number of bytes, got "
                          f"{value!r}")
     return int(value)
