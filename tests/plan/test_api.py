@@ -295,10 +295,14 @@ def test_a_registered_model_class_plans_with_its_calibrated_heap_factor(
     factor = cal.heap_scales[families[0]] if families else cal.heap_scale
     want = max(est.big_bytes + factor * est.heap_bytes, est.floor_bytes) + cal.const
     assert est.run_bytes == pytest.approx(max(want, 0), abs=1)
-    # DPR's core rows train the same class: its prune- family first
+    # DPR's core rows train the same class: its prune- family first, or its
+    # own where the core is an edge list (EdgeConv cannot take its CSR)
+    own = families[0] if families else type(model).__name__
     for row in (r for r in table.rows if r.strategy == "prune" and r.estimate):
+        edge_list = type(model).__name__ == "EdgeCNN"
+        assert (row.knobs.get("sparse_adj") is False) == edge_list
         assert heap_families("prune", row.knobs)[0] == (
-            f"prune-{families[0]}" if families else f"prune-{type(model).__name__}")
+            own if edge_list else f"prune-{own}")
 
 
 def test_fit_trims_the_heap_after_every_epoch_as_the_trainer(data, monkeypatch):
@@ -361,21 +365,35 @@ def _pna(data):
                scalers=["identity"], deg=hist)
 
 
-def test_prune_rows_say_why_when_a_real_step_on_the_core_fails(data):
+def test_a_model_that_cannot_take_the_cores_csr_trains_on_it_as_an_edge_list(data):
     """PNA scatters by the index PyG reads off the core's CSR (int32): the
-    dry run's fake tensors let it through, a real step does not. The prune
-    rows say so, auto picks another row and fit(strategy="prune") refuses in
-    one line instead of crashing at its first step."""
+    dry run's fake tensors let it through, a real step does not. Its prune
+    rows keep the core as an edge list instead (``sparse_adj=False``, the
+    layout its full row runs) and say why; fit(strategy="prune") trains it
+    there, step for step as plain PyTorch on that edge list."""
+    from leangnn.plan.estimate import core_of
+
     model = _pna(data)
     table = leangnn.plan(model, data, memory_budget="1GiB", calibration=EXACT)
     prune = [r for r in table.rows if r.strategy == "prune"]
-    assert len(prune) == 3 and all(r.need_bytes is None for r in prune)
-    assert all(r.why.startswith("not possible: DPR's core: RuntimeError: expected "
-                                "scalar type Long") for r in prune)
-    assert table.pick is not None and table.pick.strategy == "full"
-    with pytest.raises(ValueError, match=r"^strategy='prune' is not possible for "
-                       r"this model: DPR's core: RuntimeError: expected scalar"):
-        leangnn.fit(model, data, strategy="prune", memory_budget="1GiB", epochs=1)
+    assert len(prune) == 3 and all(r.need_bytes and r.config["sparse_adj"] is False
+                                   and r.knobs["sparse_adj"] is False for r in prune)
+    assert all("an edge list: the model cannot take its CSR adjacency (RuntimeError: "
+               "expected scalar type Long" in r.estimate.note for r in prune)
+    torch.manual_seed(3)
+    model, ref = _pna(data), _pna(data)
+    ref.load_state_dict(model.state_dict())
+    out = leangnn.fit(model, data, strategy="prune", memory_budget="1GiB", epochs=3,
+                      lr=0.02)
+    ratio = out["row"].config["budget_ratio"]
+    assert ratio == max(r.config["budget_ratio"] for r in prune if r.fits)
+    core = out["strategy"].prepare(data).train_data
+    assert core.get("adj_t", None) is None and core.edge_index.dtype == torch.long
+    # reference: the same core built apart, trained by hand
+    twin = core_of(data, budget_ratio=ratio, sparse_adj=False)
+    assert torch.equal(twin.edge_index, core.edge_index)
+    assert out["losses"] == pytest.approx(
+        _reference_training(ref, twin, 3, 0.02, 1.0), rel=1e-5)
 
 
 def _cheb(classes):
@@ -399,24 +417,33 @@ def _cheb(classes):
      r"Float; but got torch.DoubleTensor"),
     # (GCN's dry run passes: the real step on a piece of the core says why)
     (lambda c: GCN(8, 16, 2, c).double(), torch.float64,
-     r"RuntimeError: expected scalar type Double but found Float$"),
+     r"RuntimeError: expected scalar type Double but found Float\)"),
     (_cheb, torch.float32, r"NotImplementedError: "),
 ])
-def test_a_prune_dry_run_error_is_a_row_not_possible(data, make, dtype, why):
+def test_a_core_the_csr_layout_fails_is_planned_as_an_edge_list(data, make, dtype,
+                                                                 why):
     """A float64 model (the core's sparse product is float32 only) or a conv
-    with no sparse kernel (ChebConv) fails the core's dry run: its prune rows
-    are "not possible" with the first line of the error, as offload's, and
-    the full row is still planned and picked."""
+    with no sparse kernel (ChebConv) fails on the core's CSR: its prune rows
+    are planned on the core as an edge list, their note names the first line
+    of the error, and their figure is that of the model's own full-batch dry
+    run on that core."""
+    from leangnn.plan.estimate import core_of, estimate_model
+
     g = data.clone()
     g.x = g.x.to(dtype)
-    table = leangnn.plan(make(int(g.y.max()) + 1), g, memory_budget="1GiB",
-                         calibration=EXACT, strategies=("full", "prune"))
+    model = make(int(g.y.max()) + 1)
+    table = leangnn.plan(model, g, memory_budget="1GiB", calibration=EXACT,
+                         strategies=("full", "prune"))
     prune = [r for r in table.rows if r.strategy == "prune"]
-    assert len(prune) == 3 and all(r.need_bytes is None and "\n" not in r.why
+    assert len(prune) == 3 and all(r.need_bytes and r.config["sparse_adj"] is False
                                    for r in prune)
     import re
 
-    assert all(re.match(rf"not possible: DPR's core: {why}", r.why) for r in prune)
+    assert all(re.search(rf"cannot take its CSR adjacency \({why}", r.estimate.note)
+               and "\n" not in r.estimate.note for r in prune)
+    for r in prune:
+        core = core_of(g, budget_ratio=r.config["budget_ratio"], sparse_adj=False)
+        assert r.estimate.step_bytes == estimate_model(model, core).step_bytes
     assert table.pick.strategy == "full"
 
 
@@ -579,3 +606,25 @@ def test_a_loss_fn_returning_no_tensor_is_refused_in_one_line(data, returns):
         with pytest.raises(ValueError, match=rf"^loss_fn: must return the loss as a "
                            rf"one-element tensor to backpropagate, got {name}$"):
             call()
+
+
+@pytest.mark.parametrize("train_mode", [True, False])
+def test_offload_rows_of_a_batchnorm_model_say_why_and_auto_trains_another(
+        data, train_mode):
+    """Offload runs a layer chunk by chunk: a BatchNorm's batch statistics
+    would be of each chunk. Its rows say so (the model planned in eval mode
+    too: it trains in training mode), and a budget below full batch picks a
+    row that trains; before, offload was picked and the first step raised."""
+    c = int(data.y.max()) + 1
+    model = GCN(8, 16, 2, c, norm="batch_norm").train(train_mode)
+    table = leangnn.plan(model, data, memory_budget="1GiB", calibration=EXACT)
+    off = [r for r in table.rows if r.strategy == "offload"]
+    assert len(off) == 1 and off[0].need_bytes is None and off[0].why == (
+        "not possible: offload needs node-wise norms, got BatchNorm in training "
+        "mode: batch or graph statistics are not computed chunk by chunk")
+    assert model.training == train_mode  # the plan left its mode alone
+    # fit plans with this machine's calibration, in process
+    mine = leangnn.plan(model, data, memory_budget="1GiB", epochs=2, in_process=True)
+    full = next(r for r in mine.rows if r.strategy == "full")
+    out = leangnn.fit(model, data, memory_budget=full.need_bytes - 1, epochs=2)
+    assert out["row"].strategy == "prune" and len(out["losses"]) == 2

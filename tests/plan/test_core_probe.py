@@ -76,3 +76,23 @@ def test_a_bad_loss_is_the_users_error_not_the_rows():
     with pytest.raises(LossFnError, match="one-element tensor"):
         probe_core(GCN(4, 8, 2, 3), _core(), checked_loss(lambda out, d: 0.0),
                    torch.device("cpu"))
+
+
+def test_an_edge_list_core_gives_an_edge_list_piece_and_probes():
+    from torch_geometric.utils import subgraph
+
+    g = torch.Generator().manual_seed(1)
+    n = 50
+    ei = torch.randint(0, n, (2, 300), generator=g)
+    core = Data(edge_index=ei, x=torch.randn(n, 4, generator=g),
+                y=torch.randint(0, 3, (n,), generator=g), num_nodes=n)
+    piece = piece_of_core(core)
+    first = ei[:, :PROBE_EDGES]
+    nodes = torch.unique(first)
+    # reference: PyG's subgraph of those nodes, restricted to the first edges
+    sub, _ = subgraph(nodes, first, relabel_nodes=True, num_nodes=n)
+    assert piece.get("adj_t", None) is None and piece.num_nodes == nodes.numel()
+    assert torch.equal(piece.edge_index, sub)
+    assert torch.equal(piece.x, core.x[nodes]) and torch.equal(piece.y, core.y[nodes])
+    assert probe_core(GCN(4, 8, 2, 3), core, lambda out, d: F.cross_entropy(out, d.y),
+                      torch.device("cpu")) is None

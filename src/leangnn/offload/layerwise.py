@@ -109,14 +109,17 @@ class LayerwiseModel:
         self._takes_weight = "edge_weight" in inspect.signature(conv.forward).parameters
         self.partial = None  # hubs' edge-split jobs, built on first use
 
-    def check(self) -> None:
-        """Raise when the model's current mode is not node-wise."""
+    def check(self, training: bool | None = None) -> None:
+        """Raise when the model's norms are not node-wise in its current mode
+        (``training``: in that mode instead, e.g. ``True`` for a plan of its
+        training while the model sits in eval mode)."""
         m = self.model
+        training = m.training if training is None else training
         for norm in m.norms or []:
-            if not _is_nodewise_norm(norm, m.training):
+            if not _is_nodewise_norm(norm, training):
                 raise ValueError(
                     f"offload needs node-wise norms, got {type(norm).__name__}"
-                    f"{' in training mode' if m.training else ''}: batch or graph "
+                    f"{' in training mode' if training else ''}: batch or graph "
                     "statistics are not computed chunk by chunk")
 
     @property

@@ -145,7 +145,8 @@ def heap_families(strategy: str | None, knobs: dict[str, Any] | None
     width (``dag-narrow`` up to :data:`DAG_NARROW` channels, else
     ``dag-wide``; then ``dag``), and ``prune-`` before each for
     DPR's core (trained through a sparse adjacency: another op mix), then
-    ``prune``. A user's model is of our registry's ``family`` where it is
+    ``prune`` (a core kept as an edge list, ``sparse_adj=False``, has the
+    model's own). A user's model is of our registry's ``family`` where it is
     one of its classes (:func:`~leangnn.plan.user.calibrated_as`); empty for
     a model of its own (its ``model`` is no registered name).
     """
@@ -171,7 +172,8 @@ def heap_families(strategy: str | None, knobs: dict[str, Any] | None
         # channels, x1.29-1.40 at 32-64)
         narrow = int(knobs.get("hidden_channels") or 32) <= DAG_NARROW
         fams.insert(0, "dag-narrow" if narrow else "dag-wide")
-    if strategy == "prune":
+    if strategy == "prune" and knobs.get("sparse_adj") is not False:
+        # (a core kept as an edge list runs the model's full-batch op mix)
         fams = [f"prune-{f}" for f in fams] + ["prune"]
     return fams
 

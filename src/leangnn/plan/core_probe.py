@@ -26,7 +26,10 @@ PROBE_EDGES = 64
 def piece_of_core(core: Data, edges: int = PROBE_EDGES) -> Data:
     """A few edges of DPR's core (its first ``edges`` entries and their end
     nodes) as a graph of the same layout: a CSR ``adj_t`` with the core's
-    index dtype, and the node tensors of those nodes."""
+    index dtype, or an ``edge_index`` for a core kept as an edge list, and
+    the node tensors of those nodes."""
+    if core.get("adj_t", None) is None:
+        return _piece_of_edges(core, edges)
     adj = core.adj_t
     crow, col, val = adj.crow_indices(), adj.col_indices(), adj.values()
     m = min(edges, col.numel())
@@ -44,6 +47,22 @@ def piece_of_core(core: Data, edges: int = PROBE_EDGES) -> Data:
                  num_nodes=k)
     for key, value in core.items():
         if key in ("adj_t", "num_nodes"):
+            continue
+        node_level = isinstance(value, torch.Tensor) and value.dim() and \
+            value.size(0) == n
+        piece[key] = value[nodes.to(value.device)] if node_level else value
+    return piece
+
+
+def _piece_of_edges(core: Data, edges: int) -> Data:
+    n = int(core.num_nodes)
+    ei = core.edge_index[:, :edges]
+    nodes = torch.unique(ei.reshape(-1)) if ei.numel() else \
+        torch.arange(min(n, 2), device=ei.device)
+    piece = Data(edge_index=torch.searchsorted(nodes, ei.contiguous()),
+                 num_nodes=nodes.numel())
+    for key, value in core.items():
+        if key in ("edge_index", "num_nodes"):
             continue
         node_level = isinstance(value, torch.Tensor) and value.dim() and \
             value.size(0) == n
@@ -69,7 +88,9 @@ def probe_core(model: torch.nn.Module, core: Data, loss_fn, device: torch.device
         # dropout draws: the caller's random streams stay where they were
         with torch.random.fork_rng(devices=[device] if device.type == "cuda"
                                    else []):
-            loss = loss_fn(twin(piece.x, piece.adj_t), piece)
+            adj = piece.adj_t if piece.get("adj_t", None) is not None \
+                else piece.edge_index
+            loss = loss_fn(twin(piece.x, adj), piece)
             loss.backward()
     except LossFnError:
         raise

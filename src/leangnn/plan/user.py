@@ -101,10 +101,13 @@ def calibrated_as(model: torch.nn.Module) -> dict[str, Any]:
 
 
 def _is_layerwise(model: torch.nn.Module) -> str | None:
+    """Why offload cannot train ``model`` (``None``: it can): its layers, and
+    its norms in training mode (a ``BatchNorm``'s batch statistics are not
+    computed chunk by chunk; the model may sit in eval mode while planned)."""
     try:
         from leangnn.offload import LayerwiseModel
 
-        LayerwiseModel(model)
+        LayerwiseModel(model).check(training=True)
     except ValueError as e:
         return str(e)
     return None
@@ -239,50 +242,63 @@ def plan(model: torch.nn.Module, data: Data, memory_budget=None, loss_fn=None,
 
 def _prune_rows(model, data, loss_fn, dev, cal, own, epochs, lr, clip_norm,
                 levels: bool) -> list[PlanRow]:
-    """DPR's core rows at :data:`CORE_RATIOS`; a core the model cannot train
-    on (its dry run or a real step on a piece of it raises) is a row that
-    says why, as an offload row does, so that the plan still picks."""
+    """DPR's core rows at :data:`CORE_RATIOS`.
+
+    The core is trained through its CSR adjacency (sparse products, no
+    ``[E, C]`` messages). A model that cannot take it (its dry run or a real
+    step on a piece of the core raises: a scatter over the CSR's int32
+    indices (PNA, EdgeConv, TransformerConv), a float64 model, a conv without
+    a sparse kernel) trains on the core as an edge list instead, the layout
+    its full-batch row runs; the rows say so. A core the model cannot train
+    on either way is a row that says why, as an offload row does, so that
+    the plan still picks."""
     rows, why = [], None
     if levels:
         # DPR's core is an adjacency without the circuit's levels
         why = "DPR's core keeps no circuit levels for a DAG model to sweep"
     else:
         why = edge_attr_refusal(model, data, "prune", CORE_HAS_NO_EDGE_ATTR)
-    probed = False
+    sparse, probed, csr_why = True, False, None
     for ratio in CORE_RATIOS:
         knobs = {**own, "budget_ratio": ratio}
-        if why:
-            rows.append(unavailable_row("prune", knobs, f"not possible: {why}",
-                                        "approximate"))
-            continue
-        core, note = _core(data, ratio)
-        try:
-            est = estimate_model(model, core, loss_fn, dev, "prune", lr=lr,
-                                 clip_norm=clip_norm, calibration=cal,
-                                 knobs={**knobs, "core_nodes": int(core.num_nodes)})
-            if not probed:  # one core's layout is every ratio's
-                probed = True
-                why = probe_core(model, core, loss_fn, dev)
-        except LossFnError:
-            raise
-        except (ValueError, RuntimeError, TypeError, IndexError) as e:
-            # e.g. a float64 model (the core's sparse product is float32
-            # only) or a conv with no sparse kernel: the other rows still plan
-            why = f"DPR's core: {error_line(e)}"
+        est = None
+        while not why:
+            if not sparse:
+                knobs["sparse_adj"] = False
+            core, note = _core(data, ratio, sparse)
+            try:
+                est = estimate_model(model, core, loss_fn, dev, "prune", lr=lr,
+                                     clip_norm=clip_norm, calibration=cal,
+                                     knobs={**knobs, "core_nodes": int(core.num_nodes)})
+                if not probed:  # one core's layout is every ratio's
+                    probed = True
+                    why = probe_core(model, core, loss_fn, dev)
+            except LossFnError:
+                raise
+            except (ValueError, RuntimeError, TypeError, IndexError) as e:
+                why = error_line(e)
+            if not why or not sparse:
+                break
+            # the CSR layout failed: once more with the core as an edge list
+            csr_why, why, sparse, probed, est = why, None, False, False, None
         if why:
             why = why if why.startswith("DPR's core") else f"DPR's core: {why}"
             rows.append(unavailable_row("prune", knobs, f"not possible: {why}",
                                         "approximate"))
             continue
+        if csr_why:
+            note += f"; an edge list: the model cannot take its CSR adjacency " \
+                    f"({csr_why})"
         est.note = note
-        rows.append(estimate_row("prune", est, cal, "approximate",
-                                 {"strategy": "prune", "budget_ratio": ratio},
-                                 epochs))
+        config = {"strategy": "prune", "budget_ratio": ratio}
+        if not sparse:
+            config["sparse_adj"] = False
+        rows.append(estimate_row("prune", est, cal, "approximate", config, epochs))
     return rows
 
 
-def _core(data: Data, ratio: float) -> tuple[Data, str]:
-    core = core_of(data, budget_ratio=ratio)
+def _core(data: Data, ratio: float, sparse: bool = True) -> tuple[Data, str]:
+    core = core_of(data, budget_ratio=ratio, sparse_adj=None if sparse else False)
     return core, f"core: {int(core.num_nodes)} nodes, {int(core.num_edges)} edges"
 
 
@@ -419,7 +435,8 @@ def _strategy(row: PlanRow, device):
     if row.strategy == "prune":
         from leangnn.prune.dpr import DPRStrategy
 
-        return DPRStrategy(budget_ratio=row.config["budget_ratio"], device=device)
+        return DPRStrategy(budget_ratio=row.config["budget_ratio"], device=device,
+                           sparse_adj=row.config.get("sparse_adj"))
     from leangnn.strategy import FullBatch
 
     return FullBatch(device)
