@@ -6,7 +6,8 @@
 Each row builds a model (PyG ``BasicGNN`` models with options our registry
 does not use, PyG convs in a ``Sequential``, our deep models) and a graph,
 then calls ``leangnn.fit(model, data, strategy=S, memory_budget="16GiB",
-epochs=3)`` in a fresh interpreter (glibc's default heap, one intra-op
+epochs=3)`` (``S``: ``full``, or ``prune`` for the ``-core`` rows: DPR's
+largest core) in a fresh interpreter (glibc's default heap, one intra-op
 thread), ``--repeat`` times. The row compares the plan's run estimate
 (``row.estimate.run_bytes``: the step, allocator overhead included) with the
 median of the processes' measured peaks (``fit``'s ``memory.peak_bytes``,
@@ -52,6 +53,18 @@ ROWS = {
     "csbm20k-EdgeCNN-2": ("csbm", "full", "EdgeCNN(i, 32, 2, c)"),
     "csbm20k-Transformer-2": (
         "csbm", "full", "Sequential('x, edge_index', [(TransformerConv(i, 32, "
+        "heads=2), 'x, edge_index -> x'), ReLU(), (TransformerConv(64, c), "
+        "'x, edge_index -> x')])"),
+    # DPR's core (fit(strategy="prune"): the largest core, r = 0.5): the
+    # registered class on the core's CSR, the others on the core as an edge
+    # list (they cannot take the CSR's int32 indices)
+    "csbm20k-GraphSAGE-2-core": ("csbm", "prune", "GraphSAGE(i, 64, 2, c)"),
+    "csbm20k-PNA-2-core": ("csbm", "prune", "PNA(i, 32, 2, c, aggregators=['mean', "
+                           "'max', 'std'], scalers=['identity', 'amplification'], "
+                           "deg=deg)"),
+    "csbm20k-EdgeCNN-2-core": ("csbm", "prune", "EdgeCNN(i, 32, 2, c)"),
+    "csbm20k-Transformer-2-core": (
+        "csbm", "prune", "Sequential('x, edge_index', [(TransformerConv(i, 32, "
         "heads=2), 'x, edge_index -> x'), ReLU(), (TransformerConv(64, c), "
         "'x, edge_index -> x')])"),
 }
@@ -164,8 +177,7 @@ def main(argv=None) -> None:
     if args.rows:  # the other rows as stored, in ROWS' order
         kept = {r["name"]: r for r in merge_rows(path, rows) + rows}
         rows = [kept[n] for n in ROWS if n in kept]
-    else:
-        write_json(path, {"rows": rows})
+    write_json(path, {"rows": rows})
     md = markdown(rows, repeat)
     if args.quick:
         results_path("plan_user.md", True).write_text(md)
