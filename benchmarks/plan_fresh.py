@@ -3,6 +3,8 @@
     python benchmarks/plan_fresh.py [--repeat 2]   # results/plan_fresh.{json,md}
     python benchmarks/plan_fresh.py --epochs 20 --with-cli-auto
                                     # results/plan_long.{json,md}: long runs
+    python benchmarks/plan_fresh.py --set unseen --budget-fraction 0.6
+                                    # results/plan_unseen.{json,md}
 
 Six ``leangnn train --strategy auto --memory-budget B`` command lines, each on
 a graph that neither the calibration nor the ``cli`` section of
@@ -56,9 +58,29 @@ FRESH = [
      "120MiB"),
 ]
 
+#: ``--set unseen`` (stop 41): graphs, sizes and model settings that no
+#: calibration run, no ``cli`` row and none of the cases above use; their
+#: budgets are ``--budget-fraction`` of full batch's estimated need
+UNSEEN = [
+    ("b20-sage4", f"--dataset itc99/b20 {_V} --model sage --layers 4 --hidden 64"),
+    ("max-gat3", f"--dataset epfl/max {_V} --model gat --layers 3 --hidden 32"),
+    ("banyan128-res12-gcn", f"--dataset misc/banyan_128 {_V} --model res --conv gcn "
+     "--layers 12 --hidden 32"),
+    ("banyan128-gin3", f"--dataset misc/banyan_128 {_V} --model gin --layers 3 "
+     "--hidden 64"),
+    ("csbm150k-sage2", "--dataset csbm:150000 --model sage --layers 2 --hidden 32"),
+    ("max-gsr24", f"--dataset epfl/max {_V} --model gsr --layers 24 --hidden 32 "
+     "--groups 2"),
+]
 
-def cases(with_cli_auto: bool = False) -> list[tuple[str, str, str]]:
-    """(name, command line after ``train``, budget) of each case."""
+
+def cases(with_cli_auto: bool = False, unseen: bool = False
+          ) -> list[tuple[str, str, str]]:
+    """(name, command line after ``train``, budget) of each case (``unseen``:
+    :data:`UNSEEN`'s, whose budget ``FULL`` the fraction replaces)."""
+    if unseen:
+        return [(name, f"{args} --strategy auto --memory-budget FULL", "FULL")
+                for name, args in UNSEEN]
     out = [(name, f"{args} --strategy auto --memory-budget {budget}", budget)
            for name, args, budget in FRESH]
     if with_cli_auto:
@@ -94,12 +116,12 @@ def full_need(args: str, device: str, timeout: float) -> int:
 
 def run(repeat: int, timeout: float, epochs: int = 3,
         with_cli_auto: bool = False, device: str = "cpu",
-        budget_fraction: float | None = None, only: list[str] | None = None
-        ) -> dict:
+        budget_fraction: float | None = None, only: list[str] | None = None,
+        unseen: bool = False) -> dict:
     from leangnn.utils import format_bytes, parse_bytes
 
     rows = []
-    for name, args, budget in cases(with_cli_auto):
+    for name, args, budget in cases(with_cli_auto, unseen):
         if only and not any(s in name for s in only):
             continue
         if device != "cpu":
@@ -143,7 +165,7 @@ def run(repeat: int, timeout: float, epochs: int = 3,
               f"error {rows[-1]['error']:+.1%}", file=sys.stderr)
     return {"date": time.strftime("%Y-%m-%d"), "repeat": repeat, "epochs": epochs,
             "with_cli_auto": with_cli_auto, "device": device,
-            "budget_fraction": budget_fraction, "rows": rows}
+            "budget_fraction": budget_fraction, "unseen": unseen, "rows": rows}
 
 
 def markdown(res: dict) -> str:
@@ -161,6 +183,8 @@ def markdown(res: dict) -> str:
         flags += f" --device {res['device']}"
     if frac is not None:
         flags += f" --budget-fraction {frac}"
+    if res.get("unseen"):
+        flags += " --set unseen"
     what = ("graphs no calibration run or `cli` row trains on, a budget "
             + (f"of {frac} x full batch's estimated need" if frac is not None
                else "below full batch's need"))
@@ -200,8 +224,10 @@ def _merged(res: dict, path: Path, names: list[str]) -> dict:
         old = json.loads(path.read_text())
     except (OSError, ValueError):
         return res
-    same = all(old.get(k) == res[k] for k in ("epochs", "with_cli_auto", "device",
-                                               "budget_fraction", "repeat"))
+    # (``or False``: results written before a key existed lack it)
+    same = all((old.get(k) or False) == (res.get(k) or False)
+               for k in ("epochs", "with_cli_auto", "device", "budget_fraction",
+                         "repeat", "unseen"))
     if not same:
         return res
     ran = {r["name"] for r in res["rows"]}
@@ -226,6 +252,9 @@ def main(argv=None) -> int:
                     metavar="FRACTION", help="each budget FRACTION x full "
                     "batch's estimated need on --device (default: the fixed "
                     "CPU budgets)")
+    ap.add_argument("--set", choices=("fresh", "unseen"), default="fresh",
+                    help="the cases: FRESH's fixed budgets, or UNSEEN's (stop "
+                    "41; needs --budget-fraction) (default: fresh)")
     ap.add_argument("--only", nargs="*", default=None,
                     help="case names (or substrings) to run")
     ap.add_argument("--out", default=None, help="the JSON (and its .md beside "
@@ -236,14 +265,20 @@ def main(argv=None) -> int:
                  f"{args.repeat}")
     if args.budget_fraction is not None and not 0 < args.budget_fraction < 1:
         ap.error(f"--budget-fraction must be in (0, 1), got {args.budget_fraction}")
-    names = [name for name, _, _ in cases(args.with_cli_auto)]
+    unseen = args.set == "unseen"
+    if unseen and (args.budget_fraction is None or args.with_cli_auto):
+        ap.error("--set unseen: needs --budget-fraction (its cases have no fixed "
+                 "budget) and no --with-cli-auto")
+    names = [name for name, _, _ in cases(args.with_cli_auto, unseen)]
     if args.only is not None and not any(s in n for s in args.only for n in names):
         ap.error(f"--only: no case matches {args.only}; the cases: {', '.join(names)}")
     res = run(args.repeat, args.timeout, args.epochs, args.with_cli_auto,
-              args.device, args.budget_fraction, args.only)
+              args.device, args.budget_fraction, args.only, unseen)
     # the default check keeps its name; a long or wider one is its own section
     name = "plan-fresh" if args.epochs == 3 and not args.with_cli_auto else \
         "plan-long"
+    if unseen:
+        name = "plan-unseen"
     out = Path(args.out) if args.out else results_path(name.replace("-", "_")
                                                        + ".json")
     if args.only:

@@ -258,29 +258,21 @@ def _prune_rows(model, data, loss_fn, dev, cal, own, epochs, lr, clip_norm,
         why = "DPR's core keeps no circuit levels for a DAG model to sweep"
     else:
         why = edge_attr_refusal(model, data, "prune", CORE_HAS_NO_EDGE_ATTR)
-    sparse, probed, csr_why = True, False, None
+    sparse, probed, csr_why = True, None, None
     for ratio in CORE_RATIOS:
         knobs = {**own, "budget_ratio": ratio}
-        est = None
-        while not why:
-            if not sparse:
-                knobs["sparse_adj"] = False
-            core, note = _core(data, ratio, sparse)
-            try:
-                est = estimate_model(model, core, loss_fn, dev, "prune", lr=lr,
-                                     clip_norm=clip_norm, calibration=cal,
-                                     knobs={**knobs, "core_nodes": int(core.num_nodes)})
-                if not probed:  # one core's layout is every ratio's
-                    probed = True
-                    why = probe_core(model, core, loss_fn, dev)
-            except LossFnError:
-                raise
-            except (ValueError, RuntimeError, TypeError, IndexError) as e:
-                why = error_line(e)
-            if not why or not sparse:
-                break
-            # the CSR layout failed: once more with the core as an edge list
-            csr_why, why, sparse, probed, est = why, None, False, False, None
+        args = (model, data, ratio, loss_fn, dev, cal, lr, clip_norm, knobs)
+        if not why:
+            # one core's layout is every ratio's: a real step probes it once
+            est, note, why = _core_estimate(*args, sparse, probed != sparse)
+            probed = sparse
+            if why and sparse:
+                # the CSR layout failed: the core as an edge list, the
+                # layout the model's full-batch row runs
+                csr_why, sparse, probed = why, False, False
+                est, note, why = _core_estimate(*args, False, True)
+        if not sparse:
+            knobs["sparse_adj"] = False
         if why:
             why = why if why.startswith("DPR's core") else f"DPR's core: {why}"
             rows.append(unavailable_row("prune", knobs, f"not possible: {why}",
@@ -295,6 +287,30 @@ def _prune_rows(model, data, loss_fn, dev, cal, own, epochs, lr, clip_norm,
             config["sparse_adj"] = False
         rows.append(estimate_row("prune", est, cal, "approximate", config, epochs))
     return rows
+
+
+def _core_estimate(model, data, ratio, loss_fn, dev, cal, lr, clip_norm, knobs,
+                   sparse: bool, probe: bool
+                   ) -> tuple[Estimate | None, str, str | None]:
+    """``(estimate, note, None)`` of training ``model`` on ``data``'s core at
+    ``ratio`` (``sparse``: through its CSR adjacency, else as an edge list;
+    ``probe``: and a real step on a piece of it), or ``(None, "", why)``
+    with the first line of the error."""
+    core, note = _core(data, ratio, sparse)
+    if not sparse:
+        knobs = {**knobs, "sparse_adj": False}
+    try:
+        est = estimate_model(model, core, loss_fn, dev, "prune", lr=lr,
+                             clip_norm=clip_norm, calibration=cal,
+                             knobs={**knobs, "core_nodes": int(core.num_nodes)})
+        why = probe_core(model, core, loss_fn, dev) if probe else None
+    except LossFnError:
+        raise
+    except (ValueError, RuntimeError, TypeError, IndexError) as e:
+        # e.g. a float64 model (the core's sparse product is float32 only)
+        # or a conv with no sparse kernel
+        return None, "", error_line(e)
+    return (None, "", why) if why else (est, note, None)
 
 
 def _core(data: Data, ratio: float, sparse: bool = True) -> tuple[Data, str]:
