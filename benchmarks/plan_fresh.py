@@ -96,7 +96,8 @@ def cases(with_cli_auto: bool = False, unseen: bool = False
 
 def full_need(args: str, device: str, timeout: float) -> int:
     """What full batch needs for the command line ``args`` on ``device``:
-    ``leangnn plan --json``'s full row, run in a fresh interpreter."""
+    ``leangnn plan --json``'s full (or reversible) row, run in a fresh
+    interpreter."""
     import json
     import shlex
     import subprocess
@@ -111,7 +112,9 @@ def full_need(args: str, device: str, timeout: float) -> int:
     if p.returncode != 0:
         raise RuntimeError((p.stderr.strip().splitlines() or ["?"])[-1])
     rows = json.loads(p.stdout)["rows"]
-    return next(r["need_bytes"] for r in rows if r["strategy"] == "full")
+    # (a GSR model's whole-graph row is its reversible training)
+    return next(r["need_bytes"] for r in rows
+                if r["strategy"] in ("full", "reversible"))
 
 
 def run(repeat: int, timeout: float, epochs: int = 3,
@@ -130,7 +133,9 @@ def run(repeat: int, timeout: float, epochs: int = 3,
             try:
                 need = full_need(args, device, timeout)
             except (RuntimeError, StopIteration) as e:
-                rows.append({"name": name, "budget": budget, "error": str(e)})
+                rows.append({"name": name, "budget": budget, "error": str(e) or
+                             "leangnn plan --json listed no full or reversible "
+                             "row"})
                 continue
             new = format_bytes(int(need * budget_fraction)).replace(" ", "")
             args = args.replace(f"--memory-budget {budget}", f"--memory-budget {new}")
