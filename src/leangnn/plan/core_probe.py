@@ -45,13 +45,7 @@ def piece_of_core(core: Data, edges: int = PROBE_EDGES) -> Data:
     new_col = torch.searchsorted(nodes, col[:m].long()).to(col.dtype)
     piece = Data(adj_t=torch.sparse_csr_tensor(new_crow, new_col, val[:m], (k, k)),
                  num_nodes=k)
-    for key, value in core.items():
-        if key in ("adj_t", "num_nodes"):
-            continue
-        node_level = isinstance(value, torch.Tensor) and value.dim() and \
-            value.size(0) == n
-        piece[key] = value[nodes.to(value.device)] if node_level else value
-    return piece
+    return _with_nodes(piece, core, nodes, "adj_t")
 
 
 def _piece_of_edges(core: Data, edges: int) -> Data:
@@ -61,8 +55,15 @@ def _piece_of_edges(core: Data, edges: int) -> Data:
         torch.arange(min(n, 2), device=ei.device)
     piece = Data(edge_index=torch.searchsorted(nodes, ei.contiguous()),
                  num_nodes=nodes.numel())
+    return _with_nodes(piece, core, nodes, "edge_index")
+
+
+def _with_nodes(piece: Data, core: Data, nodes: torch.Tensor, layout: str) -> Data:
+    """``piece`` with ``core``'s node tensors at ``nodes`` and its other
+    entries as they are (``layout``: the core's edges, in the piece already)."""
+    n = int(core.num_nodes)
     for key, value in core.items():
-        if key in ("edge_index", "num_nodes"):
+        if key in (layout, "num_nodes"):
             continue
         node_level = isinstance(value, torch.Tensor) and value.dim() and \
             value.size(0) == n
