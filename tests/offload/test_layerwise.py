@@ -58,14 +58,18 @@ def test_graph_norm_and_train_batch_norm_are_refused():
         bn.check()
     bn.model.eval()
     bn.check()
+    # a plan of its training, made while the model sits in eval mode
+    with pytest.raises(ValueError, match="BatchNorm in training mode"):
+        bn.check(training=True)
 
 
 @pytest.mark.parametrize("model, aggr", [
     (lambda: GraphSAGE(6, 12, 2, 3, aggr="lstm"), "'lstm'"),
-    (lambda: GraphSAGE(6, 12, 2, 3, aggr="min"), "'min'"),
+    (lambda: GraphSAGE(6, 12, 2, 3, aggr="std"), "'std'"),
+    (lambda: GraphSAGE(6, 12, 2, 3, aggr="min"), None),
     (lambda: GIN(6, 12, 2, 3, train_eps=True), None),
     (lambda: GCN(6, 12, 2, 3, aggr="mean"), "'mean'"),
-], ids=["sage-lstm", "sage-min", "gin-add", "gcn-mean"])
+], ids=["sage-lstm", "sage-std", "sage-min", "gin-add", "gcn-mean"])
 def test_aggregations_that_do_not_combine_across_jobs_are_refused(model, aggr):
     # LSTM used to fail later, inside PyG, on the jobs' unsorted edges (with
     # advice to sort the graph, which does not help); a GCN built with

@@ -45,8 +45,8 @@ def _graph(n=160, dtype=torch.float64, seed=0):
 
 def _model(name, dtype=torch.float64):
     torch.manual_seed(0)
-    if name == "sage-max":
-        m = GraphSAGE(8, 16, 2, out_channels=4, aggr="max")
+    if name in ("sage-max", "sage-min"):
+        m = GraphSAGE(8, 16, 2, out_channels=4, aggr=name.split("-")[1])
     elif name == "gatv2":
         m = GAT(8, 16, 2, out_channels=4, v2=True, heads=2)
     elif name == "gin":
@@ -86,7 +86,7 @@ def _tight(model, data, policy, frac=0.8):
         model, data.num_nodes)), 3, policy)
 
 
-@pytest.mark.parametrize("name", ["gcn", "sage-max", "gat", *(
+@pytest.mark.parametrize("name", ["gcn", "sage-max", "sage-min", "gat", *(
     pytest.param(n, marks=pytest.mark.slow) for n in ("sage", "gatv2", "gin",
                                                       "graphconv"))])
 def test_split_hubs_are_exact_in_float64_for_every_policy(name):
@@ -110,9 +110,10 @@ def test_split_hubs_are_exact_in_float32(name):
         _check(_tight(model, data, policy), model, data, *ref, 1e-5)
 
 
-def test_max_ties_across_pieces_split_the_gradient_like_pyg():
+@pytest.mark.parametrize("name", ["sage-max", "sage-min"])
+def test_extremum_ties_across_pieces_split_the_gradient_like_pyg(name):
     # integer features: many exact ties inside and across pieces
-    data, model = _graph(), _model("sage-max")
+    data, model = _graph(), _model(name)
     data.x = torch.randint(0, 3, data.x.shape).to(data.x.dtype)
     _check(_tight(model, data, "lru"), model, data, *_reference(model, data), 1e-10)
 

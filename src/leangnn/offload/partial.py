@@ -9,9 +9,10 @@ conv is written as ``out_v = update(A_v, x_v)`` with an aggregate state
 
 * sum / mean (GCN, SAGE, GraphConv, GIN): partial sums (mean divides by the
   in-degree once, as PyG's scatter mean does);
-* max (SAGE ``aggr="max"``): elementwise maxima and, per channel, the number of
-  inputs equal to it, so the gradient splits evenly among ties across pieces
-  exactly as ``scatter_reduce("amax")`` does;
+* max / min (SAGE ``aggr="max"`` or ``"min"``): elementwise extrema and, per
+  channel, the number of inputs equal to it, so the gradient splits evenly
+  among ties across pieces exactly as ``scatter_reduce("amax")`` (``"amin"``)
+  does;
 * attention (GAT, GATv2): online softmax (Milakov & Gimelshein, 2018): a
   running maximum ``M``, ``S = sum exp(e - M)`` and ``O = sum exp(e - M) x'``,
   rescaled when ``M`` grows; ``out = O / (S + 1e-16)`` as PyG's softmax.
@@ -22,7 +23,7 @@ Backward visits the owner first: it recomputes the update from the stored
 state with autograd and keeps ``dL/dA``; every piece then backpropagates
 ``<dL/dA, A_i>``, where ``A_i`` is its part of the state *linearised* at the
 stored reference (fixed ``M`` for attention, fixed tie mask and count for
-max), which is exactly its share of the full-batch gradient.
+max and min), which is exactly its share of the full-batch gradient.
 """
 
 from __future__ import annotations
@@ -66,20 +67,24 @@ class Piece:
         return self.index == self.count - 1
 
 
+#: the extremum aggregations and how two pieces' extrema combine
+_EXTREMA = {"max": torch.maximum, "min": torch.minimum}
+
+
 def _aggr_name(conv) -> str:
     aggr = getattr(conv, "aggr", None)
     if isinstance(aggr, str):
         return {"add": "sum"}.get(aggr, aggr)
     name = type(getattr(conv, "aggr_module", None)).__name__
     return {"SumAggregation": "sum", "MeanAggregation": "mean",
-            "MaxAggregation": "max"}.get(name, name)
+            "MaxAggregation": "max", "MinAggregation": "min"}.get(name, name)
 
 
 class _Kernel(ABC):
     """One conv as messages, an aggregate state and an update (each conv
     kind says how its aggregate becomes the node's output)."""
 
-    reduce = "sum"  # "sum", "mean", "max" or "softmax"
+    reduce = "sum"  # "sum", "mean", "max", "min" or "softmax"
 
     def __init__(self, conv):
         self.conv = conv
@@ -105,12 +110,12 @@ class _SAGE(_Kernel):
     def __init__(self, conv):
         super().__init__(conv)
         self.reduce = _aggr_name(conv)
-        if self.reduce not in ("sum", "mean", "max"):
+        if self.reduce not in ("sum", "mean", "max", "min"):
             raise ValueError(
                 f"offload: {type(conv).__name__} aggr={self.reduce!r} is not "
                 "supported: offload splits a node's in-edges across jobs and "
-                "combines only 'sum', 'mean' and 'max' exactly; build the conv "
-                "with one of them")
+                "combines only 'sum', 'mean', 'max' and 'min' exactly; build the "
+                "conv with one of them")
 
     def messages(self, x, src, w):
         m = x.index_select(0, src)
@@ -246,8 +251,8 @@ class PartialAggregator:
             p = (e - m).exp()
             return [m, p.sum(0), (p.unsqueeze(-1) * xs).sum(0)]
         msg = k.messages(x, src, w)
-        if k.reduce == "max":
-            m = msg.max(0).values
+        if k.reduce in _EXTREMA:
+            m = msg.amax(0) if k.reduce == "max" else msg.amin(0)
             return [m, (msg == m).sum(0).to(msg.dtype)]
         return [msg.sum(0)]
 
@@ -258,8 +263,8 @@ class PartialAggregator:
             sa, sb = (a[0] - m).exp(), (b[0] - m).exp()
             return [m, a[1] * sa + b[1] * sb,
                     a[2] * sa.unsqueeze(-1) + b[2] * sb.unsqueeze(-1)]
-        if reduce == "max":
-            m = torch.maximum(a[0], b[0])
+        if reduce in _EXTREMA:
+            m = _EXTREMA[reduce](a[0], b[0])
             return [m, a[1] * (a[0] == m) + b[1] * (b[0] == m)]
         return [a[0] + b[0]]
 
@@ -272,7 +277,7 @@ class PartialAggregator:
             p = (e - ref[0]).exp()
             return [(p.unsqueeze(-1) * xs).sum(0), p.sum(0)]  # O_i, S_i
         msg = k.messages(x, src, w)
-        if k.reduce == "max":
+        if k.reduce in _EXTREMA:
             tie = (msg == ref[0]).to(msg.dtype) / ref[1]
             return [(msg * tie).sum(0)]
         return [msg.sum(0)]
