@@ -96,3 +96,51 @@ def test_an_edge_list_core_gives_an_edge_list_piece_and_probes():
     assert torch.equal(piece.x, core.x[nodes]) and torch.equal(piece.y, core.y[nodes])
     assert probe_core(GCN(4, 8, 2, 3), core, lambda out, d: F.cross_entropy(out, d.y),
                       torch.device("cpu")) is None
+
+
+class _LayoutDependent(torch.nn.Module):
+    """Right outputs on either layout; on a CSR adjacency ``mode`` "nan"
+    gives NaN gradients (0 x inf in the backward), "scaled" twice the output."""
+
+    def __init__(self, mode: str):
+        super().__init__()
+        self.lin, self.mode = torch.nn.Linear(4, 3), mode
+
+    def forward(self, x, adj):
+        out = self.lin(x)
+        if adj.layout == torch.strided:
+            return out
+        if self.mode == "nan":
+            w = self.lin.weight
+            return out + 0 * (w - w).sqrt().sum()
+        return 2 * out
+
+
+@pytest.mark.parametrize("mode, why", [
+    ("nan", "the step on its CSR adjacency gives non-finite gradients (on the "
+     "same edges as an edge list it does not)"),
+    ("scaled", "the step on its CSR adjacency differs from the step on the same "
+     "edges as an edge list (relative difference 1.0e+00)"),
+])
+def test_a_csr_step_that_runs_but_computes_otherwise_is_caught(mode, why):
+    # (EdgeCNN's max over a CSR adjacency: right outputs, NaN gradients)
+    assert probe_core(_LayoutDependent(mode), _core(), lambda out, d: out.sum(),
+                      torch.device("cpu")) == why
+
+
+def test_duplicates_and_self_loops_do_not_count_as_a_difference():
+    """The core's CSR sums duplicate edges into one entry and GCN treats a
+    CSR's self-loops its own way: no layout difference for the probe, which
+    compares on the piece's entries without self-loops, each once."""
+    from leangnn.graphs.sparse import adj_t_of
+
+    g = torch.Generator().manual_seed(2)
+    n = 30
+    ei = torch.randint(0, n, (2, 120), generator=g)
+    ei = torch.cat([ei, ei[:, :20], torch.arange(5).repeat(2, 1)], 1)
+    core = Data(adj_t=adj_t_of(ei, n), x=torch.randn(n, 4, generator=g),
+                y=torch.randint(0, 3, (n,), generator=g), num_nodes=n)
+    assert int(core.adj_t.values().max()) >= 2  # duplicates were summed
+    model = GCN(4, 8, 2, 3)
+    assert probe_core(model, core, lambda out, d: F.cross_entropy(out, d.y),
+                      torch.device("cpu")) is None

@@ -17,7 +17,7 @@ from torch_geometric.data import Data
 
 from leangnn.plan.user_checks import LossFnError, error_line
 
-__all__ = ["PROBE_EDGES", "piece_of_core", "probe_core"]
+__all__ = ["PROBE_EDGES", "PROBE_RTOL", "piece_of_core", "probe_core"]
 
 #: edges of DPR's core a prune row's probe trains on for real
 PROBE_EDGES = 64
@@ -73,28 +73,109 @@ def _with_nodes(piece: Data, core: Data, nodes: torch.Tensor, layout: str) -> Da
 
 def probe_core(model: torch.nn.Module, core: Data, loss_fn, device: torch.device
                 ) -> str | None:
-    """``None`` when a real training step of ``model`` runs on a piece of DPR's
-    core, else the error's first line.
+    """``None`` when a real training step of ``model`` on a piece of DPR's
+    core runs and, on a CSR core, computes what the same edges as an edge
+    list give; else why not, in one line.
 
     The dry run's fake tensors accept what the core's real layout breaks: an
     aggregation that scatters (PNA, TransformerConv, SAGEConv's ``std``)
     reads the CSR's int32 indices as its index and fails at the first step
-    of :func:`fit`. A few of the core's edges, on a copy of the model, say
-    so at a cost independent of the graph's size.
+    of :func:`fit`. Some do not fail but compute wrong gradients: EdgeCNN's
+    max aggregation over a CSR adjacency gave the right outputs and NaN
+    gradients (a 100-node core). So the probe also runs the step on the same
+    edges as an edge list (the layout of the model's full-batch training):
+    the CSR step must have finite gradients where that one does, and equal
+    it (in eval mode, on the piece's entries without self-loops, each once:
+    there the two layouts mean the same graph to every conv). A few of the
+    core's edges, on a copy of the model, cost what a small graph's step
+    does, whatever the graph's size.
     """
     twin = copy.deepcopy(model).to(device)  # the user's weights and stats stay
-    twin.train()
     piece = piece_of_core(core).to(device)
+    csr = piece.get("adj_t", None) is not None
     try:
-        # dropout draws: the caller's random streams stay where they were
-        with torch.random.fork_rng(devices=[device] if device.type == "cuda"
-                                   else []):
-            adj = piece.adj_t if piece.get("adj_t", None) is not None \
-                else piece.edge_index
-            loss = loss_fn(twin(piece.x, adj), piece)
-            loss.backward()
+        twin.train()
+        got = _step(twin, piece, piece.adj_t if csr else piece.edge_index, loss_fn,
+                    device)
+        if not csr:
+            return None
+        want = _step(twin, piece, _edge_list(piece.adj_t), loss_fn, device)
+        twin.eval()
+        simple, edges = _simple(piece.adj_t)
+        diff = _difference(_step(twin, piece, simple, loss_fn, device),
+                           _step(twin, piece, edges, loss_fn, device))
     except LossFnError:
         raise
     except Exception as e:  # whatever the model raises here, fit would too
         return error_line(e)
+    if _finite(want) and not _finite(got):
+        return ("the step on its CSR adjacency gives non-finite gradients (on "
+                "the same edges as an edge list it does not)")
+    if diff > PROBE_RTOL:
+        return ("the step on its CSR adjacency differs from the step on the "
+                f"same edges as an edge list (relative difference {diff:.1e})")
     return None
+
+
+#: how far the probe's CSR step may differ from its edge-list step (float32
+#: sums in another order: measured ~1e-7)
+PROBE_RTOL = 1e-3
+
+
+def _step(model: torch.nn.Module, piece: Data, adj, loss_fn, device: torch.device
+          ) -> list[torch.Tensor]:
+    """The loss and the parameters' gradients of one step of ``model`` on
+    ``piece`` through ``adj``, from the same random streams each call (the
+    caller's stay where they were)."""
+    model.zero_grad(set_to_none=True)
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(0)
+        loss = loss_fn(model(piece.x, adj), piece)
+        loss.backward()
+    grads = [p.grad.detach().clone() for p in model.parameters()
+             if p.grad is not None]
+    model.zero_grad(set_to_none=True)
+    return [loss.detach().reshape(1), *grads]
+
+
+def _finite(ts: list[torch.Tensor]) -> bool:
+    return all(bool(torch.isfinite(t).all()) for t in ts)
+
+
+def _difference(got: list[torch.Tensor], want: list[torch.Tensor]) -> float:
+    """The largest relative difference between two steps' figures (``inf``
+    when they differ in kind: non-finite values, another gradient count)."""
+    if len(got) != len(want) or not (_finite(got) and _finite(want)):
+        return 0.0 if not _finite(want) else float("inf")
+    return max((float((a - b).abs().max() / b.abs().max().clamp_min(1e-12))
+                for a, b in zip(got, want)), default=0.0)
+
+
+def _edge_list(adj_t: torch.Tensor) -> torch.Tensor:
+    """``adj_t``'s entries as ``edge_index`` (sources, targets), each as often
+    as its value counts it where the values are counts (the core sums
+    duplicate edges into one entry), else once."""
+    crow, col, val = adj_t.crow_indices(), adj_t.col_indices(), adj_t.values()
+    row = torch.repeat_interleave(torch.arange(adj_t.size(0), device=crow.device),
+                                  crow.diff().long())
+    times = val.round()
+    times = times.long() if bool(((times == val) & (times >= 1)).all()) else \
+        torch.ones_like(row)
+    return torch.stack([col.long().repeat_interleave(times),
+                        row.repeat_interleave(times)])
+
+
+def _simple(adj_t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``adj_t``'s off-diagonal entries with value 1, as a CSR of its index
+    dtype and as an edge list."""
+    crow, col = adj_t.crow_indices(), adj_t.col_indices()
+    n = adj_t.size(0)
+    row = torch.repeat_interleave(torch.arange(n, device=crow.device),
+                                  crow.diff().long())
+    keep = row != col.long()
+    row, col = row[keep], col[keep]
+    counts = torch.bincount(row, minlength=n)
+    new_crow = torch.cat([counts.new_zeros(1), counts.cumsum(0)]).to(crow.dtype)
+    simple = torch.sparse_csr_tensor(new_crow, col, torch.ones(
+        col.numel(), dtype=adj_t.values().dtype, device=col.device), (n, n))
+    return simple, torch.stack([col.long(), row])
