@@ -245,11 +245,13 @@ def _prune_rows(model, data, loss_fn, dev, cal, own, epochs, lr, clip_norm,
     """DPR's core rows at :data:`CORE_RATIOS`.
 
     The core is trained through its CSR adjacency (sparse products, no
-    ``[E, C]`` messages). A model that cannot take it (its dry run or a real
-    step on a piece of the core raises: a scatter over the CSR's int32
-    indices (PNA, EdgeConv, TransformerConv), a float64 model, a conv without
-    a sparse kernel) trains on the core as an edge list instead, the layout
-    its full-batch row runs; the rows say so. A core the model cannot train
+    ``[E, C]`` messages). A model that cannot take it trains on the core as
+    an edge list instead, the layout its full-batch row runs, and the rows
+    say why: its dry run or a real step on a piece of the core raises (a
+    scatter over the CSR's int32 indices: PNA, TransformerConv; a float64
+    model; a conv without a sparse kernel), or that step's gradients are not
+    finite or not those of the same edges as an edge list (EdgeCNN:
+    :func:`~leangnn.plan.core_probe.probe_core`). A core the model cannot train
     on either way is a row that says why, as an offload row does, so that
     the plan still picks."""
     rows, why = [], None
