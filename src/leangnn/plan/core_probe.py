@@ -143,8 +143,10 @@ def _finite(ts: list[torch.Tensor]) -> bool:
 
 
 def _difference(got: list[torch.Tensor], want: list[torch.Tensor]) -> float:
-    """The largest relative difference between two steps' figures (``inf``
-    when they differ in kind: non-finite values, another gradient count)."""
+    """The largest relative difference between two steps' figures: ``inf``
+    when they differ in kind (non-finite values in ``got`` alone, another
+    gradient count), 0 when ``want``'s are not finite (nothing to compare
+    with: the model fails on its own layout too, and fit says so)."""
     if len(got) != len(want) or not (_finite(got) and _finite(want)):
         return 0.0 if not _finite(want) else float("inf")
     return max((float((a - b).abs().max() / b.abs().max().clamp_min(1e-12))
