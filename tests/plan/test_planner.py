@@ -545,6 +545,27 @@ def test_candidates_under_the_budget_that_cannot_be_chosen_are_named():
     assert str(e.value).endswith("(~20.0 MiB)")
 
 
+def test_a_job_of_several_processes_that_fits_nowhere_points_to_one_process():
+    """With --nproc P the plan holds the distributed modes alone; when none
+    fits, the error says that one process's rows were not planned."""
+    from leangnn.plan.planner import PlanRow, PlanTable, mark_table
+
+    dist = [PlanRow("distributed", {"model": "sage", "nproc": 2, "dist_mode": m},
+                    need_bytes=(300 + i) << 20, epoch_seconds=0.2)
+            for i, m in enumerate(("graph", "data"))]
+    with pytest.raises(ValueError) as e:
+        choose(mark_table(PlanTable(dist, 80 << 20, "cpu")))
+    assert str(e.value) == (
+        "memory_budget=80.0 MiB is below every candidate on cpu: the smallest, "
+        "distributed(model=sage, nproc=2, dist_mode=graph), needs ~300.0 MiB; one "
+        "process's rows (offload, DPR's core): plan without --nproc")
+    one = [PlanRow("full", {"model": "sage"}, need_bytes=200 << 20,
+                   epoch_seconds=0.1), *dist]
+    with pytest.raises(ValueError) as e:
+        choose(mark_table(PlanTable(one, 80 << 20, "cpu")))
+    assert str(e.value).endswith("needs ~200.0 MiB")
+
+
 def test_a_lazy_cpu_plan_estimates_offload_beside_a_fitting_full_batch(splits):
     # on a CPU an offload row can be the pick though full batch fits
     # (CPU_TIME_MARGIN): lazy planning still estimates it, and picks as the

@@ -371,10 +371,14 @@ def choose(table: PlanTable) -> PlanRow:
     unsized = (f"; {len(over)} rows not estimated need over "
                f"{format_bytes(min(over))}" if over and min(over) < low.need_bytes
                else "")
+    # a job of P processes plans the distributed modes alone: one process's
+    # rows (offload, DPR's core) may still fit
+    alone = ("; one process's rows (offload, DPR's core): plan without --nproc"
+             if all(r.strategy == "distributed" for r in table.rows) else "")
     raise ValueError(
         f"memory_budget={format_bytes(table.budget_bytes)} is below every "
         f"candidate on {table.device}: the smallest, {low.label}, needs "
-        f"~{format_bytes(low.need_bytes)}{unsized}")
+        f"~{format_bytes(low.need_bytes)}{unsized}{alone}")
 
 
 def format_table(table: PlanTable) -> str:
