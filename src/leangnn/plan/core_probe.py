@@ -118,7 +118,8 @@ def probe_core(model: torch.nn.Module, core: Data, loss_fn, device: torch.device
 
 
 #: how far the probe's CSR step may differ from its edge-list step (float32
-#: sums in another order: measured ~1e-7)
+#: sums in another order: measured 3e-8 to 7e-6 for the registry's models
+#: on two csbm:3000 cores, GAT's softmax the largest)
 PROBE_RTOL = 1e-3
 
 
