@@ -110,9 +110,11 @@ def test_pyg_models_trace_alike(graph, make):
     assert _same(make(), graph).sparse_flops == 0
 
 
-def test_dpr_core_through_its_adjacency(graph):
+@pytest.mark.parametrize("name", ["gcn", "sage", "res"])
+def test_dpr_core_through_its_adjacency(graph, name):
     # DPR trains its core through a sparse CSR adjacency (products of a real
-    # sparse matrix with meta features, mean-reduced)
+    # sparse matrix with meta features: summed for GCN, mean-reduced for
+    # SAGE, whose kernel and backward the meta path shapes without a run)
     from leangnn.plan.estimate import _adj_step
     from leangnn.prune.dpr import DPRStrategy
 
@@ -120,7 +122,7 @@ def test_dpr_core_through_its_adjacency(graph):
     assert core.get("adj_t", None) is not None
     torch.manual_seed(0)
     step = _adj_step if core.get("edge_index", None) is None else None
-    model = build_model("gcn", 12, 16, 8, 2)
+    model = build_model(name, 12, 16, 8, 2)
     trace = _same(model, core, step)
     # its aggregations are products with the core's CSR adjacency: the
     # reference counts them in a real step, 2 nnz multiply-adds per column
@@ -133,8 +135,11 @@ def test_dpr_core_through_its_adjacency(graph):
             out = func(*args, **(kwargs or {}))
             sparse = [a for a in args if isinstance(a, torch.Tensor)
                       and a.layout != torch.strided]
-            if sparse and func.__name__.split(".")[0].endswith("mm"):
-                SparseProducts.flops += 2 * sparse[0]._nnz() * out.size(-1)
+            # a product (mm, or the mean-reduced one and its backward)
+            if sparse and "mm" in func.__name__.split(".")[0]:
+                first = next(t for t in (out if isinstance(out, (tuple, list))
+                                         else (out,)) if t is not None)
+                SparseProducts.flops += 2 * sparse[0]._nnz() * first.size(-1)
             return out
 
     with SparseProducts():
