@@ -392,10 +392,12 @@ def _csr_reduce(func, args) -> bool:
     alone), whose outputs :func:`_csr_reduce_outputs` gives without a run.
     Fake mode runs the real kernel on zero-filled copies instead (measured:
     40 of a 130 ms trace, SAGE-3 on itc99/b19's core)."""
-    if func not in _CSR_REDUCE or not _csr_times_meta(args):
-        return False
+    if func not in _CSR_REDUCE or len(args) < 3 or not _csr_times_meta(args):
+        return False  # (arguments given by keyword: the general path)
     if func is aten._sparse_mm_reduce_impl.default:
         return args[2] in ("sum", "mean")
+    if len(args) < 6:
+        return False
     other, mask = args[2], args[5]
     return args[3] in ("sum", "mean") and isinstance(other, Tensor) and \
         other.is_meta and not mask[0] and bool(mask[1])
