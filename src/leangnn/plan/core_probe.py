@@ -14,7 +14,9 @@ import copy
 
 import torch
 from torch_geometric.data import Data
+from torch_geometric.utils import to_edge_index
 
+from leangnn.graphs.sparse import adj_t_of
 from leangnn.plan.user_checks import LossFnError, error_line
 
 __all__ = ["PROBE_EDGES", "PROBE_RTOL", "piece_of_core", "probe_core"]
@@ -99,7 +101,9 @@ def probe_core(model: torch.nn.Module, core: Data, loss_fn, device: torch.device
                     device)
         if not csr:
             return None
-        want = _step(twin, piece, _edge_list(piece.adj_t), loss_fn, device)
+        # non-finite: the layout's fault only where the edge list's are not
+        nan = not _finite(got) and _finite(
+            _step(twin, piece, _edge_list(piece.adj_t), loss_fn, device))
         twin.eval()
         simple, edges = _simple(piece.adj_t)
         diff = _difference(_step(twin, piece, simple, loss_fn, device),
@@ -108,7 +112,7 @@ def probe_core(model: torch.nn.Module, core: Data, loss_fn, device: torch.device
         raise
     except Exception as e:  # whatever the model raises here, fit would too
         return error_line(e)
-    if _finite(want) and not _finite(got):
+    if nan:
         return ("the step on its CSR adjacency gives non-finite gradients (on "
                 "the same edges as an edge list it does not)")
     if diff > PROBE_RTOL:
@@ -158,27 +162,19 @@ def _edge_list(adj_t: torch.Tensor) -> torch.Tensor:
     """``adj_t``'s entries as ``edge_index`` (sources, targets), each as often
     as its value counts it where the values are counts (the core sums
     duplicate edges into one entry), else once."""
-    crow, col, val = adj_t.crow_indices(), adj_t.col_indices(), adj_t.values()
-    row = torch.repeat_interleave(torch.arange(adj_t.size(0), device=crow.device),
-                                  crow.diff().long())
+    (row, col), val = to_edge_index(adj_t)  # adj_t's rows are the targets
     times = val.round()
-    times = times.long() if bool(((times == val) & (times >= 1)).all()) else \
-        torch.ones_like(row)
-    return torch.stack([col.long().repeat_interleave(times),
-                        row.repeat_interleave(times)])
+    if not bool(((times == val) & (times >= 1)).all()):
+        return torch.stack([col, row])
+    times = times.long()
+    return torch.stack([col.repeat_interleave(times), row.repeat_interleave(times)])
 
 
 def _simple(adj_t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``adj_t``'s off-diagonal entries with value 1, as a CSR of its index
-    dtype and as an edge list."""
-    crow, col = adj_t.crow_indices(), adj_t.col_indices()
-    n = adj_t.size(0)
-    row = torch.repeat_interleave(torch.arange(n, device=crow.device),
-                                  crow.diff().long())
-    keep = row != col.long()
-    row, col = row[keep], col[keep]
-    counts = torch.bincount(row, minlength=n)
-    new_crow = torch.cat([counts.new_zeros(1), counts.cumsum(0)]).to(crow.dtype)
-    simple = torch.sparse_csr_tensor(new_crow, col, torch.ones(
-        col.numel(), dtype=adj_t.values().dtype, device=col.device), (n, n))
-    return simple, torch.stack([col.long(), row])
+    """``adj_t``'s off-diagonal entries with value 1, as a CSR of DPR's core
+    (:func:`~leangnn.graphs.sparse.adj_t_of`) and as an edge list."""
+    (row, col), _ = to_edge_index(adj_t)
+    keep = row != col
+    simple = adj_t_of(torch.stack([col[keep], row[keep]]).cpu(), adj_t.size(0))
+    (row, col), _ = to_edge_index(simple)
+    return simple.to(adj_t.device), torch.stack([col, row]).to(adj_t.device)

@@ -436,8 +436,8 @@ def budget_caveat(budget_bytes: int, device: torch.device | str = "cpu") -> str:
     """A note when ``budget_bytes`` is above what this process could hold on
     ``device`` now (:func:`~leangnn.plan.fits.free_to_process`; empty when
     it is not, or when that is unknown): the plan may be for a larger
-    machine, which is fine,
-    but on this one a row the budget fits can run out of memory. (A plan
+    machine, which is fine, but on this one a row the budget fits can run
+    out of memory. (A plan
     without a budget, made for the free memory, never gets it: the figure
     counts what the plan itself took since.)"""
     from leangnn.plan.fits import free_to_process

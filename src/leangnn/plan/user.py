@@ -262,8 +262,7 @@ def _prune_rows(model, data, loss_fn, dev, cal, own, epochs, lr, clip_norm,
         why = edge_attr_refusal(model, data, "prune", CORE_HAS_NO_EDGE_ATTR)
     sparse, probed, csr_why = True, None, None
     for ratio in CORE_RATIOS:
-        knobs = {**own, "budget_ratio": ratio}
-        args = (model, data, ratio, loss_fn, dev, cal, lr, clip_norm, knobs)
+        args = (model, data, ratio, loss_fn, dev, cal, lr, clip_norm, own)
         if not why:
             # one core's layout is every ratio's: a real step probes it once
             est, note, why = _core_estimate(*args, sparse, probed != sparse)
@@ -273,8 +272,7 @@ def _prune_rows(model, data, loss_fn, dev, cal, own, epochs, lr, clip_norm,
                 # layout the model's full-batch row runs
                 csr_why, sparse, probed = why, False, False
                 est, note, why = _core_estimate(*args, False, True)
-        if not sparse:
-            knobs["sparse_adj"] = False
+        knobs = {**own, "budget_ratio": ratio, **_layout(sparse)}
         if why:
             why = why if why.startswith("DPR's core") else f"DPR's core: {why}"
             rows.append(unavailable_row("prune", knobs, f"not possible: {why}",
@@ -284,14 +282,18 @@ def _prune_rows(model, data, loss_fn, dev, cal, own, epochs, lr, clip_norm,
             note += f"; an edge list: the model cannot take its CSR adjacency " \
                     f"({csr_why})"
         est.note = note
-        config = {"strategy": "prune", "budget_ratio": ratio}
-        if not sparse:
-            config["sparse_adj"] = False
-        rows.append(estimate_row("prune", est, cal, "approximate", config, epochs))
+        rows.append(estimate_row("prune", est, cal, "approximate",
+                                 {"strategy": "prune", "budget_ratio": ratio,
+                                  **_layout(sparse)}, epochs))
     return rows
 
 
-def _core_estimate(model, data, ratio, loss_fn, dev, cal, lr, clip_norm, knobs,
+def _layout(sparse: bool) -> dict[str, Any]:
+    """The knob of a core row kept as an edge list (none for the CSR's)."""
+    return {} if sparse else {"sparse_adj": False}
+
+
+def _core_estimate(model, data, ratio, loss_fn, dev, cal, lr, clip_norm, own,
                    sparse: bool, probe: bool
                    ) -> tuple[Estimate | None, str, str | None]:
     """``(estimate, note, None)`` of training ``model`` on ``data``'s core at
@@ -299,12 +301,11 @@ def _core_estimate(model, data, ratio, loss_fn, dev, cal, lr, clip_norm, knobs,
     ``probe``: and a real step on a piece of it), or ``(None, "", why)``
     with the first line of the error."""
     core, note = _core(data, ratio, sparse)
-    if not sparse:
-        knobs = {**knobs, "sparse_adj": False}
+    knobs = {**own, "budget_ratio": ratio, **_layout(sparse),
+             "core_nodes": int(core.num_nodes)}
     try:
         est = estimate_model(model, core, loss_fn, dev, "prune", lr=lr,
-                             clip_norm=clip_norm, calibration=cal,
-                             knobs={**knobs, "core_nodes": int(core.num_nodes)})
+                             clip_norm=clip_norm, calibration=cal, knobs=knobs)
         why = probe_core(model, core, loss_fn, dev) if probe else None
     except LossFnError:
         raise
