@@ -628,3 +628,47 @@ def test_offload_rows_of_a_batchnorm_model_say_why_and_auto_trains_another(
     full = next(r for r in mine.rows if r.strategy == "full")
     out = leangnn.fit(model, data, memory_budget=full.need_bytes - 1, epochs=2)
     assert out["row"].strategy == "prune" and len(out["losses"]) == 2
+
+
+def _fit_counting_cores(data, monkeypatch, strategy, model, reuse):
+    import leangnn.prune.dpr as dpr
+
+    builds = []
+    real = dpr.build_core
+    monkeypatch.setattr(dpr, "build_core",
+                        lambda *a, **k: builds.append(1) or real(*a, **k))
+    monkeypatch.setenv("LEANGNN_PLAN_REUSE", "1" if reuse else "0")
+    torch.manual_seed(0)
+    out = leangnn.fit(model(), data, strategy=strategy, memory_budget="1GiB",
+                      epochs=3)
+    return out, len(builds)
+
+
+def test_fit_trains_on_the_core_and_offload_graph_its_plan_built(data, monkeypatch):
+    import leangnn.offload.engine as engine
+    import leangnn.prune.dpr as dpr
+
+    classes = int(data.y.max()) + 1
+    model = lambda: GCN(8, 16, 2, classes)  # noqa: E731
+    out, builds = _fit_counting_cores(data, monkeypatch, "prune", model, True)
+    # one core per ratio in the plan, none again for training
+    assert builds == 3 and out["strategy"].summary()["core_reused"] is True
+    assert not dpr._OFFERS and not engine._OFFERS  # the rest was dropped
+    off, builds = _fit_counting_cores(data, monkeypatch, "prune", model, False)
+    assert builds == 4 and "core_reused" not in off["strategy"].summary()
+    assert out["losses"] == off["losses"]  # the same core, bit for bit
+
+    out, _ = _fit_counting_cores(data, monkeypatch, "offload", model, True)
+    assert out["strategy"].taken_bytes > 0  # the plan's graph structures
+    assert not dpr._OFFERS and not engine._OFFERS
+    off, _ = _fit_counting_cores(data, monkeypatch, "offload", model, False)
+    assert off["strategy"].taken_bytes == 0
+    assert out["losses"] == off["losses"]
+
+
+def test_a_plan_alone_keeps_nothing_for_training(data):
+    import leangnn.offload.engine as engine
+    import leangnn.prune.dpr as dpr
+
+    leangnn.plan(GCN(8, 16, 2, int(data.y.max()) + 1), data, "1GiB")
+    assert not dpr._OFFERS and not engine._OFFERS

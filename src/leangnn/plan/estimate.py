@@ -70,7 +70,7 @@ from leangnn.plan.fake import (
 
 __all__ = ["Estimate", "depth_points", "estimate_model", "estimate_config",
            "default_loss", "largest_graph", "core_of", "offload_step",
-           "forget", "withdraw", "plan_scope", "EXTRAPOLATE_ABOVE",
+           "forget", "withdraw", "plan_scope", "planning", "EXTRAPOLATE_ABOVE",
            "chunked_work", "job_edge_bytes", "engine_setup_bytes",
            "offload_estimate", "host_floor_bytes"]
 
@@ -753,6 +753,12 @@ def plan_scope() -> Iterator[None]:
         _PLANNING -= 1
 
 
+def planning() -> bool:
+    """Whether a :func:`plan_scope` block is open (its rows offer what they
+    build for training)."""
+    return _PLANNING > 0
+
+
 def forget(keep=None) -> None:
     """Drop what one plan's rows share (the last counting engine, which
     holds the graph grouped by target; the symmetric adjacency of the prune
@@ -810,7 +816,7 @@ def _dpr_config(cfg):
     return DPRStrategy.from_config(cfg).config
 
 
-def core_of(data: Data, planned: bool = False, **dpr) -> Data:
+def core_of(data: Data, planned: bool | None = None, **dpr) -> Data:
     """DPR's core training graph of ``data`` (``dpr``: fields of
     :class:`~leangnn.prune.dpr.DPRConfig`), selected on the CPU; node
     importance is computed once per graph and method.
@@ -821,13 +827,15 @@ def core_of(data: Data, planned: bool = False, **dpr) -> Data:
             adjacency is kept for the plan's other rows (until
             :func:`forget`), and the core is offered to the training of the
             pick (:meth:`~leangnn.prune.dpr.DPRStrategy.offer`).
-            (default: ``False``)
+            (default: ``None``, i.e. inside a :func:`plan_scope` block)
         **dpr: :class:`~leangnn.prune.dpr.DPRConfig` fields.
     """
     from leangnn.graphs.sparse import undirected_csr
     from leangnn.prune.dpr import DPRStrategy
     from leangnn.prune.importance import node_importance
 
+    if planned is None:
+        planned = planning()
     strategy = DPRStrategy(device="cpu", **dpr)
     method = strategy.config.importance
     entry = _graph_entry(data)
@@ -864,7 +872,7 @@ def _core_graph(cfg, data: Data, device: torch.device) -> tuple[Data, str]:
 
     dpr = {f.name: getattr(cfg, f.name) for f in fields(DPRConfig)
            if getattr(cfg, f.name, None) is not None}
-    core = core_of(data, planned=_PLANNING > 0, **dpr)
+    core = core_of(data, **dpr)
     return core, (f"core of {int(data.num_nodes)} nodes: {int(core.num_nodes)} "
                   f"nodes, {int(core.num_edges)} edges")
 

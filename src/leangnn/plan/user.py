@@ -22,12 +22,14 @@ import copy
 import math
 import time
 import warnings
+from types import SimpleNamespace
 from typing import Any
 
 import torch
 from torch_geometric.data import Data
 
 from leangnn.data import check_graph
+from leangnn.graphs.partition import reuse_enabled
 from leangnn.plan.calibration import Calibration, calibration_label, load_calibration
 from leangnn.plan.core_probe import probe_core
 from leangnn.plan.dag import is_dag_model
@@ -36,7 +38,11 @@ from leangnn.plan.estimate import (
     core_of,
     default_loss,
     estimate_model,
+    forget,
     offload_estimate,
+    plan_scope,
+    planning,
+    withdraw,
 )
 from leangnn.plan.fake import UnsupportedOpError
 from leangnn.plan.planner import (
@@ -183,6 +189,38 @@ def plan(model: torch.nn.Module, data: Data, memory_budget=None, loss_fn=None,
     if in_process:
         cal = cal.in_process()
     loss_fn = checked_loss(loss_fn) or default_loss(data)
+    rows_of = (model, data, loss_fn, dev, cal, budget, strategies, epochs, lr,
+               clip_norm)
+    if not in_process:
+        rows = _rows(*rows_of)
+    else:
+        # fit trains the pick next, in this process: what the rows build for
+        # training (DPR's core, the offload engine's graph structures) is
+        # offered to it instead of built again (``LEANGNN_PLAN_REUSE=0``: off)
+        try:
+            with plan_scope():
+                rows = _rows(*rows_of)
+        except BaseException:
+            forget()  # nothing of a failed plan is kept
+            raise
+    table = PlanTable(rows, budget, str(dev), calibration_label(cal),
+                      in_process_bytes=share, caveat=plan_caveat(budget, dev))
+    mark_table(table)
+    if in_process:
+        forget(keep=_kept(table.pick))
+    table.seconds = time.perf_counter() - t0
+    return table
+
+
+def _kept(row: PlanRow | None):
+    """What :func:`~leangnn.plan.estimate.forget` keeps for ``row`` (the
+    pick): its strategy and knobs as attributes, read as a ``TrainConfig``'s."""
+    return None if row is None else SimpleNamespace(**row.config)
+
+
+def _rows(model, data, loss_fn, dev, cal, budget, strategies, epochs, lr,
+          clip_norm) -> list[PlanRow]:
+    """The rows of :func:`plan` (its arguments, checked)."""
     name = type(model).__name__
     reversible = hasattr(model, "stack") and hasattr(model.stack, "num_groups")
     strategy = "reversible" if reversible else "full"
@@ -210,7 +248,7 @@ def plan(model: torch.nn.Module, data: Data, memory_budget=None, loss_fn=None,
                                     f"training needs a GSRGNN, {name} is not one "
                                     "(plan strategy 'full' for its own training)"))
     why = _is_layerwise(model) if "offload" in wanted else "not requested"
-    full = None
+    full = eng = None
     tries = [(b, p) for b in offload_budgets(budget, dev) for p in OFFLOAD_PARTS]
     for dev_budget, parts in tries if "offload" in wanted else ():
         knobs = {**own, "device_budget": dev_budget, "num_parts": parts}
@@ -220,7 +258,8 @@ def plan(model: torch.nn.Module, data: Data, memory_budget=None, loss_fn=None,
         try:
             if full is None:
                 full = estimate_model(model, data, loss_fn, dev)
-            est = _offload_model(model, data, dev, dev_budget, cal, knobs, full)
+            est, eng = _offload_model(model, data, dev, dev_budget, cal, knobs,
+                                      full, like=eng if reuse_enabled() else None)
             rows.append(estimate_row("offload", est, cal, "exact",
                                      {"strategy": "offload",
                                       "device_budget": dev_budget,
@@ -231,17 +270,13 @@ def plan(model: torch.nn.Module, data: Data, memory_budget=None, loss_fn=None,
             rows.append(unavailable_row("offload", knobs, "not possible: "
                                         + str(e).splitlines()[0]))
     rows += _prune_rows(model, data, loss_fn, dev, cal, own, epochs, lr, clip_norm,
-                        levels=own.get("family") == "dag") \
+                        budget, levels=own.get("family") == "dag") \
         if "prune" in wanted else []
-    table = PlanTable(rows, budget, str(dev), calibration_label(cal),
-                      in_process_bytes=share, caveat=plan_caveat(budget, dev))
-    mark_table(table)
-    table.seconds = time.perf_counter() - t0
-    return table
+    return rows
 
 
 def _prune_rows(model, data, loss_fn, dev, cal, own, epochs, lr, clip_norm,
-                levels: bool) -> list[PlanRow]:
+                budget: int, levels: bool) -> list[PlanRow]:
     """DPR's core rows at :data:`CORE_RATIOS`.
 
     The core is trained through its CSR adjacency (sparse products, no
@@ -282,9 +317,12 @@ def _prune_rows(model, data, loss_fn, dev, cal, own, epochs, lr, clip_norm,
             note += f"; an edge list: the model cannot take its CSR adjacency " \
                     f"({csr_why})"
         est.note = note
-        rows.append(estimate_row("prune", est, cal, "approximate",
-                                 {"strategy": "prune", "budget_ratio": ratio,
-                                  **_layout(sparse)}, epochs))
+        row = estimate_row("prune", est, cal, "approximate",
+                           {"strategy": "prune", "budget_ratio": ratio,
+                            **_layout(sparse)}, epochs)
+        if row.need_bytes is not None and row.need_bytes > budget:
+            withdraw(SimpleNamespace(**row.config))  # cannot be the pick
+        rows.append(row)
     return rows
 
 
@@ -312,8 +350,13 @@ def _core_estimate(model, data, ratio, loss_fn, dev, cal, lr, clip_norm, own,
     except (ValueError, RuntimeError, TypeError, IndexError) as e:
         # e.g. a float64 model (the core's sparse product is float32 only)
         # or a conv with no sparse kernel
-        return None, "", error_line(e)
-    return (None, "", why) if why else (est, note, None)
+        why = error_line(e)
+    if why:
+        # what the scope's core_of offered for training: of no use
+        withdraw(SimpleNamespace(strategy="prune", budget_ratio=ratio,
+                                 **_layout(sparse)))
+        return None, "", why
+    return est, note, None
 
 
 def _core(data: Data, ratio: float, sparse: bool = True) -> tuple[Data, str]:
@@ -321,21 +364,27 @@ def _core(data: Data, ratio: float, sparse: bool = True) -> tuple[Data, str]:
     return core, f"core: {int(core.num_nodes)} nodes, {int(core.num_edges)} edges"
 
 
-def _offload_model(model, data, device, budget, cal, knobs, full: Estimate
-                   ) -> Estimate:
+def _offload_model(model, data, device, budget, cal, knobs, full: Estimate,
+                   like=None):
+    """``(estimate, counting engine)`` of an offload row; ``like``: the
+    previous row's engine, whose graph grouped by target (and partition, at
+    the same part count) this one takes over instead of building."""
     from leangnn.offload import OffloadEngine, OffloadOptions
+    from leangnn.offload.engine import offer_graph
 
     t0 = time.perf_counter()
     opts = OffloadOptions(budget, min(knobs["num_parts"], int(data.num_nodes)),
                           device=device, virtual=True)
     with torch.random.fork_rng(devices=[]):
-        eng = OffloadEngine(model, data, options=opts)
+        eng = OffloadEngine(model, data, options=opts, like=like)
         counters = eng.simulate(train=True)
+    if planning():
+        offer_graph(eng, data)  # to fit's training of this row
     est = offload_estimate(eng, counters, data, [data], full.model_bytes, full.work,
                            dict(knobs), device)
     cal.apply(est)
     est.estimate_seconds = time.perf_counter() - t0
-    return est
+    return est, eng
 
 
 def fit(model: torch.nn.Module, data: Data, loss_fn=None, strategy: str = "auto",
