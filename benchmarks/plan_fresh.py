@@ -74,13 +74,29 @@ UNSEEN = [
 ]
 
 
-def cases(with_cli_auto: bool = False, unseen: bool = False
+#: ``--set tight`` (stop 42): more graphs and settings none of the above use,
+#: each budget cut to what the planner says its pick needs (see :func:`run`)
+TIGHT = [
+    ("square-sage3", f"--dataset epfl/square {_V} --model sage --layers 3 "
+     "--hidden 64"),
+    ("adder-gcn4", f"--dataset epfl/adder {_V} --model gcn --layers 4 --hidden 32"),
+    ("s38417-res6", f"--dataset iscas89/s38417 {_V} --model res --conv sage "
+     "--layers 6 --hidden 32"),
+    ("bar-gat2", f"--dataset epfl/bar {_V} --model gat --layers 2 --hidden 64"),
+    ("banyan64-gsr16", f"--dataset misc/banyan_64 {_V} --model gsr --layers 16 "
+     "--hidden 32 --groups 4"),
+    ("csbm80k-gcn3", "--dataset csbm:80000 --model gcn --layers 3 --hidden 64"),
+]
+
+
+def cases(with_cli_auto: bool = False, unseen: bool = False, tight: bool = False
           ) -> list[tuple[str, str, str]]:
-    """(name, command line after ``train``, budget) of each case (``unseen``:
-    :data:`UNSEEN`'s, whose budget ``FULL`` the fraction replaces)."""
-    if unseen:
+    """(name, command line after ``train``, budget) of each case (``unseen``
+    or ``tight``: :data:`UNSEEN`'s or :data:`TIGHT`'s, whose budget ``FULL``
+    the fraction replaces)."""
+    if unseen or tight:
         return [(name, f"{args} --strategy auto --memory-budget FULL", "FULL")
-                for name, args in UNSEEN]
+                for name, args in (TIGHT if tight else UNSEEN)]
     out = [(name, f"{args} --strategy auto --memory-budget {budget}", budget)
            for name, args, budget in FRESH]
     if with_cli_auto:
@@ -120,11 +136,16 @@ def full_need(args: str, device: str, timeout: float) -> int:
 def run(repeat: int, timeout: float, epochs: int = 3,
         with_cli_auto: bool = False, device: str = "cpu",
         budget_fraction: float | None = None, only: list[str] | None = None,
-        unseen: bool = False) -> dict:
+        unseen: bool = False, tight: bool = False) -> dict:
+    """Every case's runs. ``tight``: the budget (FRACTION of full batch's
+    need) is then cut to the need the planner estimates for its pick there
+    (one 1-epoch run's ``budget_check``, rounded up to 0.1 MiB), so the pick
+    fits with nothing to spare: a run over it is an under-estimate the
+    planner's margin did not absorb."""
     from leangnn.utils import format_bytes, parse_bytes
 
     rows = []
-    for name, args, budget in cases(with_cli_auto, unseen):
+    for name, args, budget in cases(with_cli_auto, unseen, tight):
         if only and not any(s in name for s in only):
             continue
         if device != "cpu":
@@ -139,6 +160,18 @@ def run(repeat: int, timeout: float, epochs: int = 3,
                 continue
             new = format_bytes(int(need * budget_fraction)).replace(" ", "")
             args = args.replace(f"--memory-budget {budget}", f"--memory-budget {new}")
+            budget = new
+        first = None
+        if tight:
+            first = _cli_measure({"args": args}, 1, 1, timeout)
+            if "error" in first or not first.get("budget_check"):
+                rows.append({"name": name, "budget": budget, "error": first.get(
+                    "error", "summary.json has no budget_check")})
+                continue
+            tenths = -(-first["budget_check"]["estimated_need_bytes"] * 10 // 2**20)
+            new = f"{tenths / 10}MiB"
+            args = args.replace(f"--memory-budget {budget}", f"--memory-budget {new}")
+            first = {"budget": budget, "pick": first["plan"]["pick"]}
             budget = new
         row = {"args": args}
         runs = [_cli_measure(row, epochs, 1, timeout) for _ in range(repeat)]
@@ -161,6 +194,7 @@ def run(repeat: int, timeout: float, epochs: int = 3,
                                                            for r in runs],
             "estimated_run_bytes": est, "peaks": peaks, "needs": needs,
             "within_budget": all(n <= parse_bytes(budget) for n in needs),
+            **({"first": first} if first else {}),
             "error": (est - med) / med,
             "estimated_epoch_seconds": plan["estimated_epoch_seconds"],
             "epoch_seconds": statistics.median(
@@ -170,7 +204,8 @@ def run(repeat: int, timeout: float, epochs: int = 3,
               f"error {rows[-1]['error']:+.1%}", file=sys.stderr)
     return {"date": time.strftime("%Y-%m-%d"), "repeat": repeat, "epochs": epochs,
             "with_cli_auto": with_cli_auto, "device": device,
-            "budget_fraction": budget_fraction, "unseen": unseen, "rows": rows}
+            "budget_fraction": budget_fraction, "unseen": unseen, "tight": tight,
+            "rows": rows}
 
 
 def markdown(res: dict) -> str:
@@ -190,11 +225,16 @@ def markdown(res: dict) -> str:
         flags += f" --budget-fraction {frac}"
     if res.get("unseen"):
         flags += " --set unseen"
+    if res.get("tight"):
+        flags += " --set tight"
     what = ("graphs no calibration run or `cli` row trains on, a budget "
             + (f"of {frac} x full batch's estimated need" if frac is not None
                else "below full batch's need"))
     if res.get("with_cli_auto"):
         what += ", and the `--strategy auto` rows of the `cli` section"
+    if res.get("tight"):
+        what += (", then cut to the need the plan estimates for its pick there "
+                 "(nothing to spare; the first budget and pick in the JSON)")
     out = [f"`python benchmarks/plan_fresh.py --repeat {res['repeat']}{flags}` "
            f"({res['date']}; {what}; {epochs} epochs per run): "
            f"**{n_in} of {n} processes within their budget** (a process's "
@@ -232,7 +272,7 @@ def _merged(res: dict, path: Path, names: list[str]) -> dict:
     # (``or False``: results written before a key existed lack it)
     same = all((old.get(k) or False) == (res.get(k) or False)
                for k in ("epochs", "with_cli_auto", "device", "budget_fraction",
-                         "repeat", "unseen"))
+                         "repeat", "unseen", "tight"))
     if not same:
         return res
     ran = {r["name"] for r in res["rows"]}
@@ -257,9 +297,11 @@ def main(argv=None) -> int:
                     metavar="FRACTION", help="each budget FRACTION x full "
                     "batch's estimated need on --device (default: the fixed "
                     "CPU budgets)")
-    ap.add_argument("--set", choices=("fresh", "unseen"), default="fresh",
-                    help="the cases: FRESH's fixed budgets, or UNSEEN's (stop "
-                    "41; needs --budget-fraction) (default: fresh)")
+    ap.add_argument("--set", choices=("fresh", "unseen", "tight"), default="fresh",
+                    help="the cases: FRESH's fixed budgets, UNSEEN's (stop 41; "
+                    "needs --budget-fraction) or TIGHT's (stop 42; needs "
+                    "--budget-fraction, then cut to the pick's estimated need) "
+                    "(default: fresh)")
     ap.add_argument("--only", nargs="*", default=None,
                     help="case names (or substrings) to run")
     ap.add_argument("--out", default=None, help="the JSON (and its .md beside "
@@ -270,20 +312,20 @@ def main(argv=None) -> int:
                  f"{args.repeat}")
     if args.budget_fraction is not None and not 0 < args.budget_fraction < 1:
         ap.error(f"--budget-fraction must be in (0, 1), got {args.budget_fraction}")
-    unseen = args.set == "unseen"
-    if unseen and (args.budget_fraction is None or args.with_cli_auto):
-        ap.error("--set unseen: needs --budget-fraction (its cases have no fixed "
-                 "budget) and no --with-cli-auto")
-    names = [name for name, _, _ in cases(args.with_cli_auto, unseen)]
+    unseen, tight = args.set == "unseen", args.set == "tight"
+    if (unseen or tight) and (args.budget_fraction is None or args.with_cli_auto):
+        ap.error(f"--set {args.set}: needs --budget-fraction (its cases have no "
+                 "fixed budget) and no --with-cli-auto")
+    names = [name for name, _, _ in cases(args.with_cli_auto, unseen, tight)]
     if args.only is not None and not any(s in n for s in args.only for n in names):
         ap.error(f"--only: no case matches {args.only}; the cases: {', '.join(names)}")
     res = run(args.repeat, args.timeout, args.epochs, args.with_cli_auto,
-              args.device, args.budget_fraction, args.only, unseen)
+              args.device, args.budget_fraction, args.only, unseen, tight)
     # the default check keeps its name; a long or wider one is its own section
     name = "plan-fresh" if args.epochs == 3 and not args.with_cli_auto else \
         "plan-long"
-    if unseen:
-        name = "plan-unseen"
+    if unseen or tight:
+        name = f"plan-{args.set}"
     out = Path(args.out) if args.out else results_path(name.replace("-", "_")
                                                        + ".json")
     if args.only:
