@@ -139,7 +139,8 @@ def run(repeat: int, timeout: float, epochs: int = 3,
         unseen: bool = False, tight: bool = False) -> dict:
     """Every case's runs. ``tight``: the budget (FRACTION of full batch's
     need) is then cut to the need the planner estimates for its pick there
-    (one 1-epoch run's ``budget_check``, rounded up to 0.1 MiB), so the pick
+    (one run's ``budget_check``, rounded up to 0.1 MiB; a run of as many
+    epochs, since a plan's need grows with them on CPU), so the pick
     fits with nothing to spare: a run over it is an under-estimate the
     planner's margin did not absorb."""
     from leangnn.utils import format_bytes, parse_bytes
@@ -163,7 +164,7 @@ def run(repeat: int, timeout: float, epochs: int = 3,
             budget = new
         first = None
         if tight:
-            first = _cli_measure({"args": args}, 1, 1, timeout)
+            first = _cli_measure({"args": args}, epochs, 1, timeout)
             if "error" in first or not first.get("budget_check"):
                 rows.append({"name": name, "budget": budget, "error": first.get(
                     "error", "summary.json has no budget_check")})
@@ -171,7 +172,8 @@ def run(repeat: int, timeout: float, epochs: int = 3,
             tenths = -(-first["budget_check"]["estimated_need_bytes"] * 10 // 2**20)
             new = f"{tenths / 10}MiB"
             args = args.replace(f"--memory-budget {budget}", f"--memory-budget {new}")
-            first = {"budget": budget, "pick": first["plan"]["pick"]}
+            first = {"budget": budget, "pick": first["plan"]["pick"],
+                     "need_bytes": first["budget_check"]["measured_need_bytes"]}
             budget = new
         row = {"args": args}
         runs = [_cli_measure(row, epochs, 1, timeout) for _ in range(repeat)]
