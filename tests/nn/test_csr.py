@@ -156,3 +156,36 @@ def test_stack_uses_kernels_and_off_switch(graph, conv, fn, kernels):
     assert kernel_calls.call_count == (2 * L * G if kernels else 0)
     assert len(pyg_calls) == (0 if kernels else 2 * L * G)
     assert stack._kernels is None  # nothing outlives the pass
+
+
+@pytest.mark.parametrize("conv", ["gcn", "sage"])
+def test_a_csr_adjacency_goes_to_the_convs_untouched(graph, conv):
+    """DPR's core reaches a GSR model as a sparse CSR adjacency, which is no
+    edge index (``is_sparse`` is false for it: it was unbound into its N rows
+    and dropped, every call). It passes through, builds no CSRGraph, and the
+    stack computes what it computes on the same edges as an edge index."""
+    from torch_geometric.utils import remove_self_loops
+
+    from leangnn.graphs.sparse import adj_t_of
+
+    # (GCN normalises a CSR's own self-loops otherwise: a known difference)
+    edge_index, n = remove_self_loops(graph[0])[0], graph[1]
+    adj_t = adj_t_of(edge_index, n)  # as DPR lays out its core
+    convs = [CONVS[conv]()]
+    with shared_graph(convs, adj_t, n, torch.float32) as shared, \
+            mock.patch.object(csr, "CSRGraph", side_effect=AssertionError), \
+            csr_kernels(convs, shared, n, torch.float32) as kernels:
+        assert shared is adj_t and kernels == [None]
+        if conv == "gcn":
+            assert convs[0]._cached_edge_index is None
+    torch.manual_seed(0)
+    stack = GSRStack(8, 3, 2, conv=conv).double().train()
+    x = torch.randn(n, 8, dtype=torch.float64, requires_grad=True)
+    grads = []
+    for adj in (edge_index, adj_t.to(torch.float64)):
+        with mock.patch.object(csr, "CSRGraph", wraps=CSRGraph) as built:
+            out = stack(x, adj)
+            grads.append((out, *torch.autograd.grad(out.square().sum(), [x])))
+        assert built.called == (adj is edge_index)
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)

@@ -282,7 +282,9 @@ def csr_kernels(convs: Sequence[torch.nn.Module], edge_index, num_nodes: int,
         a list as long as ``convs``: ``kernel(x) -> out`` or ``None``.
     """
     kernels: list[Callable[[Tensor], Tensor] | None] = [None] * len(convs)
-    if not isinstance(edge_index, Tensor) or edge_index.is_sparse:
+    # (``is_sparse`` is COO's alone: a CSR adjacency, DPR's core, was taken
+    # for an edge index, unbound into its N rows and dropped, every call)
+    if not isinstance(edge_index, Tensor) or edge_index.layout != torch.strided:
         yield kernels
         return
     # built on first use, once per call of this function (= once per pass),

@@ -64,8 +64,8 @@ def shared_graph(convs: Sequence[torch.nn.Module], edge_index, num_nodes: int,
     Yields:
         the ``edge_index`` to pass to every conv inside the block.
     """
-    if not plain or not isinstance(edge_index, Tensor) or edge_index.is_sparse \
-            or edge_index.dim() != 2:
+    if not plain or not isinstance(edge_index, Tensor) \
+            or edge_index.layout != torch.strided or edge_index.dim() != 2:
         yield edge_index
         return
     from torch_geometric.nn.conv.gcn_conv import gcn_norm
