@@ -86,6 +86,13 @@ TIGHT = [
     ("banyan64-gsr16", f"--dataset misc/banyan_64 {_V} --model gsr --layers 16 "
      "--hidden 32 --groups 4"),
     ("csbm80k-gcn3", "--dataset csbm:80000 --model gcn --layers 3 --hidden 64"),
+    ("b18-gsr8-gat", f"--dataset itc99/b18 {_V} --model gsr --conv gat --layers 8 "
+     "--hidden 16 --groups 2"),
+    ("voter-res6-gcn", f"--dataset epfl/voter {_V} --model res --conv gcn "
+     "--layers 6 --hidden 32"),
+    ("log2-gin3", f"--dataset epfl/log2 {_V} --model gin --layers 3 --hidden 64"),
+    ("b17-b20-sage3", f"--dataset itc99/b17,itc99/b20 {_V} --model sage --layers 3 "
+     "--hidden 32"),
 ]
 
 
