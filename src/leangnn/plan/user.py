@@ -153,8 +153,10 @@ def plan(model: torch.nn.Module, data: Data, memory_budget=None, loss_fn=None,
         in_process (bool, optional): the run trains in this process after
             the plan (as :func:`fit`'s does): the plan's own dry runs have
             paid part of its first-run constant
-            (:meth:`~leangnn.plan.calibration.Calibration.in_process`).
-            (default: ``False``)
+            (:meth:`~leangnn.plan.calibration.Calibration.in_process`), and
+            what the pick trains on (DPR's core, the offload engine's graph
+            structures) is kept for its strategy to take over
+            (``LEANGNN_PLAN_REUSE=0``: nothing is kept). (default: ``False``)
 
     Raises:
         ValueError: one line naming the argument or tensor and the value: a
