@@ -739,3 +739,40 @@ def test_the_compact_heap_is_an_allocator_mode_of_its_own(monkeypatch):
         return  # (not Linux: one mode)
     assert allocator_mode("cpu") == "glibc-compact"
     assert machine_kind("cpu") == default.replace("glibc-default", "glibc-compact")
+
+
+def test_a_pick_on_dprs_core_has_its_own_in_process_share():
+    """A plan made in the process that trains DPR's core pages in less of
+    that run's code (the core's sparse products, DPR's serving) than of an
+    exact row's: its first-run constants (``prune`` op mixes) lose the core's
+    share, the others the exact one; unmeasured, the core's is the exact."""
+    cal = Calibration("test", "glibc-default", const=8e6, in_process_bytes=3.5e6,
+                      in_process_core_bytes=2.7e6,
+                      family_consts={"gsr": 10e6, "prune": 7.5e6,
+                                     "prune-res": 7.6e6})
+    assert cal.in_process_share("prune") == 2.7e6
+    assert cal.in_process_share("full") == cal.in_process_share() == 3.5e6
+    here = cal.in_process()
+    assert here.const == pytest.approx(4.5e6)
+    assert here.family_consts == pytest.approx(
+        {"gsr": 6.5e6, "prune": 4.8e6, "prune-res": 4.9e6})
+    assert here.first_run_const(["prune-gsr", "prune"]) == pytest.approx(4.8e6)
+    assert here.in_process() is here  # paid once
+    back = Calibration.from_dict(json.loads(json.dumps(cal.to_dict())))
+    assert back.in_process_core_bytes == 2.7e6
+    # not measured: the exact share for every op mix
+    old = Calibration("test", "glibc-default", const=8e6, in_process_bytes=3.5e6,
+                      family_consts={"prune": 7.5e6})
+    assert old.in_process_share("prune") == 3.5e6
+    assert old.in_process().family_consts == pytest.approx({"prune": 4.0e6})
+    # the table records the pick's share (resumed_plan gives it back)
+    from leangnn.plan.planner import PlanRow, in_process_share
+
+    core = PlanRow("prune", {}, "approximate", config={"strategy": "prune",
+                                                        "budget_ratio": 0.5})
+    edges = PlanRow("prune", {}, "approximate", config={
+        "strategy": "prune", "budget_ratio": 0.5, "sparse_adj": False})
+    full = PlanRow("full", {}, "exact", config={"strategy": "full"})
+    assert in_process_share(cal, core) == 2_700_000
+    assert in_process_share(cal, edges) == in_process_share(cal, full) == 3_500_000
+    assert in_process_share(cal, None) == 3_500_000

@@ -46,6 +46,7 @@ from leangnn.utils import MAX_BYTES, format_bytes, json_safe, parse_bytes
 __all__ = ["PlanRow", "PlanTable", "plan_config", "choose", "format_table",
            "candidates", "plan_candidates", "resolve_budget", "plan_summary",
            "PLANNED", "GROUPS", "CORE_RATIOS", "OFFLOAD_PARTS", "CPU_DEVICE_SHARES",
+           "in_process_share",
            "PINNABLE", "offload_budgets", "budget_check", "need_figures",
            "resumed_plan", "thread_caveat", "budget_caveat", "plan_caveat",
            "CPU_TIME_MARGIN"]
@@ -181,10 +182,10 @@ class PlanTable:
             (``uncalibrated`` when none is stored or shipped, ``reference
             KIND`` for the shipped reference calibration).
         seconds (float): what planning took.
-        in_process_bytes (int): what the estimates took off for a pick that
-            trains in the planning process
-            (:attr:`~leangnn.plan.calibration.Calibration.in_process_bytes`;
-            ``0``: planned for a process of its own).
+        in_process_bytes (int): what the estimates took off the pick's
+            first-run constant, for a pick that trains in the planning
+            process (:func:`in_process_share`; ``0``: planned for a process
+            of its own).
         caveat (str): what the estimates leave out in this process
             (:func:`thread_caveat`) and a budget above what the device has
             free (:func:`budget_caveat`), printed above the pick's line;
@@ -464,6 +465,15 @@ def _knob(key: str, value) -> str:
         except ValueError:
             pass
     return str(value)
+
+
+def in_process_share(cal: Calibration, row: PlanRow | None) -> int:
+    """What a plan made in the process that trains ``row`` took off its
+    first-run constant (:meth:`~leangnn.plan.calibration.Calibration.
+    in_process_share`: DPR's core trained through its CSR has its own)."""
+    core = row is not None and row.strategy == "prune" and \
+        row.config.get("sparse_adj") is not False
+    return round(cal.in_process_share("prune" if core else None))
 
 
 def plan_summary(table: PlanTable) -> dict[str, Any]:
@@ -771,7 +781,7 @@ def plan_config(cfg, splits, memory_budget=None, device=None,
     dev = torch.device(device or cfg.device)
     budget = resolve_budget(memory_budget, dev)
     cal = calibration or load_calibration(dev)
-    share = round(cal.in_process_bytes) if in_process else 0
+    planned_cal = cal
     if in_process:
         cal = cal.in_process()
     todo = plan_candidates(cfg, budget, dev, strategies, pinned, nproc)
@@ -789,9 +799,10 @@ def plan_config(cfg, splits, memory_budget=None, device=None,
         forget()  # nothing of a failed plan is kept
         raise
     table = PlanTable([r for r in rows if r is not None], budget, str(dev),
-                      calibration_label(cal), in_process_bytes=share,
-                      caveat=plan_caveat(budget, dev))
+                      calibration_label(cal), caveat=plan_caveat(budget, dev))
     mark_table(table)
+    if in_process:
+        table.in_process_bytes = in_process_share(planned_cal, table.pick)
     # what the rows share is dropped; what they built for training (DPR's
     # core, the offload engine's graph) is kept for the pick alone, which
     # ``--strategy auto`` trains next

@@ -53,6 +53,7 @@ from leangnn.plan.planner import (
     budget_check,
     choose,
     estimate_row,
+    in_process_share,
     mark_table,
     need_figures,
     offload_budgets,
@@ -187,7 +188,7 @@ def plan(model: torch.nn.Module, data: Data, memory_budget=None, loss_fn=None,
     dev = torch.device(device)
     budget = resolve_budget(memory_budget, dev)
     cal = calibration or load_calibration(dev)
-    share = round(cal.in_process_bytes) if in_process else 0
+    planned_cal = cal
     if in_process:
         cal = cal.in_process()
     loss_fn = checked_loss(loss_fn) or default_loss(data)
@@ -206,9 +207,10 @@ def plan(model: torch.nn.Module, data: Data, memory_budget=None, loss_fn=None,
             forget()  # nothing of a failed plan is kept
             raise
     table = PlanTable(rows, budget, str(dev), calibration_label(cal),
-                      in_process_bytes=share, caveat=plan_caveat(budget, dev))
+                      caveat=plan_caveat(budget, dev))
     mark_table(table)
     if in_process:
+        table.in_process_bytes = in_process_share(planned_cal, table.pick)
         forget(keep=_kept(table.pick))
     table.seconds = time.perf_counter() - t0
     return table
