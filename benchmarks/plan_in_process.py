@@ -1,0 +1,106 @@
+"""What a plan made in the training process pays of a DPR core's run (stop 42).
+
+    python benchmarks/plan_in_process.py            # compact heap (leangnn train)
+    LEANGNN_HEAP=default python benchmarks/plan_in_process.py --heap default
+
+``leangnn train --strategy auto`` plans in the process that then trains: the
+plan's dry runs page in part of the run's code, so the run measures less
+than the same configuration trained in a process of its own, and the plan
+takes that share (``Calibration.in_process_bytes``, measured on tiny exact
+runs) off its estimate. For a pick on DPR's core the share is smaller. Each
+case here is a graph where ``--strategy auto`` at its budget picks a core:
+one auto run reads the pick, then 3 runs pinned to that core (``--strategy
+prune --budget-ratio R``) and 2 more auto runs, alternating, one thread,
+3 epochs; the share is the difference of the medians of their measured
+peaks. Writes ``benchmarks/results/in_process_core_<heap>.json``; the median
+share over the cases is the reference's ``in_process_core_bytes``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from leangnn.utils import atomic_write_text
+
+ROOT = Path(__file__).resolve().parents[1]
+V = "--val-dataset iscas85/c17 --test-dataset iscas85/c432"
+#: (name, command line after ``train``, a budget at which auto picks a core)
+CASES = [
+    ("banyan64-gsr16", f"--dataset misc/banyan_64 {V} --model gsr --layers 16 "
+     "--hidden 32 --groups 4", "9.5MiB"),
+    ("adder-gcn4", f"--dataset epfl/adder {V} --model gcn --layers 4 --hidden 32",
+     "6.7MiB"),
+    ("b20-sage4", f"--dataset itc99/b20 {V} --model sage --layers 4 --hidden 64",
+     "30.2MiB"),
+    ("max-gsr24", f"--dataset epfl/max {V} --model gsr --layers 24 --hidden 32 "
+     "--groups 2", "12.6MiB"),
+    ("s38417-res6", f"--dataset iscas89/s38417 {V} --model res --conv sage "
+     "--layers 6 --hidden 32", "20MiB"),
+]
+
+
+def train(args: str) -> dict:
+    with tempfile.TemporaryDirectory() as t:
+        p = subprocess.run([sys.executable, "-m", "leangnn", "train",
+                            *shlex.split(args), "--epochs", "3", "--quiet", "--out",
+                            t + "/r"], capture_output=True, text=True,
+                           env=dict(os.environ, OMP_NUM_THREADS="1"))
+        if p.returncode:
+            raise RuntimeError((p.stderr.strip().splitlines() or ["?"])[-1])
+        return json.loads(Path(t, "r", "summary.json").read_text())
+
+
+def run() -> list[dict]:
+    out = []
+    for name, args, budget in CASES:
+        auto_args = f"{args} --strategy auto --memory-budget {budget}"
+        s = train(auto_args)
+        plan = s["plan"]
+        if plan["strategy"] != "prune":
+            print(f"{name}: picked {plan['pick']}, not a core; left out",
+                  file=sys.stderr)
+            continue
+        ratio = plan["config"]["budget_ratio"]
+        pinned = f"{args} --strategy prune --budget-ratio {ratio}"
+        auto, pin = [s["memory"]["peak_bytes"]], []
+        for i in range(3):
+            pin.append(train(pinned)["memory"]["peak_bytes"])
+            if i < 2:
+                auto.append(train(auto_args)["memory"]["peak_bytes"])
+        r = {"name": name, "pick": plan["pick"],
+             "in_process_bytes": plan["in_process_bytes"],
+             "est_run": plan["estimated_run_bytes"], "auto": auto, "pinned": pin,
+             "diff": statistics.median(pin) - statistics.median(auto)}
+        out.append(r)
+        print(f"{name}: {plan['pick']}: pinned - auto {r['diff'] / 2**20:.2f} MiB",
+              file=sys.stderr)
+    return out
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--heap", choices=("compact", "default"), default="compact",
+                    help="names the result (set LEANGNN_HEAP=default for the "
+                    "default heap)")
+    args = ap.parse_args(argv)
+    if (os.environ.get("LEANGNN_HEAP") == "default") != (args.heap == "default"):
+        ap.error("--heap default goes with LEANGNN_HEAP=default (and only it)")
+    rows = run()
+    path = ROOT / "benchmarks" / "results" / f"in_process_core_{args.heap}.json"
+    atomic_write_text(path, json.dumps(rows, indent=1) + "\n")
+    if rows:
+        med = statistics.median(r["diff"] for r in rows)
+        print(f"plan_in_process: median share {med / 2**20:.2f} MiB "
+              f"({int(med)} bytes); wrote {path}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
