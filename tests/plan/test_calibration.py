@@ -776,3 +776,19 @@ def test_a_pick_on_dprs_core_has_its_own_in_process_share():
     assert in_process_share(cal, core) == 2_700_000
     assert in_process_share(cal, edges) == in_process_share(cal, full) == 3_500_000
     assert in_process_share(cal, None) == 3_500_000
+
+
+def test_a_machines_own_calibration_takes_the_references_core_ratio():
+    from leangnn.plan.calibrate import core_share
+
+    ref = Calibration("ref", "glibc-default", in_process_bytes=4e6,
+                      in_process_core_bytes=3e6)
+    mine = Calibration("mine", "glibc-default", in_process_bytes=2e6)
+    core_share(mine, ref)
+    assert mine.in_process_core_bytes == pytest.approx(1.5e6)
+    assert "in process, DPR core" in " ".join(mine.refitted)
+    for other in (None, Calibration("ref", "glibc-default", in_process_bytes=4e6)):
+        left = Calibration("mine", "glibc-default", in_process_bytes=2e6)
+        core_share(left, other)  # nothing to scale by: the exact share stays
+        assert left.in_process_core_bytes is None
+        assert left.in_process_share("prune") == 2e6

@@ -47,6 +47,7 @@ from leangnn.plan.calibration import (
     load_calibration,
     long_run_families,
     machine_kind,
+    reference_calibration,
     sample_families,
 )
 from leangnn.plan.collectives import comm_key, measure_collectives
@@ -454,9 +455,25 @@ def calibrate(device: str = "cpu", quick: bool = False, mmap: bool | None = None
     if mmap is not None and torch.device(device).type == "cpu":
         cal.kind = _kind(device, mmap)
         cal.allocator = "glibc-" + cal.kind.rsplit("glibc-", 1)[-1]
+    core_share(cal, reference_calibration(device))
     if save:
         cal.save()
     return cal
+
+
+def core_share(cal: Calibration, ref: Calibration | None) -> None:
+    """Set ``cal``'s in-process share of a pick on DPR's core
+    (:attr:`~leangnn.plan.calibration.Calibration.in_process_core_bytes`):
+    its own exact share times the reference's ratio of the two. Its runs
+    cannot measure it: a plan of a tiny run picks full batch, never a core
+    (``benchmarks/plan_in_process.py`` measures it on five graphs)."""
+    if ref is None or not ref.in_process_bytes or not cal.in_process_bytes or \
+            ref.in_process_core_bytes is None:
+        return
+    cal.in_process_core_bytes = (cal.in_process_bytes * ref.in_process_core_bytes
+                                 / ref.in_process_bytes)
+    cal.stamp("in process, DPR core (this machine's exact share x the "
+              "reference's ratio)")
 
 
 def calibrate_time(device: str = "cpu", mmap: bool | None = None,

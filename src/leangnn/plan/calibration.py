@@ -217,11 +217,14 @@ class Calibration:
             trains on DPR's core (``prune`` op mixes), whose dry runs page
             in less of what that training runs (the core's sparse products
             and DPR's serving are not run for real in a dry run); ``None``:
-            :attr:`in_process_bytes`. Measured through ``leangnn train`` in
-            the compact heap, five graphs where ``--strategy auto`` picks a
-            core (GSR, GCN, SAGE, ResGNN), 3 processes each against the
-            same core pinned: 2.3-4.4 MiB, median 2.7 MiB, where the exact
-            picks' 3.4 MiB left those picks 6-17% under (stop 42).
+            :attr:`in_process_bytes`. Measured through ``leangnn train``,
+            five graphs where ``--strategy auto`` picks a core (GSR, GCN,
+            SAGE, ResGNN), 3 processes each against the same core pinned
+            (``benchmarks/plan_in_process.py``): median 2.7 MiB in the
+            compact heap, 2.5 MiB in the default one, where the exact
+            picks' 3.4 MiB left those picks 6-17% under (stop 42). A
+            machine's own calibration scales its exact share by the
+            reference's ratio (:func:`~leangnn.plan.calibrate.core_share`).
         setup_const (float): CPU: what offload's setup keeps beyond the
             engine's own accounting of it
             (:func:`~leangnn.plan.estimate.engine_setup_bytes`), the median
