@@ -31,20 +31,16 @@ from pathlib import Path
 from leangnn.utils import atomic_write_text
 
 ROOT = Path(__file__).resolve().parents[1]
-V = "--val-dataset iscas85/c17 --test-dataset iscas85/c432"
-#: (name, command line after ``train``, a budget at which auto picks a core)
-CASES = [
-    ("banyan64-gsr16", f"--dataset misc/banyan_64 {V} --model gsr --layers 16 "
-     "--hidden 32 --groups 4", "9.5MiB"),
-    ("adder-gcn4", f"--dataset epfl/adder {V} --model gcn --layers 4 --hidden 32",
-     "6.7MiB"),
-    ("b20-sage4", f"--dataset itc99/b20 {V} --model sage --layers 4 --hidden 64",
-     "30.2MiB"),
-    ("max-gsr24", f"--dataset epfl/max {V} --model gsr --layers 24 --hidden 32 "
-     "--groups 2", "12.6MiB"),
-    ("s38417-res6", f"--dataset iscas89/s38417 {V} --model res --conv sage "
-     "--layers 6 --hidden 32", "20MiB"),
-]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from plan_fresh import TIGHT, UNSEEN  # noqa: E402  (the command lines)
+
+#: case name (of ``plan_fresh``'s tight or unseen cases) -> a budget at
+#: which ``--strategy auto`` picks a core on this machine
+BUDGETS = {"banyan64-gsr16": "9.5MiB", "adder-gcn4": "6.7MiB",
+           "b20-sage4": "30.2MiB", "max-gsr24": "12.6MiB", "s38417-res6": "20MiB"}
+#: (name, command line after ``train``, budget)
+CASES = [(name, args, BUDGETS[name]) for name, args in [*TIGHT, *UNSEEN]
+         if name in BUDGETS]
 
 
 def train(args: str) -> dict:
