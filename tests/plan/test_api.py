@@ -623,10 +623,17 @@ def test_offload_rows_of_a_batchnorm_model_say_why_and_auto_trains_another(
         "not possible: offload needs node-wise norms, got BatchNorm in training "
         "mode: batch or graph statistics are not computed chunk by chunk")
     assert model.training == train_mode  # the plan left its mode alone
-    # fit plans with this machine's calibration, in process
-    mine = leangnn.plan(model, data, memory_budget="1GiB", epochs=2, in_process=True)
+    # fit plans with this machine's calibration, in process; on a graph whose
+    # tensors outweigh the first-run constants (a core run pages in more
+    # code than a full one: on 300 nodes no core needs less than full batch)
+    big = contextual_sbm(6000, avg_degree=6.0, in_channels=64, seed=5)
+    big = with_mask(big, big.train_mask)
+    model = GCN(64, 64, 2, int(big.y.max()) + 1, norm="batch_norm").train(train_mode)
+    mine = leangnn.plan(model, big, memory_budget="1GiB", epochs=2, in_process=True)
     full = next(r for r in mine.rows if r.strategy == "full")
-    out = leangnn.fit(model, data, memory_budget=full.need_bytes - 1, epochs=2)
+    cores = [r.need_bytes for r in mine.rows if r.strategy == "prune"]
+    assert min(cores) < full.need_bytes
+    out = leangnn.fit(model, big, memory_budget=full.need_bytes - 1, epochs=2)
     assert out["row"].strategy == "prune" and len(out["losses"]) == 2
 
 
