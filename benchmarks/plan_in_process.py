@@ -23,9 +23,7 @@ import json
 import os
 import shlex
 import statistics
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 from leangnn.utils import atomic_write_text
@@ -33,6 +31,7 @@ from leangnn.utils import atomic_write_text
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from plan_fresh import TIGHT, UNSEEN  # noqa: E402  (the command lines)
+from plan_speed import train_run  # noqa: E402  (one fresh run)
 
 #: case name (of ``plan_fresh``'s tight or unseen cases) -> a budget at
 #: which ``--strategy auto`` picks a core on this machine
@@ -44,14 +43,9 @@ CASES = [(name, args, BUDGETS[name]) for name, args in [*TIGHT, *UNSEEN]
 
 
 def train(args: str) -> dict:
-    with tempfile.TemporaryDirectory() as t:
-        p = subprocess.run([sys.executable, "-m", "leangnn", "train",
-                            *shlex.split(args), "--epochs", "3", "--quiet", "--out",
-                            t + "/r"], capture_output=True, text=True,
-                           env=dict(os.environ, OMP_NUM_THREADS="1"))
-        if p.returncode:
-            raise RuntimeError((p.stderr.strip().splitlines() or ["?"])[-1])
-        return json.loads(Path(t, "r", "summary.json").read_text())
+    """``leangnn train ARGS`` for 3 epochs in a fresh interpreter with one
+    thread (:func:`plan_speed.train_run`): its ``summary.json``."""
+    return train_run(shlex.split(args), None, 3)[1]
 
 
 def run() -> list[dict]:

@@ -251,6 +251,13 @@ def test_estimate_outside_a_plan_keeps_no_core_or_adjacency(splits):
     assert any(e[1] is not None for e in E._GRAPHS)
     E.forget()
     assert not dpr._OFFERS and all(e[1] is None for e in E._GRAPHS)
+    # a plan that fails keeps nothing of what its rows built
+    with pytest.raises(KeyboardInterrupt), E.plan_scope():
+        estimate_config(cfg, splits)
+        assert len(dpr._OFFERS) == 1
+        raise KeyboardInterrupt
+    assert not dpr._OFFERS and all(e[1] is None for e in E._GRAPHS)
+    assert not E.planning()
 
 
 def test_prune_epoch_work_covers_every_training_graphs_core():

@@ -62,7 +62,7 @@ __all__ = ["Calibration", "heap_families", "machine_kind", "allocator_mode",
            "HEAVY_HEAP_BYTES", "TIMED_FAMILIES",
            "DAG_NARROW", "GSR_MANY_GROUPS", "sample_families", "fit_time",
            "fit_offload", "fit_setup", "fit_first_run", "family_first_run",
-           "is_tiny", "PLANNED", "is_planned"]
+           "is_tiny", "PLANNED", "is_planned", "csr_core"]
 
 #: the calibrations shipped with the package, one per CPU allocator mode
 #: (``glibc-default.json``, ...; written by ``python -m leangnn.plan.calibrate
@@ -172,10 +172,17 @@ def heap_families(strategy: str | None, knobs: dict[str, Any] | None
         # channels, x1.29-1.40 at 32-64)
         narrow = int(knobs.get("hidden_channels") or 32) <= DAG_NARROW
         fams.insert(0, "dag-narrow" if narrow else "dag-wide")
-    if strategy == "prune" and knobs.get("sparse_adj") is not False:
+    if csr_core(strategy, knobs):
         # (a core kept as an edge list runs the model's full-batch op mix)
         fams = [f"prune-{f}" for f in fams] + ["prune"]
     return fams
+
+
+def csr_core(strategy: str | None, knobs: dict[str, Any]) -> bool:
+    """Whether a row of ``strategy`` with ``knobs`` trains on DPR's core
+    through its CSR adjacency (the ``prune`` op mixes; a core kept as an
+    edge list, ``sparse_adj=False``, runs the model's full-batch ones)."""
+    return strategy == "prune" and knobs.get("sparse_adj") is not False
 
 
 #: epochs of the calibration runs: a plan for a longer run adds the

@@ -740,8 +740,9 @@ def plan_scope() -> Iterator[None]:
     symmetric adjacency (prune rows) and its hash (offload rows, one
     partition each), and what they build for training (DPR's core, the
     offload engine's graph structures) is offered to the run that trains
-    the pick. Call :func:`forget` (with the pick's configuration) after.
-    Outside, an estimate offers nothing and keeps no adjacency."""
+    the pick. Call :func:`forget` (with the pick's configuration) after;
+    a block that raises forgets everything itself (nothing of a failed plan
+    is kept). Outside, an estimate offers nothing and keeps no adjacency."""
     from leangnn.graphs.partition import reuse_hashes
 
     global _PLANNING
@@ -749,6 +750,9 @@ def plan_scope() -> Iterator[None]:
     try:
         with reuse_hashes():
             yield
+    except BaseException:
+        forget()
+        raise
     finally:
         _PLANNING -= 1
 

@@ -31,6 +31,7 @@ import torch
 from leangnn.plan.calibration import (
     Calibration,
     calibration_label,
+    csr_core,
     load_calibration,
     long_run_families,
 )
@@ -471,8 +472,7 @@ def in_process_share(cal: Calibration, row: PlanRow | None) -> int:
     """What a plan made in the process that trains ``row`` took off its
     first-run constant (:meth:`~leangnn.plan.calibration.Calibration.
     in_process_share`: DPR's core trained through its CSR has its own)."""
-    core = row is not None and row.strategy == "prune" and \
-        row.config.get("sparse_adj") is not False
+    core = row is not None and csr_core(row.strategy, row.config)
     return round(cal.in_process_share("prune" if core else None))
 
 
@@ -789,15 +789,11 @@ def plan_config(cfg, splits, memory_budget=None, device=None,
         # the preferred mode first (:func:`_mode_first`): planned lazily, the
         # other is left out once it fits
         todo.sort(key=lambda c: c[1].get("dist_mode") == "graph")
-    try:
-        # the rows share the graph's hash and adjacency, and offer what they
-        # build for training to the pick
-        with plan_scope():
-            rows = _estimate_rows(cfg, todo, budget, dev, splits, cal, lazy, nproc,
-                                  progress)
-    except BaseException:
-        forget()  # nothing of a failed plan is kept
-        raise
+    # the rows share the graph's hash and adjacency, and offer what they
+    # build for training to the pick
+    with plan_scope():
+        rows = _estimate_rows(cfg, todo, budget, dev, splits, cal, lazy, nproc,
+                              progress)
     table = PlanTable([r for r in rows if r is not None], budget, str(dev),
                       calibration_label(cal), caveat=plan_caveat(budget, dev))
     mark_table(table)

@@ -200,26 +200,23 @@ def plan(model: torch.nn.Module, data: Data, memory_budget=None, loss_fn=None,
         # fit trains the pick next, in this process: what the rows build for
         # training (DPR's core, the offload engine's graph structures) is
         # offered to it instead of built again (``LEANGNN_PLAN_REUSE=0``: off)
-        try:
-            with plan_scope():
-                rows = _rows(*rows_of)
-        except BaseException:
-            forget()  # nothing of a failed plan is kept
-            raise
+        with plan_scope():
+            rows = _rows(*rows_of)
     table = PlanTable(rows, budget, str(dev), calibration_label(cal),
                       caveat=plan_caveat(budget, dev))
     mark_table(table)
     if in_process:
         table.in_process_bytes = in_process_share(planned_cal, table.pick)
-        forget(keep=_kept(table.pick))
+        forget(keep=None if table.pick is None else _as_config(table.pick.config))
     table.seconds = time.perf_counter() - t0
     return table
 
 
-def _kept(row: PlanRow | None):
-    """What :func:`~leangnn.plan.estimate.forget` keeps for ``row`` (the
-    pick): its strategy and knobs as attributes, read as a ``TrainConfig``'s."""
-    return None if row is None else SimpleNamespace(**row.config)
+def _as_config(config: dict[str, Any]) -> SimpleNamespace:
+    """A row's configuration (strategy and knobs) as attributes, as
+    :func:`~leangnn.plan.estimate.forget` and
+    :func:`~leangnn.plan.estimate.withdraw` read a ``TrainConfig``."""
+    return SimpleNamespace(**config)
 
 
 def _rows(model, data, loss_fn, dev, cal, budget, strategies, epochs, lr,
@@ -325,7 +322,7 @@ def _prune_rows(model, data, loss_fn, dev, cal, own, epochs, lr, clip_norm,
                            {"strategy": "prune", "budget_ratio": ratio,
                             **_layout(sparse)}, epochs)
         if row.need_bytes is not None and row.need_bytes > budget:
-            withdraw(SimpleNamespace(**row.config))  # cannot be the pick
+            withdraw(_as_config(row.config))  # cannot be the pick
         rows.append(row)
     return rows
 
@@ -357,8 +354,8 @@ def _core_estimate(model, data, ratio, loss_fn, dev, cal, lr, clip_norm, own,
         why = error_line(e)
     if why:
         # what the scope's core_of offered for training: of no use
-        withdraw(SimpleNamespace(strategy="prune", budget_ratio=ratio,
-                                 **_layout(sparse)))
+        withdraw(_as_config({"strategy": "prune", "budget_ratio": ratio,
+                             **_layout(sparse)}))
         return None, "", why
     return est, note, None
 
