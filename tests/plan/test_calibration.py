@@ -760,6 +760,10 @@ def test_a_pick_on_dprs_core_has_its_own_in_process_share():
     assert here.in_process() is here  # paid once
     back = Calibration.from_dict(json.loads(json.dumps(cal.to_dict())))
     assert back.in_process_core_bytes == 2.7e6
+    for bad, why in ((-1.0, "bytes >= 0"), (float("nan"), "finite"),
+                     ("2MiB", "a number")):  # a damaged file, named
+        with pytest.raises(ValueError, match=f"'in_process_core_bytes'.*{why}"):
+            Calibration.from_dict({**cal.to_dict(), "in_process_core_bytes": bad})
     # not measured: the exact share for every op mix
     old = Calibration("test", "glibc-default", const=8e6, in_process_bytes=3.5e6,
                       family_consts={"prune": 7.5e6})

@@ -631,7 +631,12 @@ def _checked_field(name: str, value: Any) -> Any:
     label = f"field {name!r}"
     want = {dict: "a JSON object", list: "a JSON array"}.get(typing.get_origin(hint))
     if want is None:
-        return checked_scalar(label, value, hint)
+        value = checked_scalar(label, value, hint)
+        if name.endswith("_bytes") and value is not None and value < 0:
+            # (a negative share would raise every in-process estimate)
+            raise ValueError(f"{label}: expected a number of bytes >= 0, got "
+                             f"{value!r}")
+        return value
     if not isinstance(value, typing.get_origin(hint)):
         raise ValueError(f"{label}: expected {want}, got {value!r}")
     return value
