@@ -21,6 +21,8 @@ from leangnn.strategy import (
     node_mask,
     option_choices,
     register_strategy,
+    takes_batch,
+    uses_batch,
     uses_edge_attr,
 )
 from leangnn.train import make_loss_fn
@@ -90,6 +92,34 @@ def test_full_batch_gives_edge_features_to_a_model_that_takes_them():
         assert not uses_edge_attr(model, g)
         assert "edge_attr" not in forward_kwargs(model, g)
         FullBatch().train_step(model, g, loss_fn)  # no TypeError
+
+
+def test_full_batch_gives_the_batch_vector_to_a_model_that_reads_it():
+    """On several graphs (``data.batch``) a forward naming ``batch`` gets it,
+    as a PyG loop over a ``DataLoader`` would pass it; a ``BasicGNN`` only
+    where its norms read it (GraphNorm), and nothing on one graph."""
+    from torch_geometric.nn import GCN, global_add_pool
+
+    class Pooled(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(5, 1).double()
+
+        def forward(self, x, edge_index, batch=None):
+            return global_add_pool(self.lin(x), batch)
+
+    g = _edge_graph()
+    g.batch = (torch.arange(g.num_nodes) >= g.num_nodes // 2).long()
+    model = Pooled()
+    assert takes_batch(model) and uses_batch(model, g)
+    assert forward_kwargs(model, g)["batch"] is g.batch
+    assert not uses_batch(model, Data(x=g.x, edge_index=g.edge_index))
+    out = FullBatch().forward(model, g)
+    assert out.shape == (2, 1)  # one row per graph, not one pooled row
+    torch.testing.assert_close(out, model(g.x, g.edge_index, g.batch))
+    assert not takes_batch(GCN(5, 8, 2, 1)) and not takes_batch(
+        GCN(5, 8, 2, 1, norm="batch_norm"))
+    assert takes_batch(GCN(5, 8, 2, 1, norm="graph_norm"))
 
 
 # --------------------------------------------------------------- registry

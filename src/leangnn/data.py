@@ -222,11 +222,29 @@ def check_graph(data: Data, where: str = "graph", *, in_channels: int | None = N
         if bad is not None:
             raise ValueError(f"{what}: {key} has {bad[0]} non-finite (NaN or Inf) "
                              f"entries of {t.numel()}, the first at {list(bad[1])}")
+    batch = data.get("batch", None)
+    if isinstance(batch, torch.Tensor):
+        # the graph of every node (a PyG Batch): a float or short vector
+        # would fail inside a pooling op; a negative id would index backwards
+        if batch.dtype != torch.long or list(batch.shape) != [n]:
+            raise ValueError(f"{what}: batch must be an int64 tensor of shape "
+                             f"[{n}] (the graph of every node), got "
+                             f"{str(batch.dtype).removeprefix('torch.')} "
+                             f"{list(batch.shape)}")
+        if batch.numel() and int(batch.min()) < 0:
+            raise ValueError(f"{what}: batch holds a negative graph id "
+                             f"({int(batch.min())})")
     y = getattr(data, "y", None)
     if not labels or y is None:
         return
     if y.dim() == 0 or y.size(0) != n:
-        raise ValueError(f"{what}: y has shape {list(y.shape)} for {n} nodes")
+        per_graph = ""
+        if isinstance(batch, torch.Tensor) and batch.numel() and \
+                y.dim() and y.size(0) == int(batch.max()) + 1:
+            per_graph = (" (one target per graph: the default loss scores "
+                         "nodes; pass a loss_fn(out, data) for graph targets)")
+        raise ValueError(f"{what}: y has shape {list(y.shape)} for {n} "
+                         f"nodes{per_graph}")
     mask = getattr(data, "node_mask", None)
     if mask is not None and (not isinstance(mask, torch.Tensor) or
                              mask.dtype != torch.bool or list(mask.shape) != [n]):

@@ -26,7 +26,8 @@ from torch import Tensor
 from torch_geometric.data import Data
 
 __all__ = ["Strategy", "FullBatch", "LossFn", "node_mask", "forward_kwargs",
-           "takes_edge_attr", "uses_edge_attr", "edge_attr_refusal", "StrategyEntry",
+           "takes_edge_attr", "uses_edge_attr", "edge_attr_refusal", "takes_batch",
+           "uses_batch", "batch_refusal", "StrategyEntry",
            "STRATEGIES", "register_strategy", "get_strategy", "option_choices",
            "build_strategy"]
 
@@ -40,12 +41,13 @@ def node_mask(data: Data) -> Tensor | None:
 
 
 @functools.lru_cache(maxsize=256)
-def _names_edge_attr(kind: type) -> bool:
+def _forward_params(kind: type) -> frozenset[str]:
+    """The parameter names of ``kind.forward`` (none where it has no
+    signature)."""
     try:
-        params = inspect.signature(kind.forward).parameters
+        return frozenset(inspect.signature(kind.forward).parameters)
     except (TypeError, ValueError, AttributeError):
-        return False
-    return "edge_attr" in params
+        return frozenset()
 
 
 def takes_edge_attr(model: torch.nn.Module) -> bool:
@@ -55,7 +57,7 @@ def takes_edge_attr(model: torch.nn.Module) -> bool:
     GCN, GraphSAGE or GIN, which ignore them). A forward taking only
     ``**kwargs`` (leangnn's deep models hand those to convs that may not take
     edge features) takes none."""
-    return _names_edge_attr(type(model)) and bool(
+    return "edge_attr" in _forward_params(type(model)) and bool(
         getattr(model, "supports_edge_attr", True))
 
 
@@ -77,16 +79,61 @@ def edge_attr_refusal(model: torch.nn.Module, data: Data, who: str,
             f"and {why}")
 
 
+def takes_batch(model: torch.nn.Module) -> bool:
+    """Whether ``model``'s forward reads the graph each node belongs to: it
+    names a ``batch`` parameter (a graph-level model that pools, e.g. with
+    :func:`~torch_geometric.nn.global_mean_pool`) and, for a PyG
+    ``BasicGNN``, its norms take it (``supports_norm_batch``: ``GraphNorm``;
+    a ``BasicGNN`` reads ``batch`` nowhere else)."""
+    return "batch" in _forward_params(type(model)) and bool(
+        getattr(model, "supports_norm_batch", True))
+
+
+def uses_batch(model: torch.nn.Module, data: Data) -> bool:
+    """Whether a forward of ``model`` on ``data`` gets ``data.batch``:
+    ``data`` holds several graphs (a PyG ``Batch``, or a ``batch`` vector of
+    its own) and :func:`takes_batch`."""
+    return isinstance(data.get("batch", None), Tensor) and takes_batch(model)
+
+
+def batch_refusal(model: torch.nn.Module, data: Data, who: str,
+                  why: str) -> str | None:
+    """The one-line refusal of ``who`` (a strategy that trains node outputs,
+    ``why`` saying what it does instead) for a graph-level task, or
+    ``None``: ``data`` holds several graphs (``data.batch``) and either
+    ``model`` reads them (:func:`takes_batch`; without ``batch`` it would
+    pool every node into one graph without a word) or the targets are one
+    per graph (``y`` has a row per graph, not per node: the loss pools)."""
+    batch = data.get("batch", None)
+    if not isinstance(batch, Tensor) or not batch.numel():
+        return None
+    graphs, y = int(batch.max()) + 1, data.get("y", None)
+    if takes_batch(model):
+        what = (f"{type(model).__name__} reads the graph of every node "
+                f"(data.batch, {graphs} graphs)")
+    elif isinstance(y, Tensor) and y.dim() and y.size(0) == graphs and \
+            graphs != batch.numel():
+        what = (f"the targets are one per graph (y {list(y.shape)} for the "
+                f"{graphs} graphs of data.batch)")
+    else:
+        return None
+    return f"{who}: {what}, and {why}"
+
+
 def forward_kwargs(model: torch.nn.Module, data: Data) -> dict[str, Tensor]:
     """The keyword arguments of a plain forward of ``model`` on ``data``:
     ``edge_weight`` where ``data`` has one, ``edge_attr`` where
     :func:`uses_edge_attr` (a PyG ``GAT(..., edge_dim=D)`` trained without
-    them would silently ignore the edge features)."""
+    them would silently ignore the edge features), ``batch`` where
+    :func:`uses_batch` (as a PyG loop over a ``DataLoader`` of graphs passes
+    ``data.batch``)."""
     kwargs = {}
     if data.get("edge_weight", None) is not None:
         kwargs["edge_weight"] = data.edge_weight
     if uses_edge_attr(model, data):
         kwargs["edge_attr"] = data.edge_attr
+    if uses_batch(model, data):
+        kwargs["batch"] = data.batch
     return kwargs
 
 

@@ -355,6 +355,120 @@ def test_fit_trains_with_the_edge_features_the_model_takes(data):
     assert "edge features" in why["prune"] and "edge" in why["offload"]
 
 
+def _graphs(num_graphs=6, seed=0):
+    """A PyG ``Batch`` of small graphs with one class per graph."""
+    from torch_geometric.data import Batch
+
+    gs = []
+    for i in range(num_graphs):
+        g = contextual_sbm(60, avg_degree=4.0, in_channels=8, seed=seed + i)
+        gs.append(type(g)(x=g.x, edge_index=g.edge_index, y=torch.tensor([i % 2])))
+    return Batch.from_data_list(gs)
+
+
+class _GraphClassifier(torch.nn.Module):
+    """A graph-level model: a GCN with GraphNorm (which reads ``batch``),
+    mean-pooled per graph."""
+
+    def __init__(self):
+        super().__init__()
+        self.gnn = GCN(8, 16, 2, 16, norm="graph_norm")
+        self.head = torch.nn.Linear(16, 2)
+
+    def forward(self, x, edge_index, batch):
+        from torch_geometric.nn import global_mean_pool
+
+        return self.head(global_mean_pool(self.gnn(x, edge_index, batch=batch),
+                                          batch))
+
+
+def _graph_loss(out, data):
+    return torch.nn.functional.cross_entropy(out, data.y)
+
+
+def test_fit_trains_a_graph_level_model_on_a_batch_like_plain_pytorch():
+    """A model whose forward takes ``batch`` on a PyG ``Batch``: plan and fit
+    hand it ``data.batch`` (as a PyG loop does), equal to plain PyTorch;
+    offload (GraphNorm reads whole graphs) and DPR's core (node outputs) are
+    rows that say why not."""
+    g = _graphs()
+    torch.manual_seed(6)
+    model, ref = _GraphClassifier(), _GraphClassifier()
+    ref.load_state_dict(model.state_dict())
+    out = leangnn.fit(model, g, _graph_loss, strategy="auto", memory_budget="1GiB",
+                      epochs=4, lr=0.02)
+    opt, losses = torch.optim.Adam(ref.parameters(), lr=0.02), []
+    for _ in range(4):
+        opt.zero_grad()
+        loss = _graph_loss(ref(g.x, g.edge_index, g.batch), g)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(ref.parameters(), 1.0)
+        opt.step()
+        losses.append(loss.item())
+    assert out["row"].strategy == "full"
+    assert out["losses"] == pytest.approx(losses, rel=1e-5)
+    why = {r.strategy: r.why for r in out["plan"].rows if r.need_bytes is None}
+    assert "_GraphClassifier reads the graph of every node (data.batch, 6 graphs)" \
+        in why["prune"]
+
+
+def test_a_graph_level_loss_on_node_outputs_trains_offload_as_full_batch():
+    """A ``BasicGNN`` (node outputs) whose loss pools them per graph:
+    offload trains it exactly as full batch does; DPR's core is refused
+    (the targets are one per graph), and a model without GraphNorm is given
+    no ``batch`` it would not read."""
+    from torch_geometric.nn import global_mean_pool
+
+    from leangnn.strategy import forward_kwargs, uses_batch
+
+    g = _graphs(seed=10)
+
+    def loss(out, data):
+        return torch.nn.functional.cross_entropy(global_mean_pool(out, data.batch),
+                                                 data.y)
+
+    torch.manual_seed(7)
+    model = GCN(8, 16, 2, 2)
+    assert not uses_batch(model, g) and "batch" not in forward_kwargs(model, g)
+    twin = GCN(8, 16, 2, 2)
+    twin.load_state_dict(model.state_dict())
+    full = leangnn.fit(model, g, loss, strategy="full", memory_budget="1GiB",
+                       epochs=3, lr=0.02)
+    off = leangnn.fit(twin, g, loss, strategy="offload", memory_budget="1GiB",
+                      epochs=3, lr=0.02)
+    assert off["row"].strategy == "offload"
+    assert off["losses"] == pytest.approx(full["losses"], rel=1e-5)
+    table = leangnn.plan(GCN(8, 16, 2, 2), g, "1GiB", loss_fn=loss)
+    why = [r.why for r in table.rows if r.strategy == "prune"]
+    assert why and all("the targets are one per graph (y [6] for the 6 graphs "
+                       "of data.batch)" in w for w in why)
+
+
+def test_a_batch_vector_or_targets_a_graph_cannot_hold_are_one_line():
+    g = _graphs()
+    bad = g.clone()
+    bad.batch = bad.batch.float()
+    with pytest.raises(ValueError, match=r"batch must be an int64 tensor of shape "
+                       r"\[360\] \(the graph of every node\), got float32 \[360\]"):
+        leangnn.plan(_GraphClassifier(), bad, "1GiB", loss_fn=_graph_loss)
+    bad.batch = g.batch.clone()
+    bad.batch[0] = -2
+    with pytest.raises(ValueError, match=r"batch holds a negative graph id \(-2\)"):
+        leangnn.plan(_GraphClassifier(), bad, "1GiB", loss_fn=_graph_loss)
+    # graph targets and the default (node) loss: the message says what to pass
+    with pytest.raises(ValueError, match=r"y has shape \[6\] for 360 nodes \(one "
+                       r"target per graph: .*pass a loss_fn\(out, data\)"):
+        leangnn.plan(GCN(8, 16, 2, 2), g, "1GiB")
+
+
+def test_the_default_loss_names_float_targets_the_output_does_not_match(data):
+    g = data.clone()
+    g.y = g.y.float()
+    with pytest.raises(ValueError, match=r"default loss: MSE of the model's output "
+                       r"\[(\d+), 4\] against float y \[\1\] .*data.y.long\(\)"):
+        leangnn.plan(GCN(8, 16, 2, 4), g, "1GiB", strategies=("full",))
+
+
 def _pna(data):
     from torch_geometric.nn import PNA
     from torch_geometric.utils import degree

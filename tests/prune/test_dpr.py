@@ -651,3 +651,25 @@ def test_setup_refuses_edge_features_the_model_takes():
         DPRStrategy(budget_ratio=0.3).setup(GAT(8, 16, 2, 4, edge_dim=2), [g])
     # a model that ignores them trains on the core as before
     DPRStrategy(budget_ratio=0.3).setup(build_model("sage", 8, 16, 4, 2), [g])
+
+
+def test_setup_refuses_a_graph_level_task():
+    """DPR trains node outputs of its core: a model that pools by
+    ``data.batch``, or targets one per graph, is refused at setup; node
+    targets on several graphs train as before."""
+    from torch_geometric.data import Batch
+    from torch_geometric.nn import GCN
+
+    gs = [contextual_sbm(100, avg_degree=4.0, in_channels=8, seed=i) for i in range(3)]
+    nodes = Batch.from_data_list([type(g)(x=g.x, edge_index=g.edge_index, y=g.y)
+                                  for g in gs])
+    with pytest.raises(ValueError, match=r"prune: GCN reads the graph of every "
+                       r"node \(data.batch, 3 graphs\), and DPR trains on a core"):
+        DPRStrategy(budget_ratio=0.3).setup(GCN(8, 16, 2, 4, norm="graph_norm"),
+                                            [nodes])
+    graphs = nodes.clone()
+    graphs.y = torch.tensor([0, 1, 0])
+    with pytest.raises(ValueError, match=r"prune: the targets are one per graph "
+                       r"\(y \[3\] for the 3 graphs of data.batch\)"):
+        DPRStrategy(budget_ratio=0.3).setup(GCN(8, 16, 2, 4), [graphs])
+    DPRStrategy(budget_ratio=0.3).setup(GCN(8, 16, 2, 4), [nodes])

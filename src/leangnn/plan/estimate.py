@@ -222,6 +222,13 @@ def default_loss(data: Data) -> Callable[[Tensor, Data], Tensor]:
             out, y = out[mask], y[mask]
         if classify:
             return F.cross_entropy(out, y.reshape(-1))
+        if out.numel() != y.numel():
+            # (MSE's reshape would fail with two bare element counts)
+            raise ValueError(f"default loss: MSE of the model's output "
+                             f"{list(out.shape)} against float y {list(y.shape)} "
+                             "needs as many outputs as targets; for class ids make "
+                             "y an integer tensor (data.y = data.y.long()), or "
+                             "pass loss_fn(out, data)")
         return F.mse_loss(out.reshape(-1), y.reshape(-1).to(out.dtype))
 
     return loss_fn

@@ -70,8 +70,8 @@ from leangnn.plan.user_checks import (
     error_line,
     num_classes,
 )
-from leangnn.prune.dpr import CORE_HAS_NO_EDGE_ATTR
-from leangnn.strategy import edge_attr_refusal
+from leangnn.prune.dpr import CORE_HAS_NO_EDGE_ATTR, CORE_IS_NODE_LEVEL
+from leangnn.strategy import batch_refusal, edge_attr_refusal
 from leangnn.utils import format_bytes
 
 __all__ = ["plan", "fit", "calibrated_as"]
@@ -295,7 +295,8 @@ def _prune_rows(model, data, loss_fn, dev, cal, own, epochs, lr, clip_norm,
         # DPR's core is an adjacency without the circuit's levels
         why = "DPR's core keeps no circuit levels for a DAG model to sweep"
     else:
-        why = edge_attr_refusal(model, data, "prune", CORE_HAS_NO_EDGE_ATTR)
+        why = edge_attr_refusal(model, data, "DPR's core", CORE_HAS_NO_EDGE_ATTR) \
+            or batch_refusal(model, data, "DPR's core", CORE_IS_NODE_LEVEL)
     sparse, probed, csr_why = True, None, None
     for ratio in CORE_RATIOS:
         args = (model, data, ratio, loss_fn, dev, cal, lr, clip_norm, own)

@@ -33,7 +33,7 @@ from torch_geometric.data import Data
 
 from ..graphs.partition import GraphStamp, reuse_enabled
 from ..graphs.sparse import adj_t_of, is_canonical, undirected_csr
-from ..strategy import LossFn, Strategy, edge_attr_refusal
+from ..strategy import LossFn, Strategy, batch_refusal, edge_attr_refusal
 from .core import CoreGraph, build_core
 from .decoder import (
     DECODER_CHOICES,
@@ -59,6 +59,9 @@ __all__ = ["DPRConfig", "DPRStrategy", "withdraw_offers", "OFFERS"]
 #: why DPR refuses a model that takes edge features (:func:`edge_attr_refusal`)
 CORE_HAS_NO_EDGE_ATTR = ("DPR's core adjacency carries none (its bridges are new "
                          "edges); train it full batch")
+#: why DPR refuses a model that pools by graph (:func:`batch_refusal`)
+CORE_IS_NODE_LEVEL = ("DPR trains on a core of nodes and rebuilds the pruned "
+                      "nodes' outputs, not graph outputs; train it full batch")
 
 
 @dataclass
@@ -444,7 +447,8 @@ class DPRStrategy(Strategy):
 
     def setup(self, model: torch.nn.Module, train_graphs: list[Data]) -> None:
         for data in train_graphs:
-            refusal = edge_attr_refusal(model, data, "prune", CORE_HAS_NO_EDGE_ATTR)
+            refusal = edge_attr_refusal(model, data, "prune", CORE_HAS_NO_EDGE_ATTR) \
+                or batch_refusal(model, data, "prune", CORE_IS_NODE_LEVEL)
             if refusal:
                 raise ValueError(refusal)
             self.prepare(data)
