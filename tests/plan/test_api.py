@@ -469,6 +469,40 @@ def test_the_default_loss_names_float_targets_the_output_does_not_match(data):
         leangnn.plan(GCN(8, 16, 2, 4), g, "1GiB", strategies=("full",))
 
 
+def test_fit_trains_on_pygs_train_mask_not_on_every_label():
+    """A graph with PyG's ``train_mask`` and no ``node_mask`` (Planetoid,
+    OGB splits): the default loss scores the training nodes only, as a PyG
+    loop would; before, every label, the test nodes' too, was trained on.
+    An index tensor there is one line; ``node_mask`` still wins."""
+    g = contextual_sbm(300, avg_degree=6.0, in_channels=8, seed=8)
+    assert "node_mask" not in g and 0 < int(g.train_mask.sum()) < g.num_nodes
+    c = int(g.y.max()) + 1
+    torch.manual_seed(9)
+    model, ref = GCN(8, 16, 2, c), GCN(8, 16, 2, c)
+    ref.load_state_dict(model.state_dict())
+    out = leangnn.fit(model, g, strategy="full", memory_budget="1GiB", epochs=3,
+                      lr=0.02)
+    assert "node_mask" not in g  # the caller's graph is left alone
+    losses = _reference_training(ref, with_mask(g, g.train_mask), 3, 0.02, 1.0)
+    assert out["losses"] == pytest.approx(losses, rel=1e-5)
+    every = _reference_training(GCN(8, 16, 2, c), g, 1, 0.02, 1.0)
+    assert every[0] != pytest.approx(losses[0], rel=1e-3)
+    idx = g.clone()
+    idx.train_mask = g.train_mask.nonzero().view(-1)
+    with pytest.raises(ValueError, match=r"train_mask must be a bool tensor of "
+                       r"shape \[300\] \(the nodes the default loss trains on\), "
+                       r"got int64 \[\d+\]"):
+        leangnn.plan(GCN(8, 16, 2, c), idx, "1GiB")
+    # a loss of the user's own reads it as it likes
+    leangnn.plan(GCN(8, 16, 2, c), idx, "1GiB", strategies=("full",),
+                 loss_fn=lambda o, d: torch.nn.functional.cross_entropy(
+                     o[d.train_mask], d.y[d.train_mask]))
+    none = g.clone()
+    none.train_mask = torch.zeros_like(g.train_mask)
+    with pytest.raises(ValueError, match=r"train_mask selects no node \(all 300 "):
+        leangnn.plan(GCN(8, 16, 2, c), none, "1GiB")
+
+
 def _pna(data):
     from torch_geometric.nn import PNA
     from torch_geometric.utils import degree

@@ -69,6 +69,7 @@ from leangnn.plan.user_checks import (
     checked_loss,
     error_line,
     num_classes,
+    with_train_mask,
 )
 from leangnn.prune.dpr import CORE_HAS_NO_EDGE_ATTR, CORE_IS_NODE_LEVEL
 from leangnn.strategy import batch_refusal, edge_attr_refusal
@@ -138,7 +139,8 @@ def plan(model: torch.nn.Module, data: Data, memory_budget=None, loss_fn=None,
     Args:
         model (Module): the model; not modified.
         data (Data): the graph (``x``, ``edge_index``, ``y``, optional
-            ``node_mask``).
+            ``node_mask``: the nodes trained on; without it PyG's
+            ``train_mask`` where the graph has one, else every node).
         memory_budget (int or str, optional): e.g. ``"4GiB"``; ``None``: the
             device's free memory now. (default: ``None``)
         loss_fn (callable, optional): ``loss_fn(out, data)``; default
@@ -179,7 +181,7 @@ def plan(model: torch.nn.Module, data: Data, memory_budget=None, loss_fn=None,
     check_args(model, data, device, strategies, epochs, clip_norm)
     # the dry run moves the graph's tensors (PyG's Data.to works in place):
     # the caller's Data keeps its own
-    data = copy.copy(data)
+    data = with_train_mask(copy.copy(data), loss_fn)
     # a NaN feature would plan fine and then train a NaN model silently; fake
     # tensors check no class id, a real step's cross-entropy does
     check_graph(data, "data", labels=loss_fn is None, nodes=True,
@@ -452,7 +454,7 @@ def fit(model: torch.nn.Module, data: Data, loss_fn=None, strategy: str = "auto"
                 f"{format_bytes(table.budget_bytes)}")
     strat = _strategy(row, device)
     # the strategies move the graph's tensors in place (PyG's Data.to)
-    data = copy.copy(data)
+    data = with_train_mask(copy.copy(data), loss_fn)
     loss_fn = checked_loss(loss_fn) or default_loss(data)
     model.to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=lr, weight_decay=weight_decay)

@@ -6,7 +6,8 @@ one) would fail on: a model or graph of another kind, a device this machine
 has not got, a parameter on the ``meta`` device, unknown strategy names, a
 non-positive epoch count, a NaN clipping norm, features of another float
 type than the model's, and a ``loss_fn`` whose return value ``backward``
-cannot take.
+cannot take; :func:`with_train_mask` makes PyG's ``train_mask`` the nodes
+trained on.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from torch_geometric.data import Data
 from leangnn.utils import _first_line
 
 __all__ = ["STRATEGIES", "LossFnError", "error_line", "checked_loss", "check_args",
-           "num_classes", "check_dtypes"]
+           "num_classes", "check_dtypes", "with_train_mask"]
 
 #: the strategies a user's model is planned with (``strategies=``)
 STRATEGIES = ("full", "reversible", "offload", "prune")
@@ -120,3 +121,42 @@ def check_dtypes(model: torch.nn.Module, data: Data) -> None:
         raise ValueError(f"data: x is {dt(x)}, the model's parameters are "
                          f"{dt(own)}; convert one to the other (e.g. "
                          f"data.x = data.x.to(torch.{dt(own)}))")
+
+
+def with_train_mask(data: Data, loss_fn) -> Data:
+    """``data`` (a shallow copy where it changes) whose ``node_mask``, the
+    nodes the default loss and DPR's decoder learn from, is PyG's
+    ``train_mask`` where the graph has one and no ``node_mask``: a Planetoid
+    or OGB-style graph otherwise trained on every label, its test nodes'
+    included, without a word.
+
+    Raises:
+        ValueError: the default loss (``loss_fn`` ``None``) would take a
+            ``train_mask`` that is no bool tensor of one entry per node (an
+            index tensor: make it a mask, or set ``node_mask``), or one
+            that selects no node.
+    """
+    mask = data.get("train_mask", None)
+    if mask is None or data.get("node_mask", None) is not None:
+        return data
+    n = data.num_nodes
+    if not (isinstance(mask, torch.Tensor) and mask.dtype == torch.bool
+            and list(mask.shape) == [n]):
+        if loss_fn is not None:
+            return data  # the user's loss reads it as it likes
+        got = (f"{str(mask.dtype).removeprefix('torch.')} {list(mask.shape)}"
+               if isinstance(mask, torch.Tensor) else type(mask).__name__)
+        raise ValueError(f"data: train_mask must be a bool tensor of shape [{n}] "
+                         f"(the nodes the default loss trains on), got {got}; set "
+                         "data.node_mask, or pass loss_fn(out, data)")
+    if n and not bool(mask.any()):
+        if loss_fn is not None:
+            return data
+        # (check_graph would name the node_mask the user never set)
+        raise ValueError(f"data: train_mask selects no node (all {n} entries "
+                         "False); the loss over no node is NaN")
+    import copy
+
+    data = copy.copy(data)
+    data.node_mask = mask
+    return data
