@@ -444,6 +444,41 @@ def test_a_graph_level_loss_on_node_outputs_trains_offload_as_full_batch():
                        "of data.batch)" in w for w in why)
 
 
+def test_link_prediction_trains_offload_as_full_batch_and_no_core():
+    """A link-prediction loss reading ``data.edge_label_index``: offload
+    trains it exactly as full batch; DPR's core, which renumbers and drops
+    nodes, is rows that name the attribute (before: an IndexError of the
+    user's loss, or, with small ids, the wrong nodes scored)."""
+    g = contextual_sbm(300, avg_degree=6.0, in_channels=8, seed=11)
+    del g.y, g.train_mask, g.val_mask, g.test_mask
+    gen = torch.Generator().manual_seed(0)
+    pos = g.edge_index[:, torch.randperm(g.num_edges, generator=gen)[:200]]
+    neg = torch.randint(g.num_nodes, (2, 200), generator=gen)
+    g.edge_label_index = torch.cat([pos, neg], 1)
+    g.edge_label = torch.cat([torch.ones(200), torch.zeros(200)])
+
+    def loss(out, d):
+        s = (out[d.edge_label_index[0]] * out[d.edge_label_index[1]]).sum(-1)
+        return torch.nn.functional.binary_cross_entropy_with_logits(s, d.edge_label)
+
+    torch.manual_seed(12)
+    model, twin = GCN(8, 16, 2, 16), GCN(8, 16, 2, 16)
+    twin.load_state_dict(model.state_dict())
+    full = leangnn.fit(model, g, loss, strategy="full", memory_budget="1GiB",
+                       epochs=3)
+    off = leangnn.fit(twin, g, loss, strategy="offload", memory_budget="1GiB",
+                      epochs=3)
+    assert off["losses"] == pytest.approx(full["losses"], rel=1e-5)
+    table = leangnn.plan(GCN(8, 16, 2, 16), g, "1GiB", loss_fn=loss)
+    why = [r.why for r in table.rows if r.strategy == "prune"]
+    assert why and all("data.edge_label_index [2, 400] holds node ids of the "
+                       "whole graph" in w for w in why)
+    with pytest.raises(ValueError, match=r"strategy='prune' is not possible .*"
+                       r"edge_label_index"):
+        leangnn.fit(GCN(8, 16, 2, 16), g, loss, strategy="prune",
+                    memory_budget="1GiB", epochs=1)
+
+
 def test_a_batch_vector_or_targets_a_graph_cannot_hold_are_one_line():
     g = _graphs()
     bad = g.clone()

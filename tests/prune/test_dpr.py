@@ -673,3 +673,8 @@ def test_setup_refuses_a_graph_level_task():
                        r"\(y \[3\] for the 3 graphs of data.batch\)"):
         DPRStrategy(budget_ratio=0.3).setup(GCN(8, 16, 2, 4), [graphs])
     DPRStrategy(budget_ratio=0.3).setup(GCN(8, 16, 2, 4), [nodes])
+    link = contextual_sbm(100, avg_degree=4.0, in_channels=8, seed=5)
+    link.edge_label_index = link.edge_index[:, :10]
+    with pytest.raises(ValueError, match=r"prune: data.edge_label_index \[2, 10\] "
+                       r"holds node ids of the whole graph, which the core "):
+        DPRStrategy(budget_ratio=0.3).setup(GCN(8, 16, 2, 4), [link])

@@ -71,7 +71,11 @@ from leangnn.plan.user_checks import (
     num_classes,
     with_train_mask,
 )
-from leangnn.prune.dpr import CORE_HAS_NO_EDGE_ATTR, CORE_IS_NODE_LEVEL
+from leangnn.prune.dpr import (
+    CORE_HAS_NO_EDGE_ATTR,
+    CORE_IS_NODE_LEVEL,
+    node_ids_refusal,
+)
 from leangnn.strategy import batch_refusal, edge_attr_refusal
 from leangnn.utils import format_bytes
 
@@ -298,7 +302,8 @@ def _prune_rows(model, data, loss_fn, dev, cal, own, epochs, lr, clip_norm,
         why = "DPR's core keeps no circuit levels for a DAG model to sweep"
     else:
         why = edge_attr_refusal(model, data, "DPR's core", CORE_HAS_NO_EDGE_ATTR) \
-            or batch_refusal(model, data, "DPR's core", CORE_IS_NODE_LEVEL)
+            or batch_refusal(model, data, "DPR's core", CORE_IS_NODE_LEVEL) \
+            or node_ids_refusal(data, "DPR's core")
     sparse, probed, csr_why = True, None, None
     for ratio in CORE_RATIOS:
         args = (model, data, ratio, loss_fn, dev, cal, lr, clip_norm, own)

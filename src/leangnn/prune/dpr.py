@@ -54,11 +54,29 @@ from .serve import (
     serve_pruned,
 )
 
-__all__ = ["DPRConfig", "DPRStrategy", "withdraw_offers", "OFFERS"]
+__all__ = ["DPRConfig", "DPRStrategy", "withdraw_offers", "node_ids_refusal",
+           "OFFERS"]
 
 #: why DPR refuses a model that takes edge features (:func:`edge_attr_refusal`)
 CORE_HAS_NO_EDGE_ATTR = ("DPR's core adjacency carries none (its bridges are new "
                          "edges); train it full batch")
+def node_ids_refusal(data: Data, who: str) -> str | None:
+    """The one-line refusal of DPR's core for ``data`` holding node ids
+    beside its edges (``edge_label_index`` of a link-prediction task: by
+    PyG's convention every key naming an ``index``), or ``None``. The core
+    renumbers the nodes it keeps and drops the others, so a loss reading
+    those ids on the core's outputs would fail, or, where the ids happen to
+    be small, score the wrong nodes without a word."""
+    for key, value in data.items():
+        if key in ("edge_index", "adj_t") or "index" not in key or not \
+                isinstance(value, torch.Tensor) or value.is_floating_point():
+            continue
+        return (f"{who}: data.{key} {list(value.shape)} holds node ids of the "
+                "whole graph, which the core renumbers (the nodes it keeps) or "
+                "drops (the others); train it full batch or offloaded")
+    return None
+
+
 #: why DPR refuses a model that pools by graph (:func:`batch_refusal`)
 CORE_IS_NODE_LEVEL = ("DPR trains on a core of nodes and rebuilds the pruned "
                       "nodes' outputs, not graph outputs; train it full batch")
@@ -448,7 +466,8 @@ class DPRStrategy(Strategy):
     def setup(self, model: torch.nn.Module, train_graphs: list[Data]) -> None:
         for data in train_graphs:
             refusal = edge_attr_refusal(model, data, "prune", CORE_HAS_NO_EDGE_ATTR) \
-                or batch_refusal(model, data, "prune", CORE_IS_NODE_LEVEL)
+                or batch_refusal(model, data, "prune", CORE_IS_NODE_LEVEL) \
+                or node_ids_refusal(data, "prune")
             if refusal:
                 raise ValueError(refusal)
             self.prepare(data)
