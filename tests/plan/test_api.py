@@ -251,8 +251,34 @@ def _gat_subclass():
     return MyGAT
 
 
+class _Head(torch.nn.Module):
+    """A user's wrapper: GNN(s) (summed) under a linear head."""
+
+    def __init__(self, c, *gnns):
+        super().__init__()
+        self.gnns = torch.nn.ModuleList(gnns)
+        self.head = torch.nn.Linear(16, c)
+
+    def forward(self, x, edge_index):
+        return self.head(sum(g(x, edge_index) for g in self.gnns).relu())
+
+
+def _sage(**kw):
+    from torch_geometric.nn import GraphSAGE
+
+    return GraphSAGE(8, 16, 2, 16, **kw)
+
+
 @pytest.mark.parametrize("make, strategy, families", [
     (lambda c: GCN(8, 16, 2, c), "full", ["gcn"]),
+    # wrappers of one family (nested too) plan with its factor; of two, none
+    (lambda c: _Head(c, GCN(8, 16, 2, 16)), "full", ["gcn"]),
+    (lambda c: _Head(c, _Head(16, _sage()), _sage(aggr="max")), "full", ["sage"]),
+    (lambda c: _Head(c, build_model("res", 8, 16, 16, 3, conv="gcn")), "full",
+     ["res-gcn", "res"]),
+    (lambda c: _Head(c, GCN(8, 16, 2, 16), _sage()), "full", []),
+    (lambda c: _Head(c, build_model("res", 8, 16, 16, 3, conv="gcn"),
+                     build_model("res", 8, 16, 16, 3, conv="sage")), "full", []),
     (lambda c: __import__("torch_geometric.nn", fromlist=["GraphSAGE"]).GraphSAGE(
         8, 16, 2, c, aggr="max"), "full", ["sage"]),
     (lambda c: __import__("torch_geometric.nn", fromlist=["GAT"]).GAT(
@@ -273,7 +299,9 @@ def test_a_registered_model_class_plans_with_its_calibrated_heap_factor(
     """A user's PyG GCN / GraphSAGE / GAT (any options) or our deep model is
     the class our registry trains: its rows get that family's heap factor
     (measured: a PyG GAT planned +100% over its peak with the largest factor,
-    +1% with gat's); a subclass or another class keeps the largest factor."""
+    +1% with gat's), and so does a model wrapping models of one family; a
+    subclass, another class or a wrapper of two families keeps the largest
+    factor."""
     from leangnn.plan.calibration import heap_families
 
     cal = Calibration("test", "glibc-default", calibrated=True, const=1000.0,
@@ -289,6 +317,7 @@ def test_a_registered_model_class_plans_with_its_calibrated_heap_factor(
                          strategies=("full", "prune"), epochs=3)
     full = next(r for r in table.rows if r.strategy == strategy)
     assert full.knobs["model"] == type(model).__name__  # the row names the class
+    assert ("family" in full.knobs) == bool(families)
     fams = heap_families(strategy, full.knobs)
     assert fams == (families or [type(model).__name__])
     est = full.estimate

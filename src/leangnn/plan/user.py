@@ -91,17 +91,34 @@ def calibrated_as(model: torch.nn.Module) -> dict[str, Any]:
     ``family``, with its conv, groups or state width, which select the calibrated
     heap factor (:func:`~leangnn.plan.calibration.heap_families`).
 
-    A model of another class has no family and gets the largest factor
+    A model of another class that wraps models of one family (and knobs),
+    e.g. a ``GraphSAGE`` under a linear head or a graph pooling, plans with
+    that family's factor: the wrapper's own ops are traced as any are. A
+    model with no family inside, or several, gets the largest factor
     measured, so its plan errs towards not fitting. Measured through
     :func:`fit` on a 20k-node csbm graph, a PyG ``GAT`` planned +100% over
-    its measured peak as a model of its own, and -7% as ``gat``.
+    its measured peak as a model of its own, and -7% as ``gat``; five
+    wrappers (a head on GCN, GraphSAGE or GAT, a GraphSAGE beside an MLP, a
+    pooled GraphSAGE on 40 graphs) +28% to +45% over with the largest
+    factor, +10% to +29% with their GNN's.
     """
+    own: dict[str, Any] = {"model": type(model).__name__}
+    knobs = _family_knobs(model)
+    if knobs is None:
+        inner = _wrapped_families(model)
+        knobs = inner[0] if len(inner) == 1 else {}
+    return {**own, **knobs}
+
+
+def _family_knobs(model: torch.nn.Module) -> dict[str, Any] | None:
+    """``family`` and the knobs that select its heap factor, for a model of
+    a class our registry trains (else ``None``)."""
     from leangnn.nn.models import registered_name
 
-    own: dict[str, Any] = {"model": type(model).__name__}
     family = "dag" if is_dag_model(model) else registered_name(model)
-    if family is not None:
-        own["family"] = family
+    if family is None:
+        return None
+    own: dict[str, Any] = {"family": family}
     if family == "dag":
         own["hidden_channels"] = model.hidden_channels
     elif family == "res":
@@ -110,6 +127,18 @@ def calibrated_as(model: torch.nn.Module) -> dict[str, Any]:
         own["conv"] = model.stack.conv_name
         own["num_groups"] = model.stack.num_groups
     return own
+
+
+def _wrapped_families(model: torch.nn.Module) -> list[dict[str, Any]]:
+    """The distinct :func:`_family_knobs` of the outermost registered models
+    inside ``model``."""
+    found: list[dict[str, Any]] = []
+    for child in model.children():
+        knobs = _family_knobs(child)
+        for k in [knobs] if knobs is not None else _wrapped_families(child):
+            if k not in found:
+                found.append(k)
+    return found
 
 
 def _is_layerwise(model: torch.nn.Module) -> str | None:
