@@ -750,6 +750,26 @@ def test_fit_refuses_a_nan_clip_norm_and_stops_at_a_nan_loss(data):
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
 
 
+def test_fit_shows_progress_and_ends_with_a_summary_line(data, capsys):
+    classes = int(data.y.max()) + 1
+    out = leangnn.fit(GCN(8, 16, 2, classes), data, memory_budget="1GiB",
+                      epochs=3, strategy="full", progress=True)
+    err = capsys.readouterr().err
+    assert "fit full(model=GCN)" in err and "3/3" in err
+    last = err.strip().splitlines()[-1]
+    check = out["budget_check"]
+    from leangnn.utils import format_bytes
+
+    assert last == (
+        f"leangnn.fit: full(model=GCN), 3 epochs: loss {out['losses'][0]:.4f} -> "
+        f"{out['losses'][-1]:.4f}; need {format_bytes(check['measured_need_bytes'])} "
+        f"measured, {format_bytes(check['estimated_need_bytes'])} estimated; "
+        "budget 1.0 GiB")
+    leangnn.fit(GCN(8, 16, 2, classes), data, memory_budget="1GiB", epochs=2,
+                strategy="full", progress=False)
+    assert "leangnn.fit" not in capsys.readouterr().err
+
+
 def test_fit_prune_trains_the_largest_core_that_fits(data):
     table = leangnn.plan(GCN(8, 16, 2, int(data.y.max()) + 1), data, "1GiB",
                          calibration=EXACT, strategies=("prune",))

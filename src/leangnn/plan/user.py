@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import math
+import sys
 import time
 import warnings
 from types import SimpleNamespace
@@ -428,7 +429,8 @@ def _offload_model(model, data, device, budget, cal, knobs, full: Estimate,
 def fit(model: torch.nn.Module, data: Data, loss_fn=None, strategy: str = "auto",
         memory_budget=None, epochs: int = 100, lr: float = 1e-3,
         clip_norm: float | None = 1.0, device="cpu",
-        weight_decay: float = 0.0, trim_heap: bool | None = None) -> dict[str, Any]:
+        weight_decay: float = 0.0, trim_heap: bool | None = None,
+        progress: bool | None = None) -> dict[str, Any]:
     """Train ``model`` on ``data`` through the strategy the planner picks.
 
     Args:
@@ -446,6 +448,9 @@ def fit(model: torch.nn.Module, data: Data, loss_fn=None, strategy: str = "auto"
             peaked 17-26% above its estimate). ``None`` reads
             ``LEANGNN_TRIM_HEAP``; ``False`` is the off switch.
             (default: ``None``, i.e. on)
+        progress (bool, optional): a tqdm bar over the epochs (the loss as
+            its postfix) and a summary line on stderr; ``None``: where
+            stderr is a terminal. (default: ``None``)
 
     Returns:
         ``{"plan": PlanTable, "row": the row used, "strategy": the Strategy,
@@ -507,17 +512,24 @@ def fit(model: torch.nn.Module, data: Data, loss_fn=None, strategy: str = "auto"
     meter = MemoryMeter(device).start()
     losses = []
     model.train()
-    for epoch in range(1, epochs + 1):
+    from tqdm.auto import tqdm
+
+    bar = tqdm(range(1, epochs + 1), desc=f"fit {row.label}", unit="ep",
+               disable=None if progress is None else not progress, mininterval=1.0)
+    shown = not bar.disable  # (a finished or closed bar disables itself)
+    for epoch in bar:
         optimizer.zero_grad(set_to_none=True)
         loss = strat.train_step(model, data, loss_fn)
         if not math.isfinite(loss):
             # stop before the step writes NaN into every weight
             kept = ("the initial ones" if epoch == 1
                     else f"those after epoch {epoch - 1}")
+            bar.close()  # the error line below the bar, not inside it
             raise ValueError(f"leangnn.fit: the loss is {loss} at epoch {epoch} of "
                              f"{epochs} (the weights are {kept}); check data.y, "
                              "loss_fn and lr")
         losses.append(loss)
+        bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
         if clip_norm:
             torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
         optimizer.step()
@@ -526,6 +538,13 @@ def fit(model: torch.nn.Module, data: Data, loss_fn=None, strategy: str = "auto"
     strat.fit_end(model, [data], loss_fn)
     check = budget_check({"memory_budget_bytes": table.budget_bytes,
                           **need_figures(row)}, report.peak_bytes, setup)
+    if shown:
+        need = "" if check is None else (
+            f"; need {format_bytes(check['measured_need_bytes'])} measured, "
+            f"{format_bytes(check['estimated_need_bytes'])} estimated")
+        print(f"leangnn.fit: {row.label}, {epochs} epochs: loss {losses[0]:.4f} -> "
+              f"{losses[-1]:.4f}{need}; budget {format_bytes(table.budget_bytes)}",
+              file=sys.stderr)
     return {"plan": table, "row": row, "strategy": strat, "losses": losses,
             "memory": {"peak_bytes": report.peak_bytes, "method": report.method,
                        "setup_bytes": setup},
