@@ -94,8 +94,11 @@ def calibrated_as(model: torch.nn.Module) -> dict[str, Any]:
 
     A model of another class that wraps models of one family (and knobs),
     e.g. a ``GraphSAGE`` under a linear head or a graph pooling, plans with
-    that family's factor: the wrapper's own ops are traced as any are. A
-    model with no family inside, or several, gets the largest factor
+    that family's factor: the wrapper's own ops are traced as any are; so
+    does a stack of PyG convs of one family's kind
+    (:data:`CONV_FAMILIES`, e.g. ``SAGEConv`` layers with residuals). A
+    model with no family inside, or several, or another conv (PNA, EdgeConv,
+    TransformerConv) gets the largest factor
     measured, so its plan errs towards not fitting. Measured through
     :func:`fit` on a 20k-node csbm graph, a PyG ``GAT`` planned +100% over
     its measured peak as a model of its own, and -7% as ``gat``; five
@@ -106,9 +109,33 @@ def calibrated_as(model: torch.nn.Module) -> dict[str, Any]:
     own: dict[str, Any] = {"model": type(model).__name__}
     knobs = _family_knobs(model)
     if knobs is None:
-        inner = _wrapped_families(model)
+        inner = _wrapped_families(model) or _conv_families(model)
         knobs = inner[0] if len(inner) == 1 else {}
     return {**own, **knobs}
+
+
+#: PyG convs of the registered ``BasicGNN`` families: a user's own stack of
+#: one of them (and no other message passing) plans with that family's
+#: heap factor
+CONV_FAMILIES = {"GCNConv": "gcn", "SAGEConv": "sage", "GATConv": "gat",
+                 "GATv2Conv": "gat", "GINConv": "gin"}
+
+
+def _conv_families(model: torch.nn.Module) -> list[dict[str, Any]]:
+    """``[{"family": f}]`` where every message-passing layer of ``model`` is
+    a PyG conv of one family of :data:`CONV_FAMILIES` (its very class: a
+    subclass may pass other messages), else ``[]``."""
+    from torch_geometric.nn.conv import MessagePassing
+
+    fams = set()
+    for m in model.modules():
+        if isinstance(m, MessagePassing):
+            kind = type(m)
+            known = kind.__module__.startswith("torch_geometric.")
+            fams.add(CONV_FAMILIES.get(kind.__name__) if known else None)
+    if len(fams) != 1 or None in fams:
+        return []
+    return [{"family": fams.pop()}]
 
 
 def _family_knobs(model: torch.nn.Module) -> dict[str, Any] | None:
