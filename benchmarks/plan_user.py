@@ -76,9 +76,19 @@ ROWS = {
     "csbm20k-TwoTower-GraphSAGE-2": ("csbm", "full", "TwoTower(i, c)"),
     "csbm20k-Head-GraphSAGE-3-core": ("csbm", "prune",
                                       "Head(GraphSAGE(i, 64, 3, 64), 64, c)"),
+    # a user's residual stack of PyG convs of one family's kind: its factor
+    "csbm20k-SAGEConv-stack-8": ("csbm", "full",
+                                 "ConvStack(lambda w: SAGEConv(w, w), i, 64, c, 8)"),
+    "csbm20k-SAGEConv-stack-8-ckpt": (
+        "csbm", "full", "ConvStack(lambda w: SAGEConv(w, w), i, 64, c, 8, True)"),
+    "csbm20k-GCNConv-stack-4": ("csbm", "full",
+                                "ConvStack(lambda w: GCNConv(w, w), i, 64, c, 4)"),
+    "csbm20k-GATConv-stack-3": (
+        "csbm", "full",
+        "ConvStack(lambda w: GATConv(w, w // 4, heads=4), i, 64, c, 3)"),
 }
-#: the rows of wrapper classes (their own summary line)
-WRAPPERS = {n for n in ROWS if "Head-" in n or "TwoTower" in n}
+#: the rows of wrapper classes and conv stacks (their own summary line)
+WRAPPERS = {n for n in ROWS if "Head-" in n or "TwoTower" in n or "-stack-" in n}
 QUICK = ["csbm20k-GAT-2", "csbm20k-GraphSAGE-3-max", "csbm20k-GIN-3"]
 
 _CHILD = r"""
@@ -86,8 +96,8 @@ import json, sys
 import torch
 torch.set_num_threads(1)
 from torch.nn import ReLU
-from torch_geometric.nn import (GAT, GCN, GIN, PNA, EdgeCNN, GraphSAGE, Sequential,
-                                TransformerConv)
+from torch_geometric.nn import (GAT, GCN, GIN, PNA, EdgeCNN, GATConv, GCNConv,
+                                GraphSAGE, SAGEConv, Sequential, TransformerConv)
 from torch_geometric.utils import degree
 import leangnn
 from leangnn.nn.models import GSRGNN, ResGNN
@@ -101,6 +111,24 @@ class Head(torch.nn.Module):  # a GNN under a linear head
 
     def forward(self, x, edge_index):
         return self.head(self.gnn(x, edge_index).relu())
+
+
+class ConvStack(torch.nn.Module):  # residual convs, checkpointed or not
+    def __init__(self, make, i, w, c, layers, ckpt=False):
+        super().__init__()
+        self.inp, self.out = torch.nn.Linear(i, w), torch.nn.Linear(w, c)
+        self.ckpt = ckpt
+        self.convs = torch.nn.ModuleList(make(w) for _ in range(layers))
+
+    def forward(self, x, edge_index):
+        from torch.utils.checkpoint import checkpoint
+
+        h = self.inp(x)
+        for conv in self.convs:
+            f = lambda a, e, conv=conv: conv(a, e).relu()  # noqa: E731
+            h = h + (checkpoint(f, h, edge_index, use_reentrant=False) if self.ckpt
+                     else f(h, edge_index))
+        return self.out(h)
 
 
 class TwoTower(torch.nn.Module):  # a GNN beside an MLP on the raw features
@@ -187,7 +215,8 @@ def markdown(rows: list[dict], repeat: int) -> str:
                 f"{statistics.median(fam):.1%}, worst {max(fam):.1%} (as own models: "
                 f"median {was:.1%})."]
     if wrap:
-        out += [f"Wrappers of one registered model ({len(wrap)} rows, its family's "
+        out += [f"Wrappers of one registered model and conv stacks of one family "
+                f"({len(wrap)} rows, the family's "
                 f"factor): error {min(r['rel_error'] for r in wrap):+.1%} to "
                 f"{max(r['rel_error'] for r in wrap):+.1%} (with the largest factor "
                 f"{min(r['as_own_rel_error'] for r in wrap):+.1%} to "

@@ -263,6 +263,18 @@ class _Head(torch.nn.Module):
         return self.head(sum(g(x, edge_index) for g in self.gnns).relu())
 
 
+def _convs(c, *kinds):
+    """A ``Sequential`` of PyG convs of ``kinds`` (16 channels), then a head."""
+    import torch_geometric.nn as pyg
+
+    layers, width = [], 8
+    for k in kinds:
+        layers += [(getattr(pyg, k)(width, 16), "x, edge_index -> x"),
+                   torch.nn.ReLU()]
+        width = 16
+    return pyg.Sequential("x, edge_index", [*layers, torch.nn.Linear(16, c)])
+
+
 def _sage(**kw):
     from torch_geometric.nn import GraphSAGE
 
@@ -277,6 +289,12 @@ def _sage(**kw):
     (lambda c: _Head(c, build_model("res", 8, 16, 16, 3, conv="gcn")), "full",
      ["res-gcn", "res"]),
     (lambda c: _Head(c, GCN(8, 16, 2, 16), _sage()), "full", []),
+    # a user's own stack of one family's PyG convs plans with its factor;
+    # mixed kinds, or a conv of no family, with the largest
+    (lambda c: _convs(c, "SAGEConv", "SAGEConv"), "full", ["sage"]),
+    (lambda c: _convs(c, "GATConv", "GATv2Conv"), "full", ["gat"]),
+    (lambda c: _convs(c, "SAGEConv", "GCNConv"), "full", []),
+    (lambda c: _convs(c, "GCNConv", "TransformerConv"), "full", []),
     (lambda c: _Head(c, build_model("res", 8, 16, 16, 3, conv="gcn"),
                      build_model("res", 8, 16, 16, 3, conv="sage")), "full", []),
     (lambda c: __import__("torch_geometric.nn", fromlist=["GraphSAGE"]).GraphSAGE(
@@ -288,7 +306,8 @@ def _sage(**kw):
      ["gsr-gat", "gsr"]),
     (lambda c: build_model("gsr", 8, 16, c, 4, num_groups=4), "reversible",
      ["gsr-many", "gsr"]),
-    (lambda c: _gat_subclass()(8, 16, 2, c), "full", []),
+    # a subclass (its forward may differ) is a user's stack of GATConvs
+    (lambda c: _gat_subclass()(8, 16, 2, c), "full", ["gat"]),
     (lambda c: __import__("torch_geometric.nn", fromlist=["GIN"]).GIN(8, 16, 2, c),
      "full", ["gin"]),
     (lambda c: __import__("torch_geometric.nn", fromlist=["EdgeCNN"]).EdgeCNN(
@@ -299,8 +318,9 @@ def test_a_registered_model_class_plans_with_its_calibrated_heap_factor(
     """A user's PyG GCN / GraphSAGE / GAT (any options) or our deep model is
     the class our registry trains: its rows get that family's heap factor
     (measured: a PyG GAT planned +100% over its peak with the largest factor,
-    +1% with gat's), and so does a model wrapping models of one family; a
-    subclass, another class or a wrapper of two families keeps the largest
+    +1% with gat's), and so does a model wrapping models of one family or a
+    stack of one family's convs (a subclass is one); another class, a
+    wrapper of two families or a stack of mixed convs keeps the largest
     factor."""
     from leangnn.plan.calibration import heap_families
 
@@ -328,7 +348,9 @@ def test_a_registered_model_class_plans_with_its_calibrated_heap_factor(
     # own where the core is an edge list (EdgeConv cannot take its CSR)
     own = families[0] if families else type(model).__name__
     for row in (r for r in table.rows if r.strategy == "prune" and r.estimate):
-        edge_list = type(model).__name__ == "EdgeCNN"
+        # (EdgeConv and TransformerConv cannot take the core's CSR)
+        edge_list = type(model).__name__ == "EdgeCNN" or any(
+            type(m).__name__ == "TransformerConv" for m in model.modules())
         assert (row.knobs.get("sparse_adj") is False) == edge_list
         assert heap_families("prune", row.knobs)[0] == (
             own if edge_list else f"prune-{own}")

@@ -144,3 +144,43 @@ def test_duplicates_and_self_loops_do_not_count_as_a_difference():
     model = GCN(4, 8, 2, 3)
     assert probe_core(model, core, lambda out, d: F.cross_entropy(out, d.y),
                       torch.device("cpu")) is None
+
+
+def test_a_gradient_of_rounding_alone_does_not_count_as_a_difference():
+    """GATConv's ``att_dst`` gets no gradient where every score of a target
+    sits on one side of the LeakyReLU (the softmax is then blind to it): its
+    ~1e-10 of rounding differed 4x between the two layouts and sent GAT
+    models to the edge list for some draws of their weights. Such a tensor is
+    measured on the step's scale; a real difference still counts."""
+    from torch_geometric.nn import GATConv
+
+    from leangnn.graphs.sparse import adj_t_of
+    from leangnn.plan.core_probe import PROBE_RTOL, _difference
+
+    big, tiny = torch.tensor([0.2, -0.1]), torch.tensor([2.6e-10])
+    want = [torch.tensor([2.2]), big, tiny]
+    assert _difference([want[0], big, tiny + 9.7e-10], want) < PROBE_RTOL
+    assert _difference([want[0], big * 1.01, tiny], want) == pytest.approx(0.01,
+                                                                          rel=1e-4)
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv, self.out = GATConv(4, 8), torch.nn.Linear(8, 3)
+
+        def forward(self, x, adj):
+            return self.out(self.conv(x, adj).relu())
+
+    torch.manual_seed(3)
+    net = Net()
+    with torch.no_grad():  # every score positive: att_dst's gradient is 0
+        net.conv.lin.weight.abs_()
+        net.conv.att_src.abs_().add_(1.0)
+        net.conv.att_dst.abs_().add_(1.0)
+    g = torch.Generator().manual_seed(4)
+    n = 60
+    core = Data(adj_t=adj_t_of(torch.randint(0, n, (2, 300), generator=g), n),
+                x=torch.rand(n, 4, generator=g), num_nodes=n,
+                y=torch.randint(0, 3, (n,), generator=g))
+    assert probe_core(net, core, lambda out, d: F.cross_entropy(out, d.y),
+                      torch.device("cpu")) is None
