@@ -912,11 +912,11 @@ def test_fit_trains_on_the_core_and_offload_graph_its_plan_built(data, monkeypat
     classes = int(data.y.max()) + 1
     model = lambda: GCN(8, 16, 2, classes)  # noqa: E731
     out, builds = _fit_counting_cores(data, monkeypatch, "prune", model, True)
-    # one core per ratio in the plan, none again for training
-    assert builds == 3 and out["strategy"].summary()["core_reused"] is True
+    # the lazy plan's one core (the largest fits), none again for training
+    assert builds == 1 and out["strategy"].summary()["core_reused"] is True
     assert not dpr._OFFERS and not engine._OFFERS  # the rest was dropped
     off, builds = _fit_counting_cores(data, monkeypatch, "prune", model, False)
-    assert builds == 4 and "core_reused" not in off["strategy"].summary()
+    assert builds == 2 and "core_reused" not in off["strategy"].summary()
     assert out["losses"] == off["losses"]  # the same core, bit for bit
 
     out, _ = _fit_counting_cores(data, monkeypatch, "offload", model, True)
@@ -925,6 +925,33 @@ def test_fit_trains_on_the_core_and_offload_graph_its_plan_built(data, monkeypat
     off, _ = _fit_counting_cores(data, monkeypatch, "offload", model, False)
     assert off["strategy"].taken_bytes == 0
     assert out["losses"] == off["losses"]
+
+
+def test_fit_plans_lazily_what_its_pick_needs(data, monkeypatch):
+    """fit plans as ``leangnn train --strategy auto`` does: where an exact
+    row fits, no DPR core is built or estimated (on a CPU the offload rows
+    are, as they can be faster); for ``strategy="prune"`` only the largest
+    core that fits. The pick is the full plan's (``lazy=False``)."""
+    classes = int(data.y.max()) + 1
+    model = lambda: GCN(8, 16, 2, classes)  # noqa: E731
+    lazy, builds = _fit_counting_cores(data, monkeypatch, "auto", model, True)
+    assert builds == 0
+    table = lazy["plan"]
+    prune = [r for r in table.rows if r.strategy == "prune"]
+    assert len(prune) == 3 and all(r.need_bytes is None and r.why ==
+                                   "not estimated: a preferred row fits (planned "
+                                   "lazily)" for r in prune)
+    assert all(r.need_bytes is not None for r in table.rows
+               if r.strategy == "offload")
+    torch.manual_seed(0)
+    every = leangnn.fit(model(), data, memory_budget="1GiB", epochs=3, lazy=False)
+    assert all(r.need_bytes is not None for r in every["plan"].rows)
+    assert every["row"].label == lazy["row"].label
+    assert every["losses"] == lazy["losses"]
+    # a core that fits: no smaller one is estimated
+    table = leangnn.fit(model(), data, memory_budget="1GiB", epochs=1,
+                        strategy="prune")["plan"]
+    assert [r.need_bytes is not None for r in table.rows] == [True, False, False]
 
 
 def test_a_plan_alone_keeps_nothing_for_training(data):

@@ -186,7 +186,8 @@ def plan(model: torch.nn.Module, data: Data, memory_budget=None, loss_fn=None,
          device="cpu", lr: float = 1e-3, clip_norm: float | None = 1.0,
          calibration: Calibration | None = None,
          strategies: tuple[str, ...] | None = None,
-         epochs: int | None = None, in_process: bool = False) -> PlanTable:
+         epochs: int | None = None, in_process: bool = False,
+         lazy: bool = False) -> PlanTable:
     """Plan training ``model`` on ``data`` (any PyG model) under a budget.
 
     Rows: full batch; offload (PyG ``BasicGNN`` models) under the budget; the
@@ -221,6 +222,12 @@ def plan(model: torch.nn.Module, data: Data, memory_budget=None, loss_fn=None,
             what the pick trains on (DPR's core, the offload engine's graph
             structures) is kept for its strategy to take over
             (``LEANGNN_PLAN_REUSE=0``: nothing is kept). (default: ``False``)
+        lazy (bool, optional): estimate only what the pick needs, as
+            ``leangnn train --strategy auto`` plans: DPR's cores only where
+            no exact row fits, and of them the largest that fits (on CUDA,
+            no offload row where full batch fits; on a CPU offload can be
+            the faster, so its rows are estimated); the others are rows
+            "not estimated". (default: ``False``: every row)
 
     Raises:
         ValueError: one line naming the argument or tensor and the value: a
@@ -256,7 +263,7 @@ def plan(model: torch.nn.Module, data: Data, memory_budget=None, loss_fn=None,
         cal = cal.in_process()
     loss_fn = checked_loss(loss_fn) or default_loss(data)
     rows_of = (model, data, loss_fn, dev, cal, budget, strategies, epochs, lr,
-               clip_norm)
+               clip_norm, lazy)
     if not in_process:
         rows = _rows(*rows_of)
     else:
@@ -282,8 +289,17 @@ def _as_config(config: dict[str, Any]) -> SimpleNamespace:
     return SimpleNamespace(**config)
 
 
+#: why a row a lazy plan skipped has no estimate (as the CLI's planner says)
+LAZY_WHY = "not estimated: a preferred row fits (planned lazily)"
+
+
+def _fits(row: PlanRow, budget: int) -> bool:
+    return row.need_bytes is not None and row.need_bytes <= budget and \
+        not row.host_short
+
+
 def _rows(model, data, loss_fn, dev, cal, budget, strategies, epochs, lr,
-          clip_norm) -> list[PlanRow]:
+          clip_norm, lazy: bool = False) -> list[PlanRow]:
     """The rows of :func:`plan` (its arguments, checked)."""
     name = type(model).__name__
     reversible = hasattr(model, "stack") and hasattr(model.stack, "num_groups")
@@ -312,10 +328,16 @@ def _rows(model, data, loss_fn, dev, cal, budget, strategies, epochs, lr,
                                     f"training needs a GSRGNN, {name} is not one "
                                     "(plan strategy 'full' for its own training)"))
     why = _is_layerwise(model) if "offload" in wanted else "not requested"
+    # on CUDA nothing exact is faster than full batch where it fits; on a
+    # CPU offload can be (the CLI's planner: CPU_TIME_MARGIN)
+    skip = lazy and dev.type != "cpu" and any(_fits(r, budget) for r in rows)
     full = eng = None
     tries = [(b, p) for b in offload_budgets(budget, dev) for p in OFFLOAD_PARTS]
     for dev_budget, parts in tries if "offload" in wanted else ():
         knobs = {**own, "device_budget": dev_budget, "num_parts": parts}
+        if skip and why is None:
+            rows.append(unavailable_row("offload", knobs, LAZY_WHY))
+            continue
         if why is not None:
             rows.append(unavailable_row("offload", knobs, f"not possible: {why}"))
             break
@@ -334,14 +356,18 @@ def _rows(model, data, loss_fn, dev, cal, budget, strategies, epochs, lr,
             rows.append(unavailable_row("offload", knobs, "not possible: "
                                         + str(e).splitlines()[0]))
     rows += _prune_rows(model, data, loss_fn, dev, cal, own, epochs, lr, clip_norm,
-                        budget, levels=own.get("family") == "dag") \
+                        budget, levels=own.get("family") == "dag", lazy=lazy,
+                        exact_fits=any(_fits(r, budget) for r in rows)) \
         if "prune" in wanted else []
     return rows
 
 
 def _prune_rows(model, data, loss_fn, dev, cal, own, epochs, lr, clip_norm,
-                budget: int, levels: bool) -> list[PlanRow]:
-    """DPR's core rows at :data:`CORE_RATIOS`.
+                budget: int, levels: bool, lazy: bool = False,
+                exact_fits: bool = False) -> list[PlanRow]:
+    """DPR's core rows at :data:`CORE_RATIOS` (``lazy``: none estimated where
+    an exact row fits (``exact_fits``), and none smaller than the largest
+    core that fits: they cannot be the pick).
 
     The core is trained through its CSR adjacency (sparse products, no
     ``[E, C]`` messages). A model that cannot take it trains on the core as
@@ -362,8 +388,13 @@ def _prune_rows(model, data, loss_fn, dev, cal, own, epochs, lr, clip_norm,
             or batch_refusal(model, data, "DPR's core", CORE_IS_NODE_LEVEL) \
             or node_ids_refusal(data, "DPR's core")
     sparse, probed, csr_why = True, None, None
+    skip = lazy and exact_fits
     for ratio in CORE_RATIOS:
         args = (model, data, ratio, loss_fn, dev, cal, lr, clip_norm, own)
+        if skip and not why:
+            rows.append(unavailable_row("prune", {**own, "budget_ratio": ratio},
+                                        LAZY_WHY, "approximate"))
+            continue
         if not why:
             # one core's layout is every ratio's: a real step probes it once
             est, note, why = _core_estimate(*args, sparse, probed != sparse)
@@ -388,6 +419,8 @@ def _prune_rows(model, data, loss_fn, dev, cal, own, epochs, lr, clip_norm,
                             **_layout(sparse)}, epochs)
         if row.need_bytes is not None and row.need_bytes > budget:
             withdraw(_as_config(row.config))  # cannot be the pick
+        # the largest core that fits is the pick: a smaller one cannot be
+        skip = skip or (lazy and _fits(row, budget))
         rows.append(row)
     return rows
 
@@ -457,7 +490,7 @@ def fit(model: torch.nn.Module, data: Data, loss_fn=None, strategy: str = "auto"
         memory_budget=None, epochs: int = 100, lr: float = 1e-3,
         clip_norm: float | None = 1.0, device="cpu",
         weight_decay: float = 0.0, trim_heap: bool | None = None,
-        progress: bool | None = None) -> dict[str, Any]:
+        progress: bool | None = None, lazy: bool = True) -> dict[str, Any]:
     """Train ``model`` on ``data`` through the strategy the planner picks.
 
     Args:
@@ -478,6 +511,9 @@ def fit(model: torch.nn.Module, data: Data, loss_fn=None, strategy: str = "auto"
         progress (bool, optional): a tqdm bar over the epochs (the loss as
             its postfix) and a summary line on stderr; ``None``: where
             stderr is a terminal. (default: ``None``)
+        lazy (bool, optional): plan only the rows the pick needs (see
+            :func:`plan`); ``False`` estimates every row of the returned
+            table. (default: ``True``)
 
     Returns:
         ``{"plan": PlanTable, "row": the row used, "strategy": the Strategy,
@@ -499,7 +535,7 @@ def fit(model: torch.nn.Module, data: Data, loss_fn=None, strategy: str = "auto"
         raise ValueError(f"epochs: expected a positive int, got {epochs!r}")
     table = plan(model, data, memory_budget, loss_fn, device, lr, clip_norm,
                  strategies=None if strategy == "auto" else (strategy,),
-                 epochs=epochs, in_process=True)
+                 epochs=epochs, in_process=True, lazy=lazy)
     if table.caveat:
         warnings.warn(f"leangnn.fit: {table.caveat}", stacklevel=3)
     if strategy == "auto":
