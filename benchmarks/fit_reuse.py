@@ -39,21 +39,26 @@ from torch_geometric.nn import GraphSAGE
 from leangnn.graphs.synthetic import contextual_sbm
 from leangnn.plan.user import fit
 n, strategy, budget = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+lazy = sys.argv[4] == "1"
 data = contextual_sbm(n, seed=0)
 torch.manual_seed(0)
 model = GraphSAGE(data.num_features, 64, 3, int(data.y.max()) + 1)
 t = time.perf_counter()
-out = fit(model, data, strategy=strategy, memory_budget=budget, epochs=3)
+out = fit(model, data, strategy=strategy, memory_budget=budget, epochs=3, lazy=lazy)
 print(json.dumps({"wall": time.perf_counter() - t, "plan": out["plan"].seconds,
                   "row": out["row"].label, "taken_bytes": out["strategy"].taken_bytes,
                   "losses": out["losses"], "budget_check": out["budget_check"]}))
 """
 
 
-def once(n: int, strategy: str, budget: str, reuse: bool) -> dict:
+def once(n: int, strategy: str, budget: str, reuse: bool, lazy: bool = False
+         ) -> dict:
+    """One ``fit`` in a fresh interpreter (``lazy``: its plan's; the reuse
+    figures were measured with every row planned)."""
     env = dict(os.environ, OMP_NUM_THREADS="1",
                LEANGNN_PLAN_REUSE="1" if reuse else "0")
-    p = subprocess.run([sys.executable, "-c", _CHILD, str(n), strategy, budget],
+    p = subprocess.run([sys.executable, "-c", _CHILD, str(n), strategy, budget,
+                        "1" if lazy else "0"],
                        env=env, capture_output=True, text=True, timeout=1800)
     if p.returncode:
         raise RuntimeError((p.stderr.strip().splitlines() or ["?"])[-1])
