@@ -954,6 +954,21 @@ def test_fit_plans_lazily_what_its_pick_needs(data, monkeypatch):
     assert [r.need_bytes is not None for r in table.rows] == [True, False, False]
 
 
+def test_a_plan_hashes_its_graph_once_for_every_offload_row(data, monkeypatch):
+    """Each offload row partitions the graph (cached by a hash of its edges):
+    a plan hashes them once, not once a row (0.43 of 5.3 s at csbm:100000)."""
+    import leangnn.graphs.partition as partition
+
+    hashed = []
+    real = partition.hashlib.blake2b
+    monkeypatch.setattr(partition.hashlib, "blake2b",
+                        lambda **k: hashed.append(1) or real(**k))
+    table = leangnn.plan(GCN(8, 16, 2, int(data.y.max()) + 1), data, "1GiB",
+                         strategies=("offload",))
+    rows = [r for r in table.rows if r.need_bytes is not None]
+    assert len(rows) > 1 and len(hashed) == 1
+
+
 def test_a_plan_alone_keeps_nothing_for_training(data):
     import leangnn.offload.engine as engine
     import leangnn.prune.dpr as dpr

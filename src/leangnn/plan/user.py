@@ -265,7 +265,11 @@ def plan(model: torch.nn.Module, data: Data, memory_budget=None, loss_fn=None,
     rows_of = (model, data, loss_fn, dev, cal, budget, strategies, epochs, lr,
                clip_norm, lazy)
     if not in_process:
-        rows = _rows(*rows_of)
+        from leangnn.graphs.partition import reuse_hashes
+
+        # the offload rows, one partition each, hash the graph once
+        with reuse_hashes():
+            rows = _rows(*rows_of)
     else:
         # fit trains the pick next, in this process: what the rows build for
         # training (DPR's core, the offload engine's graph structures) is
