@@ -14,7 +14,7 @@ median of the processes' measured peaks (``fit``'s ``memory.peak_bytes``,
 the loop's resident growth above the loaded model and graph). ``as own`` is
 the estimate the same trace gets as a model without a calibrated family
 (the largest heap factor measured, which is what every user model got
-before :func:`leangnn.plan.user.calibrated_as`). Estimates use this
+before :func:`leangnn.plan.families.calibrated_as`). Estimates use this
 machine's calibration. Memory only: no timing.
 """
 
@@ -68,7 +68,7 @@ ROWS = {
         "heads=2), 'x, edge_index -> x'), ReLU(), (TransformerConv(64, c), "
         "'x, edge_index -> x')])"),
     # a user's class wrapping one registered model: its family's factor
-    # (:func:`leangnn.plan.user.calibrated_as`); ``as own`` is the largest
+    # (:func:`leangnn.plan.families.calibrated_as`); ``as own`` is the largest
     "csbm20k-Head-GCN-3": ("csbm", "full", "Head(GCN(i, 64, 3, 64), 64, c)"),
     "csbm20k-Head-GraphSAGE-3": ("csbm", "full",
                                  "Head(GraphSAGE(i, 64, 3, 64), 64, c)"),

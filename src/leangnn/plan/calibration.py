@@ -147,7 +147,7 @@ def heap_families(strategy: str | None, knobs: dict[str, Any] | None
     DPR's core (trained through a sparse adjacency: another op mix), then
     ``prune`` (a core kept as an edge list, ``sparse_adj=False``, has the
     model's own). A user's model is of our registry's ``family`` where it is
-    one of its classes (:func:`~leangnn.plan.user.calibrated_as`); empty for
+    one of its classes (:func:`~leangnn.plan.families.calibrated_as`); empty for
     a model of its own (its ``model`` is no registered name).
     """
     knobs = knobs or {}
