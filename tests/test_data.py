@@ -218,6 +218,28 @@ def test_check_splits_width_classes_and_empty_training_graph():
         check_splits(GraphSplits([ok, empty], [], [], "regression", 1))
 
 
+def test_split_masks_scores_each_splits_pyg_mask_where_no_node_mask_is_set():
+    """One Planetoid-style graph given as every split: each split scores its
+    own PyG mask (before: every label trained on and scored everywhere); a
+    node_mask, a mask of another kind and a graph without one stay as they
+    are; the caller's graphs are not changed."""
+    from leangnn.data import GraphSplits, split_masks
+    from leangnn.graphs.synthetic import contextual_sbm
+
+    g = contextual_sbm(300, avg_degree=4.0, in_channels=4, seed=1)
+    assert "node_mask" not in g
+    out = split_masks(GraphSplits([g], [g], [g], "classification", 8))
+    assert out.train[0].node_mask is g.train_mask
+    assert out.val[0].node_mask is g.val_mask and out.test[0].node_mask is g.test_mask
+    assert "node_mask" not in g  # shallow copies
+    own = with_mask(g, g.val_mask)
+    idx = g.clone()
+    idx.train_mask = g.train_mask.nonzero().view(-1)
+    plain = _graph()
+    out = split_masks(GraphSplits([own, idx, plain], [], [], "classification", 8))
+    assert out.train[0] is own and out.train[1] is idx and out.train[2] is plain
+
+
 @pytest.mark.parametrize("mask", [torch.zeros(3, dtype=torch.bool), torch.arange(4),
                                   [True] * 5])
 def test_check_graph_names_a_node_mask_of_another_shape_or_kind(mask):

@@ -209,6 +209,28 @@ def test_fresh_run_into_old_directory_needs_force(tmp_path):
     assert len(_lines(tmp_path / "r" / "metrics.jsonl")) == 2
 
 
+def test_given_splits_of_one_pyg_graph_train_and_score_their_masks():
+    """``Trainer(splits=...)`` with one Planetoid-style graph (train/val/test
+    masks, no node_mask) as every split: it trains on the training nodes and
+    scores each split's own (before: on every node, test nodes included)."""
+    from leangnn.graphs.synthetic import contextual_sbm
+
+    cfg = TrainConfig(dataset="csbm:300", model="sage", num_layers=2,
+                      hidden_channels=8, epochs=2)
+    g = contextual_sbm(300, avg_degree=4.0, in_channels=8, seed=3)
+    c = int(g.y.max()) + 1
+    t = Trainer(cfg, splits=GraphSplits([g], [g], [g], "classification", c),
+                progress=False, record=False)
+    assert t.splits.train[0].node_mask is g.train_mask
+    assert t.splits.test[0].node_mask is g.test_mask
+    ref = Trainer(cfg, splits=GraphSplits([with_mask(g, g.train_mask)],
+                                          [with_mask(g, g.val_mask)],
+                                          [with_mask(g, g.test_mask)],
+                                          "classification", c),
+                  progress=False, record=False)
+    assert t.fit()["metrics"] == ref.fit()["metrics"]
+
+
 def test_empty_evaluation_sets_give_none(tmp_path):
     """A validation / test split without a node to score: metrics are None
     (null on disk), no early stop on a missing loss, the last model is kept."""

@@ -11,7 +11,7 @@ at once.
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch_geometric.data import Data
@@ -27,7 +27,7 @@ from .circuits import (
 )
 from .graphs.synthetic import CSBM_MAX_NODES, CSBM_MIN_NODES, csbm_nodes
 
-__all__ = ["GraphSplits", "load_graphs", "with_mask", "csbm_nodes",
+__all__ = ["GraphSplits", "load_graphs", "with_mask", "split_masks", "csbm_nodes",
            "check_datasets", "check_graph", "check_splits", "CSBM_MIN_NODES",
            "CSBM_MAX_NODES"]
 
@@ -51,6 +51,26 @@ def with_mask(data: Data, mask: torch.Tensor) -> Data:
     out = copy.copy(data)
     out.node_mask = mask
     return out
+
+
+def split_masks(splits: GraphSplits) -> GraphSplits:
+    """``splits`` whose graphs without a ``node_mask`` score their split's
+    PyG mask (``train_mask``, ``val_mask``, ``test_mask``: a bool tensor of
+    one entry per node) where they have one: one Planetoid-style graph given
+    as every split had been trained on every label and scored on the
+    training nodes too, without a word. Other graphs are kept as they are
+    (a circuit scores every node)."""
+    def masked(g: Data, split: str) -> Data:
+        mask = g.get(f"{split}_mask", None)
+        if g.get("node_mask", None) is not None or not (
+                isinstance(mask, torch.Tensor) and mask.dtype == torch.bool
+                and list(mask.shape) == [g.num_nodes]):
+            return g
+        return with_mask(g, mask)
+
+    return replace(splits, **{
+        split: [masked(g, split) for g in getattr(splits, split)]
+        for split in ("train", "val", "test")})
 
 
 def _synthetic(spec: str, seed: int) -> GraphSplits:

@@ -21,7 +21,7 @@ from torch import Tensor
 from torch_geometric.data import Data
 
 from .config import TrainConfig
-from .data import GraphSplits, check_splits, load_graphs
+from .data import GraphSplits, check_splits, load_graphs, split_masks
 from .metrics import compute_metrics, load_backends
 from .nn.models import build_model
 from .plan.fits import check_fits
@@ -144,7 +144,9 @@ class Trainer:
         seed_everything(config.seed)
         if splits is None:
             _check_fits(config, None)  # e.g. a csbm:N graph that cannot be built
-        self.splits = splits or load_graphs(config, progress=progress)
+        # given graphs score their split's PyG mask where they have no node_mask
+        self.splits = split_masks(splits) if splits is not None else \
+            load_graphs(config, progress=progress)
         if not self.splits.train:
             raise ValueError("dataset: no training graphs")
         # NaN / Inf features or labels would train a NaN model without a word
