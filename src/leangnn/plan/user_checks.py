@@ -12,6 +12,7 @@ trained on.
 
 from __future__ import annotations
 
+import copy
 import itertools
 import math
 import numbers
@@ -155,8 +156,6 @@ def with_train_mask(data: Data, loss_fn) -> Data:
         # (check_graph would name the node_mask the user never set)
         raise ValueError(f"data: train_mask selects no node (all {n} entries "
                          "False); the loss over no node is NaN")
-    import copy
-
     data = copy.copy(data)
     data.node_mask = mask
     return data

@@ -60,6 +60,11 @@ __all__ = ["DPRConfig", "DPRStrategy", "withdraw_offers", "node_ids_refusal",
 #: why DPR refuses a model that takes edge features (:func:`edge_attr_refusal`)
 CORE_HAS_NO_EDGE_ATTR = ("DPR's core adjacency carries none (its bridges are new "
                          "edges); train it full batch")
+#: why DPR refuses a model that pools by graph (:func:`batch_refusal`)
+CORE_IS_NODE_LEVEL = ("DPR trains on a core of nodes and rebuilds the pruned "
+                      "nodes' outputs, not graph outputs; train it full batch")
+
+
 def node_ids_refusal(data: Data, who: str) -> str | None:
     """The one-line refusal of DPR's core for ``data`` holding node ids
     beside its edges (``edge_label_index`` of a link-prediction task: by
@@ -75,11 +80,6 @@ def node_ids_refusal(data: Data, who: str) -> str | None:
                 "whole graph, which the core renumbers (the nodes it keeps) or "
                 "drops (the others); train it full batch or offloaded")
     return None
-
-
-#: why DPR refuses a model that pools by graph (:func:`batch_refusal`)
-CORE_IS_NODE_LEVEL = ("DPR trains on a core of nodes and rebuilds the pruned "
-                      "nodes' outputs, not graph outputs; train it full batch")
 
 
 @dataclass
