@@ -782,9 +782,13 @@ def test_fit_shows_progress_and_ends_with_a_summary_line(data, capsys):
     check = out["budget_check"]
     from leangnn.utils import format_bytes
 
+    secs = out["epoch_seconds"]
+    assert len(secs) == 3 and all(t > 0 for t in secs)
     assert last == (
         f"leangnn.fit: full(model=GCN), 3 epochs: loss {out['losses'][0]:.4f} -> "
-        f"{out['losses'][-1]:.4f}; need {format_bytes(check['measured_need_bytes'])} "
+        f"{out['losses'][-1]:.4f}; epoch {sorted(secs)[1]:.3g} s median "
+        f"({out['row'].epoch_seconds:.3g} s estimated); "
+        f"need {format_bytes(check['measured_need_bytes'])} "
         f"measured, {format_bytes(check['estimated_need_bytes'])} estimated; "
         "budget 1.0 GiB")
     leangnn.fit(GCN(8, 16, 2, classes), data, memory_budget="1GiB", epochs=2,

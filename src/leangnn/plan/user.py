@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import math
+import statistics
 import sys
 import time
 import warnings
@@ -434,7 +435,8 @@ def fit(model: torch.nn.Module, data: Data, loss_fn=None, strategy: str = "auto"
 
     Returns:
         ``{"plan": PlanTable, "row": the row used, "strategy": the Strategy,
-        "losses": [...], "memory": {"peak_bytes", "method"}, "budget_check":
+        "losses": [...], "epoch_seconds": [...] (each epoch's wall time: step,
+        clipping and optimizer), "memory": {"peak_bytes", "method"}, "budget_check":
         {...}}``: the training loop's measured peak above the loaded model and
         graph (as ``leangnn train``'s ``summary.json``), and the need it
         implies beside the budget (:func:`~leangnn.plan.planner.budget_check`).
@@ -497,7 +499,9 @@ def fit(model: torch.nn.Module, data: Data, loss_fn=None, strategy: str = "auto"
     bar = tqdm(range(1, epochs + 1), desc=f"fit {row.label}", unit="ep",
                disable=None if progress is None else not progress, mininterval=1.0)
     shown = not bar.disable  # (a finished or closed bar disables itself)
+    seconds = []
     for epoch in bar:
+        t0 = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)
         loss = strat.train_step(model, data, loss_fn)
         if not math.isfinite(loss):
@@ -513,6 +517,7 @@ def fit(model: torch.nn.Module, data: Data, loss_fn=None, strategy: str = "auto"
         if clip_norm:
             torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
         optimizer.step()
+        seconds.append(time.perf_counter() - t0)  # (the heap's release apart)
         release()
     report = meter.stop()
     strat.fit_end(model, [data], loss_fn)
@@ -522,10 +527,14 @@ def fit(model: torch.nn.Module, data: Data, loss_fn=None, strategy: str = "auto"
         need = "" if check is None else (
             f"; need {format_bytes(check['measured_need_bytes'])} measured, "
             f"{format_bytes(check['estimated_need_bytes'])} estimated")
+        est = "" if row.epoch_seconds is None else \
+            f" ({row.epoch_seconds:.3g} s estimated)"
         print(f"leangnn.fit: {row.label}, {epochs} epochs: loss {losses[0]:.4f} -> "
-              f"{losses[-1]:.4f}{need}; budget {format_bytes(table.budget_bytes)}",
+              f"{losses[-1]:.4f}; epoch {statistics.median(seconds):.3g} s median"
+              f"{est}{need}; budget {format_bytes(table.budget_bytes)}",
               file=sys.stderr)
     return {"plan": table, "row": row, "strategy": strat, "losses": losses,
+            "epoch_seconds": seconds,
             "memory": {"peak_bytes": report.peak_bytes, "method": report.method,
                        "setup_bytes": setup},
             "budget_check": check}
