@@ -678,3 +678,18 @@ def test_setup_refuses_a_graph_level_task():
     with pytest.raises(ValueError, match=r"prune: data.edge_label_index \[2, 10\] "
                        r"holds node ids of the whole graph, which the core "):
         DPRStrategy(budget_ratio=0.3).setup(GCN(8, 16, 2, 4), [link])
+
+
+def test_setup_refuses_a_conv_that_caches_one_graphs_normalisation():
+    """GCNConv(cached=True) keeps the first graph it sees: after a forward on
+    the whole graph the core step failed inside the conv (an IndexError),
+    and a core-trained conv would serve the whole graph with the core's."""
+    from torch_geometric.nn import GCN
+
+    g = contextual_sbm(200, avg_degree=4.0, in_channels=8, seed=6)
+    model = GCN(8, 16, 2, 4, cached=True)
+    model(g.x, g.edge_index)
+    with pytest.raises(ValueError, match=r"prune: GCNConv\(cached=True\) keeps the "
+                       r"normalisation of the first graph it sees.*cached=False"):
+        DPRStrategy(budget_ratio=0.3).setup(model, [g])
+    DPRStrategy(budget_ratio=0.3).setup(GCN(8, 16, 2, 4), [g])

@@ -76,6 +76,7 @@ from leangnn.plan.user_checks import (
 from leangnn.prune.dpr import (
     CORE_HAS_NO_EDGE_ATTR,
     CORE_IS_NODE_LEVEL,
+    cached_refusal,
     node_ids_refusal,
 )
 from leangnn.strategy import batch_refusal, edge_attr_refusal
@@ -304,7 +305,8 @@ def _prune_rows(model, data, loss_fn, dev, cal, own, epochs, lr, clip_norm,
     else:
         why = edge_attr_refusal(model, data, "DPR's core", CORE_HAS_NO_EDGE_ATTR) \
             or batch_refusal(model, data, "DPR's core", CORE_IS_NODE_LEVEL) \
-            or node_ids_refusal(data, "DPR's core")
+            or node_ids_refusal(data, "DPR's core") \
+            or cached_refusal(model, "DPR's core")
     sparse, probed, csr_why = True, None, None
     skip = lazy and exact_fits
     for ratio in CORE_RATIOS:

@@ -55,7 +55,7 @@ from .serve import (
 )
 
 __all__ = ["DPRConfig", "DPRStrategy", "withdraw_offers", "node_ids_refusal",
-           "OFFERS"]
+           "cached_refusal", "OFFERS"]
 
 #: why DPR refuses a model that takes edge features (:func:`edge_attr_refusal`)
 CORE_HAS_NO_EDGE_ATTR = ("DPR's core adjacency carries none (its bridges are new "
@@ -79,6 +79,23 @@ def node_ids_refusal(data: Data, who: str) -> str | None:
         return (f"{who}: data.{key} {list(value.shape)} holds node ids of the "
                 "whole graph, which the core renumbers (the nodes it keeps) or "
                 "drops (the others); train it full batch or offloaded")
+    return None
+
+
+def cached_refusal(model: torch.nn.Module, who: str) -> str | None:
+    """The one-line refusal of DPR's core for a model with a conv that
+    caches its graph's normalisation (PyG's ``cached=True``: GCNConv,
+    SGConv, ...), or ``None``. Such a conv keeps the first graph it sees:
+    the core after a forward on the whole graph (an IndexError deep in the
+    conv), or the core for every later forward on the whole graph."""
+    from torch_geometric.nn.conv import MessagePassing
+
+    for m in model.modules():
+        if isinstance(m, MessagePassing) and getattr(m, "cached", False) is True:
+            return (f"{who}: {type(m).__name__}(cached=True) keeps the "
+                    "normalisation of the first graph it sees, and DPR trains on "
+                    "its core but serves the whole graph; build it with "
+                    "cached=False")
     return None
 
 
@@ -467,7 +484,7 @@ class DPRStrategy(Strategy):
         for data in train_graphs:
             refusal = edge_attr_refusal(model, data, "prune", CORE_HAS_NO_EDGE_ATTR) \
                 or batch_refusal(model, data, "prune", CORE_IS_NODE_LEVEL) \
-                or node_ids_refusal(data, "prune")
+                or node_ids_refusal(data, "prune") or cached_refusal(model, "prune")
             if refusal:
                 raise ValueError(refusal)
             self.prepare(data)
