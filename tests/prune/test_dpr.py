@@ -693,3 +693,18 @@ def test_setup_refuses_a_conv_that_caches_one_graphs_normalisation():
                        r"normalisation of the first graph it sees.*cached=False"):
         DPRStrategy(budget_ratio=0.3).setup(model, [g])
     DPRStrategy(budget_ratio=0.3).setup(GCN(8, 16, 2, 4), [g])
+
+
+def test_setup_refuses_a_weighted_graph_whose_core_drops_the_weights():
+    """The core keeps no edge weights (its bridges are new edges): a GCN
+    trained on it ignored the weights of the user's graph without a word."""
+    from torch_geometric.nn import GCN
+
+    from leangnn.prune.dpr import build_core
+
+    g = contextual_sbm(200, avg_degree=4.0, in_channels=8, seed=7)
+    g.edge_weight = torch.rand(g.num_edges) + 0.5
+    assert "edge_weight" not in build_core(g, 0.3).data  # what it refuses
+    with pytest.raises(ValueError, match=r"prune: the graph has edge weights "
+                       r"\(edge_weight \[\d+\]\), and DPR's core keeps none"):
+        DPRStrategy(budget_ratio=0.3).setup(GCN(8, 16, 2, 4), [g])

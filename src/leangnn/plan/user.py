@@ -77,6 +77,7 @@ from leangnn.prune.dpr import (
     CORE_HAS_NO_EDGE_ATTR,
     CORE_IS_NODE_LEVEL,
     cached_refusal,
+    edge_weight_refusal,
     node_ids_refusal,
 )
 from leangnn.strategy import batch_refusal, edge_attr_refusal
@@ -306,7 +307,8 @@ def _prune_rows(model, data, loss_fn, dev, cal, own, epochs, lr, clip_norm,
         why = edge_attr_refusal(model, data, "DPR's core", CORE_HAS_NO_EDGE_ATTR) \
             or batch_refusal(model, data, "DPR's core", CORE_IS_NODE_LEVEL) \
             or node_ids_refusal(data, "DPR's core") \
-            or cached_refusal(model, "DPR's core")
+            or cached_refusal(model, "DPR's core") \
+            or edge_weight_refusal(data, "DPR's core")
     sparse, probed, csr_why = True, None, None
     skip = lazy and exact_fits
     for ratio in CORE_RATIOS:

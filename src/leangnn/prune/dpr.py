@@ -55,7 +55,7 @@ from .serve import (
 )
 
 __all__ = ["DPRConfig", "DPRStrategy", "withdraw_offers", "node_ids_refusal",
-           "cached_refusal", "OFFERS"]
+           "cached_refusal", "edge_weight_refusal", "OFFERS"]
 
 #: why DPR refuses a model that takes edge features (:func:`edge_attr_refusal`)
 CORE_HAS_NO_EDGE_ATTR = ("DPR's core adjacency carries none (its bridges are new "
@@ -80,6 +80,19 @@ def node_ids_refusal(data: Data, who: str) -> str | None:
                 "whole graph, which the core renumbers (the nodes it keeps) or "
                 "drops (the others); train it full batch or offloaded")
     return None
+
+
+def edge_weight_refusal(data: Data, who: str) -> str | None:
+    """The one-line refusal of DPR's core for a graph with edge weights, or
+    ``None``: the core keeps none (its bridges and a capped in-degree make
+    new edges), so the model would train on the unweighted core of a
+    weighted graph without a word."""
+    w = data.get("edge_weight", None)
+    if not isinstance(w, torch.Tensor):
+        return None
+    return (f"{who}: the graph has edge weights (edge_weight "
+            f"{list(w.shape)}), and DPR's core keeps none (its bridges are "
+            "new edges); train it full batch or offloaded")
 
 
 def cached_refusal(model: torch.nn.Module, who: str) -> str | None:
@@ -484,7 +497,8 @@ class DPRStrategy(Strategy):
         for data in train_graphs:
             refusal = edge_attr_refusal(model, data, "prune", CORE_HAS_NO_EDGE_ATTR) \
                 or batch_refusal(model, data, "prune", CORE_IS_NODE_LEVEL) \
-                or node_ids_refusal(data, "prune") or cached_refusal(model, "prune")
+                or node_ids_refusal(data, "prune") or cached_refusal(model, "prune") \
+                or edge_weight_refusal(data, "prune")
             if refusal:
                 raise ValueError(refusal)
             self.prepare(data)
