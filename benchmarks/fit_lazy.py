@@ -14,16 +14,14 @@ and whether the losses are equal.
 
 from __future__ import annotations
 
-import argparse
-import statistics
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from _report import results_path, write_json, write_section  # noqa: E402
-from fit_reuse import once  # noqa: E402
+from fit_reuse import alternated, cli, once  # noqa: E402
 
 #: (name, csbm nodes, strategy, memory budget)
 CASES = [("csbm20k-auto", 20_000, "auto", "4GiB"),
@@ -34,18 +32,13 @@ CASES = [("csbm20k-auto", 20_000, "auto", "4GiB"),
 def run(rounds: int) -> dict:
     rows = []
     for name, n, strategy, budget in CASES:
-        runs = {True: [], False: []}
-        for _ in range(rounds):
-            for lazy in (True, False):
-                runs[lazy].append(once(n, strategy, budget, True, lazy))
-        med = {k: {f: statistics.median(r[f] for r in v) for f in ("wall", "plan")}
-               for k, v in runs.items()}
-        losses = [r["losses"] for v in runs.values() for r in v]
+        # (``once``'s last argument: lazy, reuse on)
+        runs, med, equal = alternated(rounds, partial(once, n, strategy, budget, True))
         rows.append({"name": name, "rounds": rounds,
                      "row_lazy": runs[True][0]["row"], "row_all": runs[False][0]["row"],
                      "wall_lazy": med[True]["wall"], "wall_all": med[False]["wall"],
                      "plan_lazy": med[True]["plan"], "plan_all": med[False]["plan"],
-                     "losses_equal": all(x == losses[0] for x in losses)})
+                     "losses_equal": equal})
         print(f"fit_lazy: {name}: plan {med[True]['plan']:.2f} s lazy, "
               f"{med[False]['plan']:.2f} s every row", file=sys.stderr)
     return {"date": time.strftime("%Y-%m-%d"), "rows": rows}
@@ -70,16 +63,7 @@ def markdown(res: dict) -> str:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=3)
-    args = ap.parse_args(argv)
-    if args.rounds < 1:
-        ap.error(f"--rounds must be >= 1, got {args.rounds}")
-    res = run(args.rounds)
-    path = write_json(results_path("fit_lazy.json"), res)
-    write_section("fit-lazy", markdown(res))
-    print(f"fit_lazy: wrote {path} and the fit-lazy section of "
-          "benchmarks/README.md", file=sys.stderr)
+    cli("fit_lazy", __doc__, run, markdown, argv)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ import statistics
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -65,16 +66,24 @@ def once(n: int, strategy: str, budget: str, reuse: bool, lazy: bool = False
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
+def alternated(rounds: int, one) -> tuple[dict, dict, bool]:
+    """``one(True)`` and ``one(False)`` alternated ``rounds`` times: the
+    runs of each, the medians of their ``wall`` and ``plan`` seconds, and
+    whether every run's losses are equal."""
+    runs = {True: [], False: []}
+    for _ in range(rounds):
+        for on in (True, False):
+            runs[on].append(one(on))
+    med = {k: {f: statistics.median(r[f] for r in v) for f in ("wall", "plan")}
+           for k, v in runs.items()}
+    losses = [r["losses"] for v in runs.values() for r in v]
+    return runs, med, all(x == losses[0] for x in losses)
+
+
 def run(rounds: int) -> dict:
     rows = []
     for name, n, strategy, budget in CASES:
-        runs = {True: [], False: []}
-        for _ in range(rounds):
-            for reuse in (True, False):
-                runs[reuse].append(once(n, strategy, budget, reuse))
-        med = {k: {f: statistics.median(r[f] for r in v) for f in ("wall", "plan")}
-               for k, v in runs.items()}
-        losses = [r["losses"] for v in runs.values() for r in v]
+        runs, med, equal = alternated(rounds, partial(once, n, strategy, budget))
         rows.append({
             "name": name, "row": runs[True][0]["row"], "rounds": rounds,
             "wall_on": med[True]["wall"], "wall_off": med[False]["wall"],
@@ -85,7 +94,7 @@ def run(rounds: int) -> dict:
                           for r in runs[False]],
             "estimated_need_bytes": runs[True][0]["budget_check"][
                 "estimated_need_bytes"],
-            "losses_equal": all(x == losses[0] for x in losses)})
+            "losses_equal": equal})
         print(f"fit_reuse: {name}: wall {med[True]['wall']:.2f} s on, "
               f"{med[False]['wall']:.2f} s off", file=sys.stderr)
     return {"date": time.strftime("%Y-%m-%d"), "rows": rows}
@@ -109,17 +118,24 @@ def markdown(res: dict) -> str:
     return "\n".join(out)
 
 
-def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def cli(name: str, doc: str, run, markdown, argv=None) -> None:
+    """``--rounds``, then ``results/<name>.json`` and the ``<name>`` section
+    of benchmarks/README.md (``name`` with dashes)."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args(argv)
     if args.rounds < 1:
         ap.error(f"--rounds must be >= 1, got {args.rounds}")
     res = run(args.rounds)
-    path = write_json(results_path("fit_reuse.json"), res)
-    write_section("fit-reuse", markdown(res))
-    print(f"fit_reuse: wrote {path} and the fit-reuse section of "
+    path = write_json(results_path(f"{name}.json"), res)
+    section = name.replace("_", "-")
+    write_section(section, markdown(res))
+    print(f"{name}: wrote {path} and the {section} section of "
           "benchmarks/README.md", file=sys.stderr)
+
+
+def main(argv=None) -> None:
+    cli("fit_reuse", __doc__, run, markdown, argv)
 
 
 if __name__ == "__main__":
