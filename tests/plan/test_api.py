@@ -583,6 +583,12 @@ def test_fit_trains_on_pygs_train_mask_not_on_every_label():
     leangnn.plan(GCN(8, 16, 2, c), idx, "1GiB", strategies=("full",),
                  loss_fn=lambda o, d: torch.nn.functional.cross_entropy(
                      o[d.train_mask], d.y[d.train_mask]))
+    # OGB-style labels: [N, 1], -1 where a node has none (outside train_mask)
+    ogb = g.clone()
+    ogb.y = torch.where(g.train_mask, g.y, -1).view(-1, 1)
+    out = leangnn.fit(GCN(8, 16, 2, c), ogb, strategy="full", memory_budget="1GiB",
+                      epochs=1)
+    assert len(out["losses"]) == 1
     none = g.clone()
     none.train_mask = torch.zeros_like(g.train_mask)
     with pytest.raises(ValueError, match=r"train_mask selects no node \(all 300 "):
