@@ -979,6 +979,38 @@ def test_a_plan_hashes_its_graph_once_for_every_offload_row(data, monkeypatch):
     assert len(rows) > 1 and len(hashed) == 1
 
 
+def test_a_lazy_plan_on_cuda_estimates_no_offload_row_where_full_batch_fits(
+        data, monkeypatch):
+    """On CUDA nothing exact is faster than full batch where it fits (the
+    CLI planner's rule): a lazy plan's offload and core rows are "not
+    estimated"; where full batch does not fit, the offload row is. (The
+    rows run on this CPU's estimates: what is checked is which are made.)"""
+    import leangnn.plan.user as user
+
+    real = user.estimate_model
+    monkeypatch.setattr(user, "estimate_model",
+                        lambda m, d, f, dev, *a, **k: real(m, d, f, "cpu", *a, **k))
+    offload = []
+    monkeypatch.setattr(user, "_offload_model",
+                        lambda *a, **k: offload.append(a[3]) or (_ for _ in ()).throw(
+                            ValueError("an offload row was estimated")))
+    model = GCN(8, 16, 2, int(data.y.max()) + 1)
+    loss = default_loss(data)
+    cuda = torch.device("cuda")
+    rows = user._rows(model, data, loss, cuda, EXACT, 1 << 30, None, 3, 1e-3, 1.0,
+                      lazy=True)
+    # one device budget on CUDA (the whole budget), three part counts
+    assert [r.strategy for r in rows] == ["full"] + ["offload"] * 3 + ["prune"] * 3
+    assert rows[0].need_bytes <= 1 << 30 and offload == []
+    assert all(r.why == "not estimated: a preferred row fits (planned lazily)"
+               for r in rows[1:])
+    # full batch over the budget: the offload row (the whole budget on CUDA)
+    rows = user._rows(model, data, loss, cuda, EXACT, 1 << 10, ("full", "offload"),
+                      3, 1e-3, 1.0, lazy=True)
+    assert offload == [1 << 10] * 3 and rows[1].why.endswith(
+        "an offload row was estimated")
+
+
 def test_a_plan_alone_keeps_nothing_for_training(data):
     import leangnn.offload.engine as engine
     import leangnn.prune.dpr as dpr
