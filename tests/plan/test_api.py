@@ -589,6 +589,16 @@ def test_fit_trains_on_pygs_train_mask_not_on_every_label():
     out = leangnn.fit(GCN(8, 16, 2, c), ogb, strategy="full", memory_budget="1GiB",
                       epochs=1)
     assert len(out["losses"]) == 1
+    # a few labels, none in any core: the prune rows say so (the loss over
+    # no node was NaN, reported as bad labels or learning rate)
+    few = g.clone()
+    deg = torch.bincount(g.edge_index[1], minlength=g.num_nodes)
+    few.train_mask = torch.zeros_like(g.train_mask)
+    few.train_mask[torch.argsort(deg, stable=True)[:3]] = True
+    table = leangnn.plan(GCN(8, 16, 2, c), few, "1GiB")
+    why = [r.why for r in table.rows if r.strategy == "prune"]
+    assert len(why) == 3 and all("the core holds none of the 3 nodes node_mask "
+                                 "trains on" in w for w in why)
     none = g.clone()
     none.train_mask = torch.zeros_like(g.train_mask)
     with pytest.raises(ValueError, match=r"train_mask selects no node \(all 300 "):

@@ -695,6 +695,27 @@ def test_setup_refuses_a_conv_that_caches_one_graphs_normalisation():
     DPRStrategy(budget_ratio=0.3).setup(GCN(8, 16, 2, 4), [g])
 
 
+def test_setup_refuses_a_core_without_a_node_to_train_on():
+    """Few labels, none among the important nodes: the core's loss was over
+    no node (NaN, which fit reported as bad labels or learning rate)."""
+    from torch_geometric.nn import GCN
+
+    from leangnn.data import with_mask
+
+    g = contextual_sbm(300, avg_degree=6.0, in_channels=8, seed=8)
+    deg = torch.bincount(g.edge_index[1], minlength=g.num_nodes)
+    mask = torch.zeros(g.num_nodes, dtype=torch.bool)
+    mask[torch.argsort(deg, stable=True)[:3]] = True  # the least connected
+    g = with_mask(g, mask)
+    strategy = DPRStrategy(budget_ratio=0.3)
+    assert not bool(strategy.prepare(g).train_data.node_mask.any())
+    with pytest.raises(ValueError, match=r"prune: the core holds none of the 3 "
+                       r"nodes node_mask trains on \(nor does a smaller one\)"):
+        DPRStrategy(budget_ratio=0.3).setup(GCN(8, 16, 2, 4), [g])
+    # the whole graph as the core holds them
+    DPRStrategy(budget_ratio=1.0).setup(GCN(8, 16, 2, 4), [g])
+
+
 def test_setup_refuses_a_weighted_graph_whose_core_drops_the_weights():
     """The core keeps no edge weights (its bridges are new edges): a GCN
     trained on it ignored the weights of the user's graph without a word."""

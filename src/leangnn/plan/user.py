@@ -78,6 +78,7 @@ from leangnn.prune.dpr import (
     CORE_IS_NODE_LEVEL,
     cached_refusal,
     edge_weight_refusal,
+    empty_core_refusal,
     node_ids_refusal,
 )
 from leangnn.strategy import batch_refusal, edge_attr_refusal
@@ -321,7 +322,7 @@ def _prune_rows(model, data, loss_fn, dev, cal, own, epochs, lr, clip_norm,
             # one core's layout is every ratio's: a real step probes it once
             est, note, why = _core_estimate(*args, sparse, probed != sparse)
             probed = sparse
-            if why and sparse:
+            if why and sparse and not why.startswith("DPR's core"):
                 # the CSR layout failed: the core as an edge list, the
                 # layout the model's full-batch row runs
                 csr_why, sparse, probed = why, False, False
@@ -362,6 +363,11 @@ def _core_estimate(model, data, ratio, loss_fn, dev, cal, lr, clip_norm, own,
     core, note = _core(data, ratio, sparse)
     knobs = {**own, "budget_ratio": ratio, **_layout(sparse),
              "core_nodes": int(core.num_nodes)}
+    empty = empty_core_refusal(core, data, "DPR's core")
+    if empty:  # (no layout trains on it: a smaller core keeps none either)
+        withdraw(_as_config({"strategy": "prune", "budget_ratio": ratio,
+                             **_layout(sparse)}))
+        return None, "", empty
     try:
         est = estimate_model(model, core, loss_fn, dev, "prune", lr=lr,
                              clip_norm=clip_norm, calibration=cal, knobs=knobs)

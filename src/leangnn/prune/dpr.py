@@ -55,7 +55,7 @@ from .serve import (
 )
 
 __all__ = ["DPRConfig", "DPRStrategy", "withdraw_offers", "node_ids_refusal",
-           "cached_refusal", "edge_weight_refusal", "OFFERS"]
+           "cached_refusal", "edge_weight_refusal", "empty_core_refusal", "OFFERS"]
 
 #: why DPR refuses a model that takes edge features (:func:`edge_attr_refusal`)
 CORE_HAS_NO_EDGE_ATTR = ("DPR's core adjacency carries none (its bridges are new "
@@ -110,6 +110,21 @@ def cached_refusal(model: torch.nn.Module, who: str) -> str | None:
                     "its core but serves the whole graph; build it with "
                     "cached=False")
     return None
+
+
+def empty_core_refusal(core: Data, data: Data, who: str) -> str | None:
+    """The one-line refusal of a core that holds none of the nodes
+    ``node_mask`` trains on (few labels, none of them among the important
+    nodes), or ``None``: its loss over no node is NaN, which read as bad
+    labels or a bad learning rate."""
+    mask = core.get("node_mask", None)
+    if not isinstance(mask, torch.Tensor) or not mask.numel() or bool(mask.any()):
+        return None
+    scored = data.get("node_mask", None)
+    k = int(scored.sum()) if isinstance(scored, torch.Tensor) else "the"
+    # (a smaller core is a subset: the top of the same importance ranking)
+    return (f"{who}: the core holds none of the {k} nodes node_mask trains on "
+            "(nor does a smaller one); raise budget_ratio or train it full batch")
 
 
 @dataclass
@@ -501,7 +516,9 @@ class DPRStrategy(Strategy):
                 or edge_weight_refusal(data, "prune")
             if refusal:
                 raise ValueError(refusal)
-            self.prepare(data)
+            refusal = empty_core_refusal(self.prepare(data).train_data, data, "prune")
+            if refusal:
+                raise ValueError(refusal)
 
     # -------------------------------------------------------------- training
     def forward(self, model: torch.nn.Module, data: Data) -> Tensor:
