@@ -27,9 +27,9 @@ from .circuits import (
 )
 from .graphs.synthetic import CSBM_MAX_NODES, CSBM_MIN_NODES, csbm_nodes
 
-__all__ = ["GraphSplits", "load_graphs", "with_mask", "split_masks", "csbm_nodes",
-           "check_datasets", "check_graph", "check_splits", "CSBM_MIN_NODES",
-           "CSBM_MAX_NODES"]
+__all__ = ["GraphSplits", "load_graphs", "with_mask", "split_mask", "split_masks",
+           "csbm_nodes", "check_datasets", "check_graph", "check_splits",
+           "CSBM_MIN_NODES", "CSBM_MAX_NODES"]
 
 @dataclass
 class GraphSplits:
@@ -53,20 +53,28 @@ def with_mask(data: Data, mask: torch.Tensor) -> Data:
     return out
 
 
+def split_mask(g: Data, split: str) -> torch.Tensor | None:
+    """PyG's ``{split}_mask`` of ``g`` (``train``, ``val``, ``test``) as the
+    nodes its losses and metrics cover: where ``g`` has no ``node_mask`` of
+    its own and the mask is a bool tensor of one entry per node; else
+    ``None``."""
+    mask = g.get(f"{split}_mask", None)
+    if g.get("node_mask", None) is not None or not (
+            isinstance(mask, torch.Tensor) and mask.dtype == torch.bool
+            and list(mask.shape) == [g.num_nodes]):
+        return None
+    return mask
+
+
 def split_masks(splits: GraphSplits) -> GraphSplits:
     """``splits`` whose graphs without a ``node_mask`` score their split's
-    PyG mask (``train_mask``, ``val_mask``, ``test_mask``: a bool tensor of
-    one entry per node) where they have one: one Planetoid-style graph given
-    as every split had been trained on every label and scored on the
-    training nodes too, without a word. Other graphs are kept as they are
-    (a circuit scores every node)."""
+    PyG mask (:func:`split_mask`) where they have one: one Planetoid-style
+    graph given as every split had been trained on every label and scored on
+    the training nodes too, without a word. Other graphs are kept as they
+    are (a circuit scores every node)."""
     def masked(g: Data, split: str) -> Data:
-        mask = g.get(f"{split}_mask", None)
-        if g.get("node_mask", None) is not None or not (
-                isinstance(mask, torch.Tensor) and mask.dtype == torch.bool
-                and list(mask.shape) == [g.num_nodes]):
-            return g
-        return with_mask(g, mask)
+        mask = split_mask(g, split)
+        return g if mask is None else with_mask(g, mask)
 
     return replace(splits, **{
         split: [masked(g, split) for g in getattr(splits, split)]

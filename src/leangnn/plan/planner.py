@@ -47,7 +47,7 @@ from leangnn.utils import MAX_BYTES, format_bytes, json_safe, parse_bytes
 __all__ = ["PlanRow", "PlanTable", "plan_config", "choose", "format_table",
            "candidates", "plan_candidates", "resolve_budget", "plan_summary",
            "PLANNED", "GROUPS", "CORE_RATIOS", "OFFLOAD_PARTS", "CPU_DEVICE_SHARES",
-           "in_process_share",
+           "in_process_share", "LAZY_WHY", "row_fits",
            "PINNABLE", "offload_budgets", "budget_check", "need_figures",
            "resumed_plan", "thread_caveat", "budget_caveat", "plan_caveat",
            "CPU_TIME_MARGIN"]
@@ -232,12 +232,24 @@ class PlanTable:
 
 
 # ---------------------------------------------------------------- choosing
+#: why a lazy plan (``--strategy auto``, :func:`leangnn.fit`) left a row
+#: without an estimate
+LAZY_WHY = "not estimated: a preferred row fits (planned lazily)"
+
+
+def row_fits(row: PlanRow, budget: int) -> bool:
+    """Whether ``row`` was estimated, needs at most ``budget`` and can be
+    chosen (no ``host_short``)."""
+    return row.need_bytes is not None and row.need_bytes <= budget and \
+        not row.host_short
+
+
 def mark_table(table: PlanTable) -> PlanTable:
     """Fill ``fits`` / ``why`` / ``chosen`` of every row."""
     for r in table.rows:
         r.chosen = False
         if r.need_bytes is not None:
-            r.fits = r.need_bytes <= table.budget_bytes and not r.host_short
+            r.fits = row_fits(r, table.budget_bytes)
     ok = [r for r in table.rows if r.fits]
     if not ok:
         for r in table.rows:
@@ -841,8 +853,7 @@ def _rows(cfg, todo: list, budget: int, dev: torch.device, splits,
                 # (approximate rows: the largest core that fits is the pick,
                 # so no smaller one needs an estimate)
                 knobs = {k: v for k, v in fields.items() if k != "strategy"}
-                rows[i] = unavailable_row(strategy, knobs, "not estimated: a "
-                                          "preferred row fits (planned lazily)", kind)
+                rows[i] = unavailable_row(strategy, knobs, LAZY_WHY, kind)
                 bar.update()
                 continue
             if (strategy == "offload" and floor is not None and floor[0] > budget
@@ -863,8 +874,7 @@ def _rows(cfg, todo: list, budget: int, dev: torch.device, splits,
             if strategy == "offload" and dev.type == "cpu" and floor is None:
                 low = offload_floor(r.estimate, cal)
                 floor = None if low is None else (low, _pool(fields))
-            fits = r.need_bytes is not None and r.need_bytes <= budget and \
-                not r.host_short
+            fits = row_fits(r, budget)
             if not fits and strategy == "prune" and r.estimate is not None:
                 # never the pick: its core need not wait for training
                 withdraw(replace(cfg, **fields))
@@ -878,9 +888,7 @@ def _rows(cfg, todo: list, budget: int, dev: torch.device, splits,
             if fits and kind == "approximate":
                 ratio = float(fields.get("budget_ratio", 0.0))
                 core_fits = max(core_fits or 0.0, ratio)
-        if lazy and any(r is not None and r.need_bytes is not None
-                        and r.need_bytes <= budget and not r.host_short
-                        for r in rows):
+        if lazy and any(r is not None and row_fits(r, budget) for r in rows):
             done = True
     return rows
 

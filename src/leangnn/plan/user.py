@@ -49,6 +49,7 @@ from leangnn.plan.fake import UnsupportedOpError
 from leangnn.plan.families import calibrated_as
 from leangnn.plan.planner import (
     CORE_RATIOS,
+    LAZY_WHY,
     OFFLOAD_PARTS,
     PlanRow,
     PlanTable,
@@ -61,6 +62,7 @@ from leangnn.plan.planner import (
     offload_budgets,
     plan_caveat,
     resolve_budget,
+    row_fits,
     unavailable_row,
 )
 from leangnn.plan.user_checks import (
@@ -73,15 +75,7 @@ from leangnn.plan.user_checks import (
     num_classes,
     with_train_mask,
 )
-from leangnn.prune.dpr import (
-    CORE_HAS_NO_EDGE_ATTR,
-    CORE_IS_NODE_LEVEL,
-    cached_refusal,
-    edge_weight_refusal,
-    empty_core_refusal,
-    node_ids_refusal,
-)
-from leangnn.strategy import batch_refusal, edge_attr_refusal
+from leangnn.prune.dpr import core_refusal, empty_core_refusal
 from leangnn.utils import format_bytes
 
 __all__ = ["plan", "fit", "calibrated_as"]
@@ -210,15 +204,6 @@ def _as_config(config: dict[str, Any]) -> SimpleNamespace:
     return SimpleNamespace(**config)
 
 
-#: why a row a lazy plan skipped has no estimate (as the CLI's planner says)
-LAZY_WHY = "not estimated: a preferred row fits (planned lazily)"
-
-
-def _fits(row: PlanRow, budget: int) -> bool:
-    return row.need_bytes is not None and row.need_bytes <= budget and \
-        not row.host_short
-
-
 def _rows(model, data, loss_fn, dev, cal, budget, strategies, epochs, lr,
           clip_norm, lazy: bool = False) -> list[PlanRow]:
     """The rows of :func:`plan` (its arguments, checked)."""
@@ -251,7 +236,7 @@ def _rows(model, data, loss_fn, dev, cal, budget, strategies, epochs, lr,
     why = _is_layerwise(model) if "offload" in wanted else "not requested"
     # on CUDA nothing exact is faster than full batch where it fits; on a
     # CPU offload can be (the CLI's planner: CPU_TIME_MARGIN)
-    skip = lazy and dev.type != "cpu" and any(_fits(r, budget) for r in rows)
+    skip = lazy and dev.type != "cpu" and any(row_fits(r, budget) for r in rows)
     full = eng = None
     tries = [(b, p) for b in offload_budgets(budget, dev) for p in OFFLOAD_PARTS]
     for dev_budget, parts in tries if "offload" in wanted else ():
@@ -278,7 +263,7 @@ def _rows(model, data, loss_fn, dev, cal, budget, strategies, epochs, lr,
                                         + str(e).splitlines()[0]))
     rows += _prune_rows(model, data, loss_fn, dev, cal, own, epochs, lr, clip_norm,
                         budget, levels=own.get("family") == "dag", lazy=lazy,
-                        exact_fits=any(_fits(r, budget) for r in rows)) \
+                        exact_fits=any(row_fits(r, budget) for r in rows)) \
         if "prune" in wanted else []
     return rows
 
@@ -305,11 +290,7 @@ def _prune_rows(model, data, loss_fn, dev, cal, own, epochs, lr, clip_norm,
         # DPR's core is an adjacency without the circuit's levels
         why = "DPR's core keeps no circuit levels for a DAG model to sweep"
     else:
-        why = edge_attr_refusal(model, data, "DPR's core", CORE_HAS_NO_EDGE_ATTR) \
-            or batch_refusal(model, data, "DPR's core", CORE_IS_NODE_LEVEL) \
-            or node_ids_refusal(data, "DPR's core") \
-            or cached_refusal(model, "DPR's core") \
-            or edge_weight_refusal(data, "DPR's core")
+        why = core_refusal(model, data, "DPR's core")
     sparse, probed, csr_why = True, None, None
     skip = lazy and exact_fits
     for ratio in CORE_RATIOS:
@@ -343,7 +324,7 @@ def _prune_rows(model, data, loss_fn, dev, cal, own, epochs, lr, clip_norm,
         if row.need_bytes is not None and row.need_bytes > budget:
             withdraw(_as_config(row.config))  # cannot be the pick
         # the largest core that fits is the pick: a smaller one cannot be
-        skip = skip or (lazy and _fits(row, budget))
+        skip = skip or (lazy and row_fits(row, budget))
         rows.append(row)
     return rows
 

@@ -12,7 +12,6 @@ trained on.
 
 from __future__ import annotations
 
-import copy
 import itertools
 import math
 import numbers
@@ -20,6 +19,7 @@ import numbers
 import torch
 from torch_geometric.data import Data
 
+from leangnn.data import split_mask, with_mask
 from leangnn.utils import _first_line
 
 __all__ = ["STRATEGIES", "LossFnError", "error_line", "checked_loss", "check_args",
@@ -141,8 +141,7 @@ def with_train_mask(data: Data, loss_fn) -> Data:
     if mask is None or data.get("node_mask", None) is not None:
         return data
     n = data.num_nodes
-    if not (isinstance(mask, torch.Tensor) and mask.dtype == torch.bool
-            and list(mask.shape) == [n]):
+    if split_mask(data, "train") is None:
         if loss_fn is not None:
             return data  # the user's loss reads it as it likes
         got = (f"{str(mask.dtype).removeprefix('torch.')} {list(mask.shape)}"
@@ -156,6 +155,4 @@ def with_train_mask(data: Data, loss_fn) -> Data:
         # (check_graph would name the node_mask the user never set)
         raise ValueError(f"data: train_mask selects no node (all {n} entries "
                          "False); the loss over no node is NaN")
-    data = copy.copy(data)
-    data.node_mask = mask
-    return data
+    return with_mask(data, mask)

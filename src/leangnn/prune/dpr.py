@@ -54,8 +54,9 @@ from .serve import (
     serve_pruned,
 )
 
-__all__ = ["DPRConfig", "DPRStrategy", "withdraw_offers", "node_ids_refusal",
-           "cached_refusal", "edge_weight_refusal", "empty_core_refusal", "OFFERS"]
+__all__ = ["DPRConfig", "DPRStrategy", "withdraw_offers", "core_refusal",
+           "node_ids_refusal", "cached_refusal", "edge_weight_refusal",
+           "empty_core_refusal", "OFFERS"]
 
 #: why DPR refuses a model that takes edge features (:func:`edge_attr_refusal`)
 CORE_HAS_NO_EDGE_ATTR = ("DPR's core adjacency carries none (its bridges are new "
@@ -110,6 +111,18 @@ def cached_refusal(model: torch.nn.Module, who: str) -> str | None:
                     "its core but serves the whole graph; build it with "
                     "cached=False")
     return None
+
+
+def core_refusal(model: torch.nn.Module, data: Data, who: str) -> str | None:
+    """The first one-line reason DPR's core cannot train ``model`` on
+    ``data`` (edge features the model takes, a graph-level task, node ids
+    beside the edges, a conv caching one graph's normalisation, edge
+    weights), or ``None``: what :meth:`DPRStrategy.setup` and the planner's
+    prune rows refuse before a core is built."""
+    return (edge_attr_refusal(model, data, who, CORE_HAS_NO_EDGE_ATTR)
+            or batch_refusal(model, data, who, CORE_IS_NODE_LEVEL)
+            or node_ids_refusal(data, who) or cached_refusal(model, who)
+            or edge_weight_refusal(data, who))
 
 
 def empty_core_refusal(core: Data, data: Data, who: str) -> str | None:
@@ -510,10 +523,7 @@ class DPRStrategy(Strategy):
 
     def setup(self, model: torch.nn.Module, train_graphs: list[Data]) -> None:
         for data in train_graphs:
-            refusal = edge_attr_refusal(model, data, "prune", CORE_HAS_NO_EDGE_ATTR) \
-                or batch_refusal(model, data, "prune", CORE_IS_NODE_LEVEL) \
-                or node_ids_refusal(data, "prune") or cached_refusal(model, "prune") \
-                or edge_weight_refusal(data, "prune")
+            refusal = core_refusal(model, data, "prune")
             if refusal:
                 raise ValueError(refusal)
             refusal = empty_core_refusal(self.prepare(data).train_data, data, "prune")
