@@ -215,3 +215,14 @@ def test_mkls_thread_buffers_off_hold_nothing_and_compute_the_same():
     assert cached["held"] > 1 << 20 and off["held"] == 0
     # where buffers live decides nothing of the values
     assert cached["loss"] == off["loss"] and cached["grad"] == off["grad"]
+
+
+def test_heap_threshold_is_the_fixed_one_else_glibcs_ceiling_and_none_on_cuda(
+        monkeypatch):
+    monkeypatch.setattr(sys, "platform", "linux")
+    assert heap.heap_threshold("cpu", {}) == 32 << 20
+    assert heap.heap_threshold("cpu", compact_heap_env({})) == 32 << 20
+    assert heap.heap_threshold("cpu", {"MALLOC_MMAP_THRESHOLD_": "65536"}) == 65536
+    assert heap.heap_threshold("cuda", {"MALLOC_MMAP_THRESHOLD_": "65536"}) == 0
+    monkeypatch.setattr(sys, "platform", "darwin")
+    assert heap.heap_threshold("cpu", {}) == 0

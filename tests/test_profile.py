@@ -121,6 +121,21 @@ def test_live_bytes_meter_counts_storages_once_and_releases_them():
     del b, c, d
 
 
+def test_live_bytes_meter_records_the_row_blocks_alive_at_its_peak():
+    with LiveBytesMeter(rows=300) as m:
+        a = torch.empty(300, 8)         # 9600 bytes, 300 rows
+        b = torch.empty(20, 300)        # 24000 bytes, 20 rows: not recorded
+        c = torch.empty(300, 2)         # 2400 bytes, 300 rows: the peak
+        del a, b
+        d = torch.empty(300, 1)         # after the peak: not recorded
+    assert m.peak == 9600 + 24000 + 2400
+    assert sorted(m.peak_row_blocks) == [2400, 9600]
+    with LiveBytesMeter() as off:       # without rows nothing is kept
+        e = torch.empty(300, 8)
+    assert off.peak_row_blocks == []
+    del c, d, e
+
+
 def test_live_bytes_meter_counts_sparse_tensors_by_their_parts():
     """A CSR tensor has no storage of its own: its index and value tensors are
     counted while it lives (they are fresh aliases on every access; a part

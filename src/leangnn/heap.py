@@ -60,8 +60,9 @@ import sys
 from collections.abc import Mapping
 
 __all__ = ["COMPACT_TUNABLES", "HEAP_MODES", "MMAP_ENV", "MKL_ENV", "heap_mode",
-           "mmap_threshold", "compact_heap_env", "default_heap_env", "heap_env",
-           "ensure_compact_heap", "mkl_buffers_cached", "mkl_buffer_bytes"]
+           "mmap_threshold", "heap_threshold", "compact_heap_env",
+           "default_heap_env", "heap_env", "ensure_compact_heap",
+           "mkl_buffers_cached", "mkl_buffer_bytes"]
 
 #: the tunables of the compact heap, in ``GLIBC_TUNABLES`` syntax
 COMPACT_TUNABLES = ("glibc.malloc.tcache_count=0",
@@ -112,6 +113,20 @@ def mmap_threshold(env: Mapping[str, str] | None = None) -> int | None:
                 value = v
     value = value.strip()
     return int(value) if value.isdigit() else None
+
+
+def heap_threshold(device="cpu", env: Mapping[str, str] | None = None) -> int:
+    """Bytes below which a process's CPU tensors come from glibc's heap (on
+    ``device``): the fixed threshold when set (:func:`mmap_threshold`, the
+    compact heap's tunable), else glibc's dynamic threshold at its 64-bit
+    maximum (32 MiB), which it reaches once large blocks have been freed; 0
+    (no heap to follow) on CUDA or off Linux."""
+    import torch
+
+    if torch.device(device).type != "cpu" or not sys.platform.startswith("linux"):
+        return 0
+    fixed = mmap_threshold(env)
+    return 32 << 20 if fixed is None else fixed
 
 
 def compact_heap_env(env: Mapping[str, str] | None = None) -> dict[str, str]:

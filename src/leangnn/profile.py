@@ -369,15 +369,23 @@ class LiveBytesMeter(TorchDispatchMode):
     Args:
         exclude (iterable of Tensor, optional): tensors whose storages are not
             counted (inputs allocated outside, parameters). (default: ``()``)
+        rows (int, optional): also record, at the peak, the sizes of the
+            storages alive then whose tensor has ``rows`` rows (a job's
+            edge-sized blocks, given its edge count). (default: ``None``)
 
     Attributes:
         live (int): bytes alive now. peak (int): highest ``live`` seen.
+        peak_row_blocks (list of int): with ``rows``, the bytes of each
+            ``rows``-row storage alive at the peak.
     """
 
-    def __init__(self, exclude: Iterable[Tensor] = ()):
+    def __init__(self, exclude: Iterable[Tensor] = (), rows: int | None = None):
         super().__init__()
         self.live = 0
         self.peak = 0
+        self.rows = rows
+        self.peak_row_blocks: list[int] = []
+        self._row_keys: set[int] = set()
         self._refs: dict[int, list[int]] = {}
         self._excl = {t.untyped_storage().data_ptr() for t in exclude
                       if t is not None}
@@ -426,7 +434,13 @@ class LiveBytesMeter(TorchDispatchMode):
         if ent is None:
             self._refs[key] = [1, st.nbytes()]
             self.live += st.nbytes()
-            self.peak = max(self.peak, self.live)
+            shaped = t if owner is None else owner
+            if self.rows is not None and shaped.dim() and shaped.shape[0] == self.rows:
+                self._row_keys.add(key)
+            if self.live > self.peak:
+                self.peak = self.live
+                if self.rows is not None:
+                    self.peak_row_blocks = [self._refs[k][1] for k in self._row_keys]
         else:
             ent[0] += 1
         weakref.finalize(t if owner is None else owner, self._release, key)
@@ -438,6 +452,7 @@ class LiveBytesMeter(TorchDispatchMode):
         ent[0] -= 1
         if ent[0] == 0:
             del self._refs[key]
+            self._row_keys.discard(key)
             self.live -= ent[1]
 
     def __repr__(self) -> str:

@@ -61,3 +61,26 @@ def test_cpu_calibration_is_kept_on_disk_and_equal(tmp_path, monkeypatch):
         assert again.fits[k].const == f.const
     for k, f in ws.kept_fits.items():
         np.testing.assert_array_equal(again.kept_fits[k].coef, f.coef)
+    assert again.edge_blocks == ws.edge_blocks and ws.edge_blocks
+
+
+def test_edge_blocks_are_the_layers_messages_and_mapped_past_a_threshold():
+    torch.manual_seed(0)
+    lw = LayerwiseModel(build_model("sage", 24, 16, 4, 2))
+
+    def run(li, backward, x, ei, w, nt, g):
+        return compute_layer(lw, li, backward, x, ei, w, nt, g)
+
+    ws = WorkspaceModel(run, lw.widths, torch.float32, False, torch.device("cpu"))
+    # SAGEConv's message is x_j = x[src]: an E x in_channels float block
+    for li, width in ((0, 24), (1, 16)):
+        for backward in (False, True):
+            assert width * 4 in ws.edge_blocks[li, backward]
+    first = ws.edge_blocks[0, True]
+    n_e = 100_000
+    big = max(first) * n_e
+    assert ws.mapped_bytes(0, True, n_e, big + 1) == 0
+    assert ws.mapped_bytes(0, True, n_e, big) == sum(
+        b * n_e for b in first if b * n_e >= big)
+    assert ws.mapped_bytes(0, True, n_e, 1) == round(sum(first) * n_e)
+    assert ws.mapped_bytes(0, True, n_e, None) == 0  # no heap: nothing mapped

@@ -70,6 +70,10 @@ class DeviceBudget:
         #: nodes of the graph (set by the engine): whole-graph jobs are told
         #: apart in the expected bytes
         self.num_nodes: int | None = None
+        #: glibc's mmap threshold on a CPU "device" (set by the engine; see
+        #: :meth:`charge`); ``None``: no heap to follow (CUDA)
+        self.heap_threshold: int | None = None
+        self._heap_high = 0
 
     def retained_bytes(self, layer: int, n_s: int, n_t: int, n_e: int) -> int:
         """Bytes a retaining forward job leaves on the device until its
@@ -195,6 +199,15 @@ class DeviceBudget:
                      + self.expected_bytes(layer, backward, sizes, retaining,
                                            through_kept))
             counters.peak_total_bytes = max(counters.peak_total_bytes, total)
+            # A block past glibc's mmap threshold is mapped on pages of its
+            # own while the heap keeps its high-water extent, so a job's
+            # mapped blocks add to the heap's high-water, not to this job's
+            # heap bytes (measured: see WorkspaceModel.mapped_bytes).
+            mapped = min(total, self.ws.mapped_bytes(layer, backward, sizes[2],
+                                                     self.heap_threshold))
+            self._heap_high = max(self._heap_high, total - mapped)
+            counters.peak_resident_bytes = max(counters.peak_resident_bytes,
+                                               self._heap_high + mapped)
         key = (layer, backward, retaining, sizes)
         job = self._job_ws.get(key)
         if job is None:

@@ -24,6 +24,11 @@ class OffloadCounters:
     highest over the epoch. The two peaks above come at different moments, so
     their sum over-counts (measured: 24 vs 16 MiB on s38417); this one is
     within ~1% of the live tensor bytes of a real epoch on the graphs tried.
+    ``peak_resident_bytes`` is ``peak_total_bytes`` as a CPU process holds
+    it: the blocks glibc maps on pages of their own (past its mmap
+    threshold) on top of the heap's high-water so far
+    (:meth:`~leangnn.offload.budget.DeviceBudget.charge`); equal to
+    ``peak_total_bytes`` where no job has such a block.
     """
 
     h2d_bytes: int = 0           # vertex rows host -> device
@@ -39,6 +44,7 @@ class OffloadCounters:
     peak_device_bytes_measured: int = 0  # CUDA allocator / strict CPU meter
     peak_host_bytes: int = 0     # host store arrays + cache metadata
     peak_total_bytes: int = 0    # host + the job's expected device bytes
+    peak_resident_bytes: int = 0  # the above with mapped blocks apart
 
     @property
     def traffic_bytes(self) -> int:

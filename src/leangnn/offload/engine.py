@@ -50,6 +50,7 @@ from leangnn.graphs.partition import (
     reuse_enabled,
 )
 from leangnn.graphs.sparse import DstCSR
+from leangnn.heap import heap_mode, heap_threshold
 from leangnn.offload.budget import DeviceBudget
 from leangnn.offload.cache import DeviceCache, resolve_policy
 from leangnn.offload.counters import OffloadCounters
@@ -193,6 +194,10 @@ class OffloadEngine:
                                   o.workspace_fraction, self.policy, self.ws,
                                   self.slot_width, fixed=blas)
         self.split.num_nodes = n
+        # (not in the mmap mode: there the job's other blocks are mapped too,
+        # no heap keeps a high-water, and the process follows the live bytes)
+        self.split.heap_threshold = None if heap_mode() == "mmap" else \
+            heap_threshold(self.device)
         self.sched = self._schedule(like)
         self.retain = self._plan_retention()
         # Rows of every cacheable array registered at once (h_0..h_{L-1} and

@@ -921,7 +921,9 @@ def offload_step(eng, counters, x_bytes: int, params: int, device: torch.device
     # on a CPU "device" the host figure holds the cache pool too
     pool = eng.cache.nbytes if device.type == "cpu" else 0
     host = max(0, counters.peak_host_bytes - x_bytes - pool)
-    step = max(0, counters.peak_total_bytes - x_bytes - params)
+    # (with the blocks glibc maps apart over the heap's high-water)
+    total = max(counters.peak_total_bytes, counters.peak_resident_bytes)
+    step = max(0, total - x_bytes - params)
     return step, device_step, host
 
 

@@ -821,19 +821,10 @@ COLD_BYTES = 1 << 20
 
 
 def default_heap_threshold(device: torch.device | str = "cpu") -> int:
-    """Bytes below which CPU tensors come from glibc's heap: a fixed
-    threshold when set (``MALLOC_MMAP_THRESHOLD_``, the compact heap's
-    tunable: :func:`leangnn.heap.mmap_threshold`), else glibc's dynamic
-    threshold at its 64-bit maximum (32 MiB), which it reaches once large
-    blocks have been freed; 0 (no heap) on CUDA."""
-    import sys
+    """:func:`leangnn.heap.heap_threshold` of ``device`` in this process."""
+    from leangnn.heap import heap_threshold
 
-    from leangnn.heap import mmap_threshold
-
-    if torch.device(device).type != "cpu" or not sys.platform.startswith("linux"):
-        return 0
-    fixed = mmap_threshold()
-    return 32 << 20 if fixed is None else fixed
+    return heap_threshold(device)
 
 
 def tensor_bytes(t: Tensor) -> int:
