@@ -205,8 +205,13 @@ def check_graph(data: Data, where: str = "graph", *, in_channels: int | None = N
     x = getattr(data, "x", None)
     if x is None:
         raise ValueError(f"{what}: has no node features (data.x is None)")
-    if x.dim() != 2:
-        raise ValueError(f"{what}: x must be [num_nodes, num_features], got shape "
+    # (a user's model may embed one categorical id per node, e.g. a gate
+    # type: an integer x of shape [num_nodes], as PyG's own examples do)
+    ids = x.dim() == 1 and not x.is_floating_point() and in_channels is None
+    if x.dim() != 2 and not ids:
+        raise ValueError(f"{what}: x must be [num_nodes, num_features] (or, for "
+                         "a model of your own, integer ids [num_nodes]), got "
+                         f"{str(x.dtype).removeprefix('torch.')} shape "
                          f"{list(x.shape)}")
     n = data.num_nodes
     if x.size(0) != n:

@@ -463,6 +463,57 @@ def test_fit_trains_a_graph_level_model_on_a_batch_like_plain_pytorch():
         in why["prune"]
 
 
+class _GateTypes(torch.nn.Module):
+    """Embeds one categorical id per node (a gate type), then GraphSAGE."""
+
+    def __init__(self, types: int, classes: int):
+        super().__init__()
+        from torch_geometric.nn import GraphSAGE
+
+        self.emb = torch.nn.Embedding(types, 8)
+        self.gnn = GraphSAGE(8, 16, 2, classes)
+
+    def forward(self, x, edge_index):
+        return self.gnn(self.emb(x), edge_index)
+
+
+def test_fit_trains_a_model_embedding_integer_node_ids_like_plain_pytorch():
+    """``x`` as integer ids ``[N]`` (PyG's examples embed them) trains full
+    batch as plain PyTorch does; DPR, whose decoder averages features, says
+    why not in one line; a CLI graph still needs ``[N, F]`` features."""
+    from leangnn.data import check_graph
+
+    g = contextual_sbm(600, avg_degree=5.0, in_channels=4, seed=2)
+    gen = torch.Generator().manual_seed(0)
+    g.x = torch.randint(0, 7, (g.num_nodes,), generator=gen)
+    classes = int(g.y.max()) + 1
+    torch.manual_seed(3)
+    model, ref = _GateTypes(7, classes), _GateTypes(7, classes)
+    ref.load_state_dict(model.state_dict())
+    out = leangnn.fit(model, g, strategy="auto", memory_budget="1GiB", epochs=3,
+                      lr=0.01)
+    opt, losses = torch.optim.Adam(ref.parameters(), lr=0.01), []
+    for _ in range(3):
+        opt.zero_grad()
+        m = g.train_mask  # (PyG's split: fit trains on it)
+        loss = torch.nn.functional.cross_entropy(ref(g.x, g.edge_index)[m], g.y[m])
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(ref.parameters(), 1.0)
+        opt.step()
+        losses.append(loss.item())
+    assert out["row"].strategy == "full"
+    assert out["losses"] == pytest.approx(losses, rel=1e-5)
+    with pytest.raises(ValueError, match=r"x holds integer ids \(int64 \[600\]\), "
+                       "and DPR rebuilds each pruned node"):
+        leangnn.fit(_GateTypes(7, classes), g, strategy="prune", epochs=1)
+    with pytest.raises(ValueError, match=r"x must be \[num_nodes, num_features\].*"
+                       r"got int64 shape \[600\]"):
+        check_graph(g, in_channels=1)
+    g.x = g.x.float()  # one float per node is not an id
+    with pytest.raises(ValueError, match=r"got float32 shape \[600\]"):
+        leangnn.plan(_GateTypes(7, classes), g)
+
+
 def test_a_graph_level_loss_on_node_outputs_trains_offload_as_full_batch():
     """A ``BasicGNN`` (node outputs) whose loss pools them per graph:
     offload trains it exactly as full batch does; DPR's core is refused

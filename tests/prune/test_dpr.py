@@ -729,3 +729,15 @@ def test_setup_refuses_a_weighted_graph_whose_core_drops_the_weights():
     with pytest.raises(ValueError, match=r"prune: the graph has edge weights "
                        r"\(edge_weight \[\d+\]\), and DPR's core keeps none"):
         DPRStrategy(budget_ratio=0.3).setup(GCN(8, 16, 2, 4), [g])
+
+
+def test_setup_refuses_integer_ids_as_features_its_decoder_would_average():
+    """An integer ``x`` (ids a model embeds) has no mean for the decoder to
+    rebuild a pruned node from: it failed at the end of training."""
+    from torch_geometric.nn import GCN
+
+    g = contextual_sbm(200, avg_degree=4.0, in_channels=8, seed=7)
+    g.x = torch.randint(0, 5, (g.num_nodes, 2))
+    with pytest.raises(ValueError, match=r"prune: x holds integer ids \(int64 "
+                       r"\[200, 2\]\), and DPR rebuilds each pruned node"):
+        DPRStrategy(budget_ratio=0.3).setup(GCN(8, 16, 2, 4), [g])

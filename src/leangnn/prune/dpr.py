@@ -56,7 +56,7 @@ from .serve import (
 
 __all__ = ["DPRConfig", "DPRStrategy", "withdraw_offers", "core_refusal",
            "node_ids_refusal", "cached_refusal", "edge_weight_refusal",
-           "empty_core_refusal", "OFFERS"]
+           "features_refusal", "empty_core_refusal", "OFFERS"]
 
 #: why DPR refuses a model that takes edge features (:func:`edge_attr_refusal`)
 CORE_HAS_NO_EDGE_ATTR = ("DPR's core adjacency carries none (its bridges are new "
@@ -96,6 +96,21 @@ def edge_weight_refusal(data: Data, who: str) -> str | None:
             "new edges); train it full batch or offloaded")
 
 
+def features_refusal(data: Data, who: str) -> str | None:
+    """The one-line refusal of DPR for a graph whose ``x`` holds integer ids
+    (a categorical feature a model embeds), or ``None``: its decoder rebuilds
+    a pruned node from the weighted mean of its anchors' features, which ids
+    do not have (it failed at the end of training: "addmv input tensors
+    must have the same dtype")."""
+    x = data.get("x", None)
+    if not isinstance(x, torch.Tensor) or x.is_floating_point():
+        return None
+    return (f"{who}: x holds integer ids ({str(x.dtype).removeprefix('torch.')} "
+            f"{list(x.shape)}), and DPR rebuilds each pruned node from the mean "
+            "of its anchors' features; train it full batch, or give DPR float "
+            "features (e.g. one-hot)")
+
+
 def cached_refusal(model: torch.nn.Module, who: str) -> str | None:
     """The one-line refusal of DPR's core for a model with a conv that
     caches its graph's normalisation (PyG's ``cached=True``: GCNConv,
@@ -117,12 +132,13 @@ def core_refusal(model: torch.nn.Module, data: Data, who: str) -> str | None:
     """The first one-line reason DPR's core cannot train ``model`` on
     ``data`` (edge features the model takes, a graph-level task, node ids
     beside the edges, a conv caching one graph's normalisation, edge
-    weights), or ``None``: what :meth:`DPRStrategy.setup` and the planner's
-    prune rows refuse before a core is built."""
+    weights, integer ids as features), or ``None``: what
+    :meth:`DPRStrategy.setup` and the planner's prune rows refuse before a
+    core is built."""
     return (edge_attr_refusal(model, data, who, CORE_HAS_NO_EDGE_ATTR)
             or batch_refusal(model, data, who, CORE_IS_NODE_LEVEL)
             or node_ids_refusal(data, who) or cached_refusal(model, who)
-            or edge_weight_refusal(data, who))
+            or edge_weight_refusal(data, who) or features_refusal(data, who))
 
 
 def empty_core_refusal(core: Data, data: Data, who: str) -> str | None:
