@@ -741,3 +741,36 @@ def test_setup_refuses_integer_ids_as_features_its_decoder_would_average():
     with pytest.raises(ValueError, match=r"prune: x holds integer ids \(int64 "
                        r"\[200, 2\]\), and DPR rebuilds each pruned node"):
         DPRStrategy(budget_ratio=0.3).setup(GCN(8, 16, 2, 4), [g])
+
+
+def test_a_float64_model_trains_and_serves_as_the_float32_one_does():
+    """Anchor weights and the decoder follow the features' float type: a
+    float64 model stopped at the decoder ("expected scalar type Float but
+    found Double"). The float32 run is the reference; its state round-trips
+    with the decoder's type."""
+    from torch_geometric.nn import GraphSAGE
+
+    import leangnn
+
+    g = contextual_sbm(800, avg_degree=5.0, in_channels=8, seed=4)
+    g.node_mask = g.train_mask
+    classes = int(g.y.max()) + 1
+    out = {}
+    for dtype in (torch.float32, torch.float64):
+        torch.manual_seed(0)
+        model = GraphSAGE(8, 16, 2, classes).to(dtype)
+        h = g.clone()
+        h.x = h.x.to(dtype)
+        r = leangnn.fit(model, h, strategy="prune", epochs=3, lr=0.01,
+                        progress=False)
+        strat = r["strategy"]
+        assert strat.decoder is not None
+        assert next(strat.decoder.parameters()).dtype == dtype
+        out[dtype] = strat.predict(model, h)
+        again = DPRStrategy(budget_ratio=strat.config.budget_ratio)
+        again.load_state_dict(strat.state_dict())
+        assert next(again.decoder.parameters()).dtype == dtype
+        torch.testing.assert_close(again.predict(model, h), out[dtype])
+    assert out[torch.float64].dtype == torch.float64
+    torch.testing.assert_close(out[torch.float64].float(), out[torch.float32],
+                               atol=1e-3, rtol=1e-3)

@@ -59,9 +59,14 @@ class Anchors:
     def nnz_per_row(self) -> Tensor:
         return self.weight.crow_indices().diff()
 
-    def to(self, device) -> Anchors:
-        return Anchors(self.nodes.to(device), self.weight.to(device),
-                       self.mass.to(device))
+    def to(self, device, dtype: torch.dtype | None = None) -> Anchors:
+        """On ``device``, with ``dtype`` weights and mass (the features'
+        and embeddings' float type: a float64 model's products need them)."""
+        w = self.weight.to(device)
+        if dtype is not None and w.dtype != dtype:
+            w = torch.sparse_csr_tensor(w.crow_indices(), w.col_indices(),
+                                        w.values().to(dtype), w.shape)
+        return Anchors(self.nodes.to(device), w, self.mass.to(device, dtype))
 
     def __repr__(self) -> str:
         nnz = self.nnz_per_row.float()

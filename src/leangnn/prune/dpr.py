@@ -513,10 +513,15 @@ class DPRStrategy(Strategy):
                    num_steps=cfg.num_steps, alpha=cfg.alpha,
                    eps=0.0 if cfg.dense else cfg.eps, absorb=not cfg.dense,
                    chunk_size=cfg.anchor_chunk_size)
+        # weights in the features' float type (a float64 model's too)
+        x = data.get("x", None)
+        dtype = x.dtype if isinstance(x, Tensor) and x.is_floating_point() else None
         if st.anchors is None:
-            st.anchors = ppr_anchors(adj, st.core.index, st.pruned, **akw)
+            st.anchors = ppr_anchors(adj, st.core.index, st.pruned,
+                                     **akw).to("cpu", dtype)
         if need_rows:
-            st.row_anchors = ppr_anchors(adj, st.core.index, st.rows, **akw)
+            st.row_anchors = ppr_anchors(adj, st.core.index, st.rows,
+                                         **akw).to("cpu", dtype)
         st.anchor_s += time.perf_counter() - t0
 
     def _decoder_rows(self, data: Data, core: CoreGraph, pruned: Tensor
@@ -629,7 +634,7 @@ class DPRStrategy(Strategy):
             self.decoder = AnchorDecoder(
                 xi.size(1), emb.size(1), emb.size(1), cfg.decoder_hidden,
                 cfg.decoder_layers, cfg.decoder_dropout, cfg.anchor_features,
-                residual=True).to(self.device)
+                residual=True).to(self.device, emb.dtype)
             self._train_decoder(graphs, loss_fn)
         rows = sum(g[4].numel() for g in graphs)
         # "decoder_rows": the rows of the decoder that serves; a dropped
@@ -753,9 +758,10 @@ class DPRStrategy(Strategy):
         if state.get("decoder") is not None:
             f, c, o = state["decoder_dims"]
             cfg = self.config
+            dtype = next(iter(state["decoder"].values())).dtype  # as trained
             self.decoder = AnchorDecoder(
                 f, c, o, cfg.decoder_hidden, cfg.decoder_layers, cfg.decoder_dropout,
-                cfg.anchor_features, residual=True).to(self.device)
+                cfg.anchor_features, residual=True).to(self.device, dtype)
             self.decoder.load_state_dict(state["decoder"])
             self.decoder.eval()
 
