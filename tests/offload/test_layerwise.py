@@ -79,3 +79,13 @@ def test_aggregations_that_do_not_combine_across_jobs_are_refused(model, aggr):
         return
     with pytest.raises(ValueError, match=f"aggr={aggr} is not supported"):
         LayerwiseModel(model())
+
+
+def test_a_lazy_model_is_refused_until_a_forward_shapes_it():
+    model = GraphSAGE(-1, 16, 2, 3)
+    with pytest.raises(ValueError, match=r"lazily initialised \(in_channels=-1\) "
+                       "and has not run yet"):
+        LayerwiseModel(model)
+    with torch.no_grad():
+        model(torch.randn(4, 5), torch.tensor([[0, 1], [1, 2]]))
+    assert LayerwiseModel(model).widths == [5, 16, 3]

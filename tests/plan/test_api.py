@@ -514,6 +514,37 @@ def test_fit_trains_a_model_embedding_integer_node_ids_like_plain_pytorch():
         leangnn.plan(_GateTypes(7, classes), g)
 
 
+@pytest.mark.parametrize("strategy", ["full", "offload"])
+def test_fit_initialises_a_lazy_model_as_pygs_recipe_then_trains_it(strategy):
+    """``GraphSAGE(-1, ...)``: plan and fit shape it with one forward (the
+    dry run failed on its uninitialised parameters, offload on a width of
+    -1); the same losses as plain PyTorch after PyG's recipe (one forward
+    on the whole graph under ``no_grad``)."""
+    from torch_geometric.nn import GraphSAGE
+
+    g = contextual_sbm(500, avg_degree=5.0, in_channels=6, seed=3)
+    classes = int(g.y.max()) + 1
+    torch.manual_seed(4)
+    model = GraphSAGE(-1, 16, 2, classes)
+    out = leangnn.fit(model, g, strategy=strategy, epochs=3, lr=0.01,
+                      progress=False)
+    torch.manual_seed(4)
+    ref = GraphSAGE(-1, 16, 2, classes)
+    with torch.no_grad():
+        ref(g.x, g.edge_index)
+    opt, losses = torch.optim.Adam(ref.parameters(), lr=0.01), []
+    m = g.train_mask
+    for _ in range(3):
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(ref(g.x, g.edge_index)[m], g.y[m])
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(ref.parameters(), 1.0)
+        opt.step()
+        losses.append(loss.item())
+    assert out["row"].strategy == strategy
+    assert out["losses"] == pytest.approx(losses, rel=1e-5)
+
+
 def test_a_graph_level_loss_on_node_outputs_trains_offload_as_full_batch():
     """A ``BasicGNN`` (node outputs) whose loss pools them per graph:
     offload trains it exactly as full batch does; DPR's core is refused

@@ -60,6 +60,23 @@ def _is_nodewise_norm(norm: torch.nn.Module, training: bool) -> bool:
     return False
 
 
+
+def _input_width(model: torch.nn.Module) -> int:
+    """The feature width ``model``'s first conv takes: ``in_channels``, or
+    for a lazily built model (PyG's ``in_channels=-1``) the input side of
+    its first conv's first matrix once a forward has shaped it."""
+    from torch.nn.parameter import is_lazy
+
+    if model.in_channels > 0:
+        return int(model.in_channels)
+    params = list(model.convs[0].parameters())
+    if any(is_lazy(p) for p in params):
+        raise ValueError("offload: the model is lazily initialised "
+                         f"(in_channels={model.in_channels}) and has not run yet; "
+                         "run one forward first (PyG's recipe: with "
+                         "torch.no_grad(): model(data.x, data.edge_index))")
+    return next(int(p.size(1)) for p in params if p.dim() == 2)
+
 class LayerwiseModel:
     """Adapter running a PyG ``BasicGNN`` one layer and one chunk at a time.
 
@@ -97,7 +114,7 @@ class LayerwiseModel:
             raise ValueError(f"offload needs one conv type per model, got {kinds}")
         self.model = model
         self.num_layers = len(model.convs)
-        widths = [model.in_channels]
+        widths = [_input_width(model)]
         for _ in range(self.num_layers - 1):
             widths.append(model.hidden_channels)
         widths.append(model.out_channels)

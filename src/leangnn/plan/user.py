@@ -72,6 +72,7 @@ from leangnn.plan.user_checks import (
     check_dtypes,
     checked_loss,
     error_line,
+    materialize_lazy,
     num_classes,
     with_train_mask,
 )
@@ -107,7 +108,11 @@ def plan(model: torch.nn.Module, data: Data, memory_budget=None, loss_fn=None,
     graph's edge features (:func:`~leangnn.strategy.uses_edge_attr`) is
     traced with them; offload and the core cannot carry them, and their rows
     say so. The heap factor is the model's family's where its class is one
-    leangnn trains (:func:`calibrated_as`).
+    leangnn trains (:func:`calibrated_as`). A lazily built model (PyG's
+    ``in_channels=-1``) is first shaped in place by one forward without
+    gradients on two nodes of ``data``
+    (:func:`~leangnn.plan.user_checks.materialize_lazy`), as PyG's recipe
+    does on the whole graph.
 
     Args:
         model (Module): the model; not modified.
@@ -165,6 +170,7 @@ def plan(model: torch.nn.Module, data: Data, memory_budget=None, loss_fn=None,
     # tensors check no class id, a real step's cross-entropy does
     check_graph(data, "data", labels=loss_fn is None, nodes=True,
                 num_classes=num_classes(model, data, loss_fn))
+    materialize_lazy(model, data)
     check_dtypes(model, data)
     dev = torch.device(device)
     budget = resolve_budget(memory_budget, dev)

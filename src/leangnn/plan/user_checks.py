@@ -23,7 +23,7 @@ from leangnn.data import split_mask, with_mask
 from leangnn.utils import _first_line
 
 __all__ = ["STRATEGIES", "LossFnError", "error_line", "checked_loss", "check_args",
-           "num_classes", "check_dtypes", "with_train_mask"]
+           "num_classes", "check_dtypes", "with_train_mask", "materialize_lazy"]
 
 #: the strategies a user's model is planned with (``strategies=``)
 STRATEGIES = ("full", "reversible", "offload", "prune")
@@ -156,3 +156,30 @@ def with_train_mask(data: Data, loss_fn) -> Data:
         raise ValueError(f"data: train_mask selects no node (all {n} entries "
                          "False); the loss over no node is NaN")
     return with_mask(data, mask)
+
+
+def materialize_lazy(model: torch.nn.Module, data: Data) -> bool:
+    """Initialise the parameters of a lazily built ``model`` (PyG's
+    ``in_channels=-1``, torch's ``Lazy*`` modules) by one forward without
+    gradients, in eval mode, on two nodes of ``data``: PyG's recipe is one
+    such forward on the whole graph, but the shapes need only the features'
+    width. Returns whether there was anything to initialise.
+
+    Why: an uninitialised parameter has no shape, so the dry run failed
+    ("Attempted to use an uninitialized parameter") and every row with it.
+    """
+    from torch.nn.parameter import is_lazy
+
+    from leangnn.strategy import forward_kwargs
+
+    if not any(is_lazy(p) for p in model.parameters()):
+        return False
+    small = data.subgraph(torch.arange(min(2, int(data.num_nodes))))
+    training = model.training
+    model.eval()  # (no dropout draw, no batch statistics of two nodes)
+    try:
+        with torch.no_grad():
+            model(small.x, small.edge_index, **forward_kwargs(model, small))
+    finally:
+        model.train(training)
+    return True
