@@ -74,6 +74,7 @@ class DeviceBudget:
         #: :meth:`charge`); ``None``: no heap to follow (CUDA)
         self.heap_threshold: int | None = None
         self._heap_high = 0
+        self._mapped: dict[tuple, int] = {}
 
     def retained_bytes(self, layer: int, n_s: int, n_t: int, n_e: int) -> int:
         """Bytes a retaining forward job leaves on the device until its
@@ -203,8 +204,13 @@ class DeviceBudget:
             # own while the heap keeps its high-water extent, so a job's
             # mapped blocks add to the heap's high-water, not to this job's
             # heap bytes (measured: see WorkspaceModel.mapped_bytes).
-            mapped = min(total, self.ws.mapped_bytes(layer, backward, sizes[2],
-                                                     self.heap_threshold))
+            key = (layer, backward, retaining, sizes[2])
+            mapped = self._mapped.get(key)
+            if mapped is None:
+                ws = self.retain_ws if retaining and not backward else self.ws
+                mapped = self._mapped[key] = ws.mapped_bytes(
+                    layer, backward, sizes[2], self.heap_threshold)
+            mapped = min(total, mapped)
             self._heap_high = max(self._heap_high, total - mapped)
             counters.peak_resident_bytes = max(counters.peak_resident_bytes,
                                                self._heap_high + mapped)
