@@ -545,6 +545,27 @@ def test_fit_initialises_a_lazy_model_as_pygs_recipe_then_trains_it(strategy):
     assert out["losses"] == pytest.approx(losses, rel=1e-5)
 
 
+def test_a_lazy_model_whose_shaping_forward_fails_is_one_line():
+    from torch_geometric.nn import GraphSAGE
+
+    class NeedsThree(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gnn = GraphSAGE(-1, 8, 2, 3)
+
+        def forward(self, x, edge_index):
+            if x.size(0) < 3:
+                raise RuntimeError("expected at least 3 nodes")
+            return self.gnn(x, edge_index)
+
+    g = contextual_sbm(100, avg_degree=4.0, in_channels=4, seed=1)
+    with pytest.raises(ValueError, match=r"NeedsThree is lazily initialised and "
+                       r"failed in the forward on two nodes that shapes it "
+                       r"\(RuntimeError: expected at least 3 nodes\); run one "
+                       "forward yourself first"):
+        leangnn.plan(NeedsThree(), g)
+
+
 def test_a_graph_level_loss_on_node_outputs_trains_offload_as_full_batch():
     """A ``BasicGNN`` (node outputs) whose loss pools them per graph:
     offload trains it exactly as full batch does; DPR's core is refused

@@ -180,6 +180,12 @@ def materialize_lazy(model: torch.nn.Module, data: Data) -> bool:
     try:
         with torch.no_grad():
             model(small.x, small.edge_index, **forward_kwargs(model, small))
+    except Exception as e:  # noqa: BLE001 - said in one line, with the fix
+        raise ValueError(f"leangnn.plan: {type(model).__name__} is lazily "
+                         "initialised and failed in the forward on two nodes that "
+                         f"shapes it ({error_line(e)}); run one forward yourself "
+                         "first (PyG's recipe: with torch.no_grad(): "
+                         "model(data.x, data.edge_index))") from e
     finally:
         model.train(training)
     return True
