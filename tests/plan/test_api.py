@@ -64,10 +64,11 @@ def test_plan_call_returns_the_table(data):
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
 
 
-def _reference_training(model, data, epochs, lr, clip, **kwargs):
-    """Plain PyTorch: Adam on the masked loss, gradient clipping (``kwargs``:
-    the model's further forward arguments, e.g. ``edge_attr``)."""
-    loss_fn = default_loss(data)
+def _reference_training(model, data, epochs, lr, clip, loss_fn=None, **kwargs):
+    """Plain PyTorch: Adam on the masked loss (or ``loss_fn(out, data)``),
+    gradient clipping (``kwargs``: the model's further forward arguments,
+    e.g. ``edge_attr``)."""
+    loss_fn = loss_fn or default_loss(data)
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     losses = []
     for _ in range(epochs):
@@ -448,14 +449,7 @@ def test_fit_trains_a_graph_level_model_on_a_batch_like_plain_pytorch():
     ref.load_state_dict(model.state_dict())
     out = leangnn.fit(model, g, _graph_loss, strategy="auto", memory_budget="1GiB",
                       epochs=4, lr=0.02)
-    opt, losses = torch.optim.Adam(ref.parameters(), lr=0.02), []
-    for _ in range(4):
-        opt.zero_grad()
-        loss = _graph_loss(ref(g.x, g.edge_index, g.batch), g)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(ref.parameters(), 1.0)
-        opt.step()
-        losses.append(loss.item())
+    losses = _reference_training(ref, g, 4, 0.02, 1.0, _graph_loss, batch=g.batch)
     assert out["row"].strategy == "full"
     assert out["losses"] == pytest.approx(losses, rel=1e-5)
     why = {r.strategy: r.why for r in out["plan"].rows if r.need_bytes is None}
@@ -492,15 +486,8 @@ def test_fit_trains_a_model_embedding_integer_node_ids_like_plain_pytorch():
     ref.load_state_dict(model.state_dict())
     out = leangnn.fit(model, g, strategy="auto", memory_budget="1GiB", epochs=3,
                       lr=0.01)
-    opt, losses = torch.optim.Adam(ref.parameters(), lr=0.01), []
-    for _ in range(3):
-        opt.zero_grad()
-        m = g.train_mask  # (PyG's split: fit trains on it)
-        loss = torch.nn.functional.cross_entropy(ref(g.x, g.edge_index)[m], g.y[m])
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(ref.parameters(), 1.0)
-        opt.step()
-        losses.append(loss.item())
+    # (PyG's split: fit trains on train_mask)
+    losses = _reference_training(ref, with_mask(g, g.train_mask), 3, 0.01, 1.0)
     assert out["row"].strategy == "full"
     assert out["losses"] == pytest.approx(losses, rel=1e-5)
     with pytest.raises(ValueError, match=r"x holds integer ids \(int64 \[600\]\), "
@@ -532,15 +519,7 @@ def test_fit_initialises_a_lazy_model_as_pygs_recipe_then_trains_it(strategy):
     ref = GraphSAGE(-1, 16, 2, classes)
     with torch.no_grad():
         ref(g.x, g.edge_index)
-    opt, losses = torch.optim.Adam(ref.parameters(), lr=0.01), []
-    m = g.train_mask
-    for _ in range(3):
-        opt.zero_grad()
-        loss = torch.nn.functional.cross_entropy(ref(g.x, g.edge_index)[m], g.y[m])
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(ref.parameters(), 1.0)
-        opt.step()
-        losses.append(loss.item())
+    losses = _reference_training(ref, with_mask(g, g.train_mask), 3, 0.01, 1.0)
     assert out["row"].strategy == strategy
     assert out["losses"] == pytest.approx(losses, rel=1e-5)
 
