@@ -14,8 +14,10 @@ matters, few large chunks on big graphs, and where it should change nothing:
   shipped reference calibration unless this machine has its own) from this
   tree and, with ``--before SRC``, from another tree's ``src`` (e.g. an
   export of the previous commit), each in a fresh interpreter;
-* ``--threshold BYTES`` on a row moves glibc's threshold for its runs and
-  estimates (the model must follow it either way).
+* a row's threshold moves glibc's for its runs and estimates (the model
+  must follow it either way); ``"default"`` rows run glibc's default heap
+  (``LEANGNN_HEAP=default``: what a Python process calling ``leangnn.fit``
+  has), with its own calibration.
 
     python benchmarks/offload_mapped.py --before /tmp/before/src
                                          # results/offload_mapped.json
@@ -37,7 +39,8 @@ from _report import results_path, write_json  # noqa: E402
 from plan import _cli_measure  # noqa: E402  (one way to run a command line)
 
 _S = "--model sage --layers 2 --hidden 32 --strategy offload --parts 4"
-#: (name, command line after ``train``, glibc mmap threshold or None: 32 MiB)
+#: (name, command line after ``train``, glibc mmap threshold or None: 32 MiB;
+#: or ``"default"``: glibc's default heap, its dynamic threshold)
 ROWS = [
     ("csbm50k-sage2", f"--dataset csbm:50000 {_S} --device-budget 66MiB", None),
     ("csbm100k-sage2", f"--dataset csbm:100000 {_S} --device-budget 132MiB", None),
@@ -59,6 +62,14 @@ ROWS = [
      16 << 20),
     ("csbm250k-sage2-thr128M", f"--dataset csbm:250000 {_S} --device-budget 330MiB",
      128 << 20),
+    ("csbm100k-sage2-default", f"--dataset csbm:100000 {_S} --device-budget 132MiB",
+     "default"),
+    ("csbm150k-sage2-default", f"--dataset csbm:150000 {_S} --device-budget 197.4MiB",
+     "default"),
+    ("csbm250k-sage2-default", f"--dataset csbm:250000 {_S} --device-budget 330MiB",
+     "default"),
+    ("csbm150k-gcn2-default", "--dataset csbm:150000 --model gcn --layers 2 "
+     "--hidden 32 --strategy offload --parts 4 --device-budget 197.4MiB", "default"),
 ]
 
 _CHILD = r"""
@@ -80,20 +91,23 @@ print(json.dumps({"run_bytes": est.costliest_run_bytes, "step_bytes": est.step_b
 """
 
 
-def _env(threshold: int | None, src: str | None = None) -> dict:
-    from leangnn.heap import COMPACT_TUNABLES, MKL_ENV
+def _env(threshold: int | str | None, src: str | None = None) -> dict:
+    from leangnn.heap import COMPACT_TUNABLES, MKL_ENV, default_heap_env
 
-    tun = [t for t in COMPACT_TUNABLES if "mmap_threshold" not in t]
-    tun.append(f"glibc.malloc.mmap_threshold={threshold or 32 << 20}")
-    env = dict(os.environ, GLIBC_TUNABLES=":".join(tun), OMP_NUM_THREADS="1",
-               **MKL_ENV)
+    if threshold == "default":
+        env = dict(default_heap_env(), LEANGNN_HEAP="default", OMP_NUM_THREADS="1")
+    else:
+        tun = [t for t in COMPACT_TUNABLES if "mmap_threshold" not in t]
+        tun.append(f"glibc.malloc.mmap_threshold={threshold or 32 << 20}")
+        env = dict(os.environ, GLIBC_TUNABLES=":".join(tun), OMP_NUM_THREADS="1",
+                   **MKL_ENV)
     env.pop("MALLOC_MMAP_THRESHOLD_", None)
     if src:
         env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
     return env
 
 
-def estimate(args: str, threshold: int | None, src: str | None) -> dict:
+def estimate(args: str, threshold, src: str | None) -> dict:
     p = subprocess.run([sys.executable, "-c", _CHILD, args],
                        env=_env(threshold, src), capture_output=True, text=True,
                        timeout=1800, cwd=ROOT)
@@ -102,7 +116,7 @@ def estimate(args: str, threshold: int | None, src: str | None) -> dict:
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
-def measure(args: str, threshold: int | None, runs: int) -> list[int]:
+def measure(args: str, threshold, runs: int) -> list[int]:
     saved = dict(os.environ)
     os.environ.clear()
     os.environ.update(_env(threshold))
@@ -129,7 +143,9 @@ def main(argv=None) -> None:
             continue
         peaks = measure(line, thr, args.runs)
         m = statistics.median(peaks)
-        row = {"name": name, "args": line, "mmap_threshold": thr or 32 << 20,
+        row = {"name": name, "args": line,
+               "mmap_threshold": "dynamic" if thr == "default" else thr or 32 << 20,
+               "heap": "default" if thr == "default" else "compact",
                "measured_peaks": peaks, "after": estimate(line, thr, None)}
         if args.before:
             row["before"] = estimate(line, thr, args.before)

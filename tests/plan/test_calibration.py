@@ -675,6 +675,33 @@ def test_offload_job_edge_bytes_get_a_term_and_a_pooled_fit():
                 1000 * cal.offload_scales["offload-gcn"] + cal.const, abs=2)
 
 
+def test_offload_blocks_mapped_apart_are_counted_once_not_scaled():
+    # measured = 1.2 x (step - mapped) + mapped + 2.5 x heap edge bytes:
+    # runs with blocks past glibc's mmap threshold fit the same scales, and
+    # the estimate adds the mapped bytes as they are
+    samples = _samples(1.0, 0.0, 2e-5, 1e-9, 3e-10)
+    rng = np.random.default_rng(3)
+    off = []
+    for i, s in enumerate(samples[:6]):
+        edge = float(rng.uniform(0.0, 1.5)) * s["tensor_bytes"]
+        mapped = (0.3 if i % 2 else 0.0) * s["tensor_bytes"]
+        off.append(dict(s, work={**s["work"], "jobs": 8, "device_bytes": 1.0,
+                                 "host_bytes": 0.0, "edge_job_bytes": edge,
+                                 "mapped_bytes": mapped},
+                        run_bytes=1.2 * (s["tensor_bytes"] - mapped) + mapped
+                        + 2.5 * edge, config={"strategy": "offload",
+                                              "model": "sage"}))
+    cal = fit_calibration(samples[6:] + off)
+    assert cal.offload_scales["offload-sage"] == pytest.approx(1.2, rel=1e-3)
+    assert cal.offload_edge_scales["offload-sage"] == pytest.approx(2.5, rel=1e-3)
+    work = {"ops": 1, "written": 0, "flops": 0, "jobs": 1, "edge_job_bytes": 400}
+    est = Estimate("offload", {"model": "sage"}, "cpu", step_bytes=1000,
+                   method="offload-accounting", work={**work, "mapped_bytes": 300})
+    cal.apply(est)
+    assert est.run_bytes == pytest.approx(1.2 * 700 + 300 + 2.5 * 400 + cal.const,
+                                          abs=2)
+
+
 def test_heap_factor_splits_by_the_edge_sized_share_of_the_heap():
     # measured = big + (2.2 x node-sized + 1.4 x edge-sized heap) + const:
     # the fit recovers both where the runs' shares spread; a finer op mix

@@ -355,6 +355,15 @@ def test_job_edge_bytes_is_one_chunks_edges_at_the_largest_per_edge_cost():
     assert job_edge_bytes(SimpleNamespace(num_chunks=1, ws=ws), 8000) == 0
     assert job_edge_bytes(SimpleNamespace(num_chunks=8, ws=SimpleNamespace()),
                           8000) == 0
+    # a backward block of 250 bytes per edge mapped apart leaves no hole in
+    # the heap: the forward's 100 per edge is then the most the heap holds
+    ws.mapped_bytes = lambda li, bw, n_e, thr: 250 * n_e if (
+        bw and thr and 250 * n_e >= thr) else 0
+    eng = SimpleNamespace(num_chunks=8, ws=ws,
+                          split=SimpleNamespace(heap_threshold=200_000))
+    assert job_edge_bytes(eng, 8000) == 100 * 1000
+    eng.split.heap_threshold = 1 << 30  # no block that large: as before
+    assert job_edge_bytes(eng, 8000) == 300 * 1000
 
 
 def _offload_peak(tmp_path, args: list[str], tunables: str) -> int:

@@ -212,8 +212,9 @@ class DeviceBudget:
                     layer, backward, sizes[2], self.heap_threshold)
             mapped = min(total, mapped)
             self._heap_high = max(self._heap_high, total - mapped)
-            counters.peak_resident_bytes = max(counters.peak_resident_bytes,
-                                               self._heap_high + mapped)
+            if self._heap_high + mapped > counters.peak_resident_bytes:
+                counters.peak_resident_bytes = self._heap_high + mapped
+                counters.peak_resident_mapped_bytes = mapped
         key = (layer, backward, retaining, sizes)
         job = self._job_ws.get(key)
         if job is None:

@@ -29,6 +29,7 @@ class OffloadCounters:
     threshold) on top of the heap's high-water so far
     (:meth:`~leangnn.offload.budget.DeviceBudget.charge`); equal to
     ``peak_total_bytes`` where no job has such a block.
+    ``peak_resident_mapped_bytes`` is the mapped part of that peak.
     """
 
     h2d_bytes: int = 0           # vertex rows host -> device
@@ -45,6 +46,7 @@ class OffloadCounters:
     peak_host_bytes: int = 0     # host store arrays + cache metadata
     peak_total_bytes: int = 0    # host + the job's expected device bytes
     peak_resident_bytes: int = 0  # the above with mapped blocks apart
+    peak_resident_mapped_bytes: int = 0  # the mapped blocks at that peak
 
     @property
     def traffic_bytes(self) -> int:

@@ -464,20 +464,24 @@ class Calibration:
                       families: list[str] | tuple[str, ...] = ()) -> float:
         """Measured bytes of an offload step from its accounting (plus the
         first-run constant every run pays); ``families`` select a per-model
-        scale (:attr:`offload_scales`)."""
+        scale (:attr:`offload_scales`). The step's blocks glibc maps apart
+        (``work["mapped_bytes"]``) are resident as they are: no heap factor
+        scales them."""
         if self.offload_host_scale is not None and "host_bytes" in work:
             return (self.offload_bytes_scale * work["device_bytes"]
                     + self.offload_host_scale * work["host_bytes"] + self.const)
+        mapped = min(float(work.get("mapped_bytes", 0)), float(step_bytes))
+        heap = step_bytes - mapped
         fam = next((f"offload-{f}" for f in families
                     if f"offload-{f}" in self.offload_scales), None)
         if fam is None and "offload" in self.offload_scales:
             fam = "offload"  # the runs of every model, pooled
         if fam is None:
-            return self.offload_bytes_scale * step_bytes + self.const
+            return self.offload_bytes_scale * heap + mapped + self.const
         device = self.offload_device_scales.get(fam, 0.0) * work.get(
             "device_bytes", 0)
         edges = self.offload_edge_scales.get(fam, 0.0) * work.get("edge_job_bytes", 0)
-        return self.offload_scales[fam] * step_bytes + device + edges + self.const
+        return self.offload_scales[fam] * heap + mapped + device + edges + self.const
 
     def seconds(self, work: dict[str, float],
                 families: list[str] | tuple[str, ...] = ()) -> float | None:
@@ -1098,9 +1102,14 @@ def fit_offload(cal: Calibration, off: list[dict[str, Any]]) -> None:
     # accounting does not follow (measured through the Trainer: ~29 MiB
     # resident after the first epoch at a 12 MiB budget, 2.3x its
     # accounting), which does not grow with it.
+    # (a step's blocks mapped apart are resident as they are: the scales
+    # are those of the rest, as Calibration.offload_bytes applies them)
+    def mapped(s):
+        return min(float(s["work"].get("mapped_bytes", 0)), float(s["tensor_bytes"]))
+
     top = max(off, key=lambda s: s["tensor_bytes"])
-    cal.offload_bytes_scale = max(0.0, top["run_bytes"] - cal.const) / max(
-        top["tensor_bytes"], 1)
+    cal.offload_bytes_scale = max(0.0, top["run_bytes"] - cal.const - mapped(top)) \
+        / max(top["tensor_bytes"] - mapped(top), 1)
     cal.offload_host_scale = None
     # per model: what the Trainer keeps beside the engine's accounting
     # depends on the conv and on the graph's density (a job's edge-sized
@@ -1117,7 +1126,7 @@ def fit_offload(cal: Calibration, off: list[dict[str, Any]]) -> None:
     cal.offload_scales, cal.offload_device_scales = {}, {}
     cal.offload_edge_scales = {}
     for k, runs in sorted(off_fam.items()):
-        y = [s["run_bytes"] - cal.const for s in runs]
+        y = [s["run_bytes"] - cal.const - mapped(s) for s in runs]
         m = [s["run_bytes"] for s in runs]
         # the second term: a job's edge-sized bytes where the runs carry them
         # (Calibration.offload_edge_scales), else (older samples) its device
@@ -1128,7 +1137,7 @@ def fit_offload(cal: Calibration, off: list[dict[str, Any]]) -> None:
                 second in s["work"] for s in runs):
             # step and the second term, each a nonnegative coefficient of
             # least relative error (two on three runs would fit noise)
-            a = np.array([[s["tensor_bytes"], s["work"][second]]
+            a = np.array([[s["tensor_bytes"] - mapped(s), s["work"][second]]
                           for s in runs], dtype=float)
             step, two = _relative_lstsq(a, np.asarray(y, dtype=float), True,
                                         np.asarray(m, dtype=float))
@@ -1138,7 +1147,7 @@ def fit_offload(cal: Calibration, off: list[dict[str, Any]]) -> None:
                  else cal.offload_device_scales)[k] = float(two)
         else:
             cal.offload_scales[k] = max(0.0, _relative_factor(
-                [s["tensor_bytes"] for s in runs], y, m))
+                [s["tensor_bytes"] - mapped(s) for s in runs], y, m))
 
 
 #: the traced work the time fit prices, in :class:`Calibration`'s order

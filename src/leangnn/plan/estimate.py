@@ -335,17 +335,29 @@ def chunked_work(work: dict[str, Any], chunks: int,
 
 
 def job_edge_bytes(eng, num_edges: int) -> int:
-    """Edge-sized bytes of an offload engine's typical job: its workspace
-    model's largest per-edge coefficient times the edges of one chunk
-    (``E / chunks``); 0 for one chunk, where every job is the whole layer
-    and the next one reuses its blocks as they were (measured: s38417,
-    GCN-2 in one chunk, 1.35x its accounting, as circuits in many)."""
+    """Edge-sized bytes of an offload engine's typical job that its heap
+    holds: per layer and phase, the workspace model's per-edge coefficient
+    times the edges of one chunk (``E / chunks``), less the blocks glibc maps
+    apart (:meth:`~leangnn.offload.workspace.WorkspaceModel.mapped_bytes`:
+    they leave no hole in the heap), the largest; 0 for one chunk, where
+    every job is the whole layer and the next one reuses its blocks as they
+    were (measured: s38417, GCN-2 in one chunk, 1.35x its accounting, as
+    circuits in many)."""
     chunks = int(eng.num_chunks)
-    fits = getattr(eng.ws, "fits", None)
+    ws = eng.ws
+    fits = getattr(ws, "fits", None)
     if chunks <= 1 or not fits:
         return 0
-    per_edge = max(float(f.coef[2]) for f in fits.values())
-    return round(max(0.0, per_edge) * int(num_edges) / chunks)
+    n_e = int(num_edges) / chunks
+    threshold = getattr(getattr(eng, "split", None), "heap_threshold", None)
+    mapped = getattr(ws, "mapped_bytes", None)
+    best = 0.0
+    for (layer, backward), f in fits.items():
+        held = max(0.0, float(f.coef[2])) * n_e
+        if mapped is not None:
+            held -= mapped(layer, backward, round(n_e), threshold)
+        best = max(best, held)
+    return round(best)
 
 
 def engine_setup_bytes(eng, floor: bool = False) -> int:
@@ -999,6 +1011,8 @@ def offload_estimate(eng, counters, data: Data, graphs: list[Data], params: int,
                 + counters.vertex_layer_recomputations,
                 device_bytes=device_step, host_bytes=host,
                 edge_job_bytes=job_edge_bytes(eng, int(data.num_edges)),
+                # (the part of the step in blocks mapped apart: no heap factor)
+                mapped_bytes=counters.peak_resident_mapped_bytes,
                 # (what every row of a smaller device budget needs at least:
                 # the planner's skip, :func:`~leangnn.plan.planner.offload_floor`)
                 host_floor_bytes=host_floor_bytes(eng, host),
