@@ -639,20 +639,29 @@ def test_shipped_reference_calibrations_load():
         assert cal.scale > 0 and cal.const >= 0
 
 
+def _offload_runs(samples, seed, model, mapped=lambda i: 0.0):
+    """Offload runs measuring 1.2 x the step's heap part (less ``mapped(i)``
+    of it, resident as it is) + 2.5 x a job's edge-sized bytes."""
+    rng = np.random.default_rng(seed)
+    off = []
+    for i, s in enumerate(samples):
+        edge = float(rng.uniform(0.0, 1.5)) * s["tensor_bytes"]
+        apart = mapped(i) * s["tensor_bytes"]
+        off.append(dict(s, work={**s["work"], "jobs": 8, "device_bytes": 1.0,
+                                 "host_bytes": 0.0, "edge_job_bytes": edge,
+                                 "mapped_bytes": apart},
+                        run_bytes=1.2 * (s["tensor_bytes"] - apart) + apart
+                        + 2.5 * edge,
+                        config={"strategy": "offload", "model": model(i)}))
+    return off
+
+
 def test_offload_job_edge_bytes_get_a_term_and_a_pooled_fit():
     # measured = 1.2 x step + 2.5 x a job's edge-sized bytes + const (dense
     # graphs' E_c x C blocks fragment the heap): the fit recovers both, per
     # model and pooled for a model without runs of its own
     samples = _samples(1.0, 0.0, 2e-5, 1e-9, 3e-10)
-    rng = np.random.default_rng(2)
-    off = []
-    for i, s in enumerate(samples[:6]):
-        edge = float(rng.uniform(0.0, 1.5)) * s["tensor_bytes"]
-        off.append(dict(s, work={**s["work"], "jobs": 8, "device_bytes": 1.0,
-                                 "host_bytes": 0.0, "edge_job_bytes": edge},
-                        run_bytes=1.2 * s["tensor_bytes"] + 2.5 * edge,
-                        config={"strategy": "offload",
-                                "model": "sage" if i % 2 else "gcn"}))
+    off = _offload_runs(samples[:6], 2, lambda i: "sage" if i % 2 else "gcn")
     cal = fit_calibration(samples[6:] + off)
     # three runs each: one scale per model; six pooled: both terms
     assert set(cal.offload_edge_scales) == {"offload"}
@@ -680,17 +689,8 @@ def test_offload_blocks_mapped_apart_are_counted_once_not_scaled():
     # runs with blocks past glibc's mmap threshold fit the same scales, and
     # the estimate adds the mapped bytes as they are
     samples = _samples(1.0, 0.0, 2e-5, 1e-9, 3e-10)
-    rng = np.random.default_rng(3)
-    off = []
-    for i, s in enumerate(samples[:6]):
-        edge = float(rng.uniform(0.0, 1.5)) * s["tensor_bytes"]
-        mapped = (0.3 if i % 2 else 0.0) * s["tensor_bytes"]
-        off.append(dict(s, work={**s["work"], "jobs": 8, "device_bytes": 1.0,
-                                 "host_bytes": 0.0, "edge_job_bytes": edge,
-                                 "mapped_bytes": mapped},
-                        run_bytes=1.2 * (s["tensor_bytes"] - mapped) + mapped
-                        + 2.5 * edge, config={"strategy": "offload",
-                                              "model": "sage"}))
+    off = _offload_runs(samples[:6], 3, lambda i: "sage",
+                        mapped=lambda i: 0.3 if i % 2 else 0.0)
     cal = fit_calibration(samples[6:] + off)
     assert cal.offload_scales["offload-sage"] == pytest.approx(1.2, rel=1e-3)
     assert cal.offload_edge_scales["offload-sage"] == pytest.approx(2.5, rel=1e-3)
