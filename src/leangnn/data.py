@@ -209,8 +209,9 @@ def check_graph(data: Data, where: str = "graph", *, in_channels: int | None = N
     # type: an integer x of shape [num_nodes], as PyG's own examples do)
     ids = x.dim() == 1 and not x.is_floating_point() and in_channels is None
     if x.dim() != 2 and not ids:
-        raise ValueError(f"{what}: x must be [num_nodes, num_features] (or, for "
-                         "a model of your own, integer ids [num_nodes]), got "
+        own = (" (or, for a model of your own, integer ids [num_nodes])"
+               if in_channels is None else "")
+        raise ValueError(f"{what}: x must be [num_nodes, num_features]{own}, got "
                          f"{str(x.dtype).removeprefix('torch.')} shape "
                          f"{list(x.shape)}")
     n = data.num_nodes

@@ -60,7 +60,6 @@ def _is_nodewise_norm(norm: torch.nn.Module, training: bool) -> bool:
     return False
 
 
-
 def _input_width(model: torch.nn.Module) -> int:
     """The feature width ``model``'s first conv takes: ``in_channels``, or
     for a lazily built model (PyG's ``in_channels=-1``) the input side of
@@ -76,6 +75,7 @@ def _input_width(model: torch.nn.Module) -> int:
                          "run one forward first (PyG's recipe: with "
                          "torch.no_grad(): model(data.x, data.edge_index))")
     return next(int(p.size(1)) for p in params if p.dim() == 2)
+
 
 class LayerwiseModel:
     """Adapter running a PyG ``BasicGNN`` one layer and one chunk at a time.
