@@ -115,7 +115,8 @@ def plan(model: torch.nn.Module, data: Data, memory_budget=None, loss_fn=None,
     does on the whole graph.
 
     Args:
-        model (Module): the model; not modified.
+        model (Module): the model; not modified (a lazily built one is
+            shaped, as said above).
         data (Data): the graph (``x``, ``edge_index``, ``y``, optional
             ``node_mask``: the nodes trained on; without it PyG's
             ``train_mask`` where the graph has one, else every node).
