@@ -3,7 +3,7 @@
 import sys
 
 from leangnn.heap import ensure_compact_heap
-from leangnn.interrupt import interrupted
+from leangnn.interrupt import interrupted, raised_by_interrupt
 
 
 def main() -> int:
@@ -21,6 +21,10 @@ def main() -> int:
         return cli_main()
     except KeyboardInterrupt:
         return interrupted()
+    except Exception as e:
+        if raised_by_interrupt(e):  # e.g. one wrapped by a class's creation
+            return interrupted()
+        raise
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from .config import AUTO, AUTO_MODEL, PLANNED_FIELDS, TrainConfig
-from .interrupt import interrupted
+from .interrupt import interrupted, raised_by_interrupt
 
 __all__ = ["main", "build_parser", "UsageError"]
 
@@ -754,16 +754,21 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except KeyboardInterrupt:
         return interrupted()
-    except BrokenPipeError as e:
-        if not _stdout_gone():  # a pipe of its own (e.g. a peer's socket)
+    except Exception as e:
+        if raised_by_interrupt(e):  # e.g. one wrapped by a class's creation
+            return interrupted()
+        if isinstance(e, BrokenPipeError):
+            if not _stdout_gone():  # a pipe of its own (e.g. a peer's socket)
+                print(f"leangnn: error: {_one_line(e)}", file=sys.stderr)
+                return 2
+            # `leangnn predict ... | head`: the reader left; stop quietly as
+            # Unix tools do (128 + SIGPIPE), not with "error: [Errno 32]
+            # Broken pipe"
+            return 141
+        if isinstance(e, (UsageError, *errors)):
             print(f"leangnn: error: {_one_line(e)}", file=sys.stderr)
             return 2
-        # `leangnn predict ... | head`: the reader left; stop quietly as Unix
-        # tools do (128 + SIGPIPE), not with "error: [Errno 32] Broken pipe"
-        return 141
-    except (UsageError, *errors) as e:
-        print(f"leangnn: error: {_one_line(e)}", file=sys.stderr)
-        return 2
+        raise
 
 
 if __name__ == "__main__":  # pragma: no cover

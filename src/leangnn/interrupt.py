@@ -7,7 +7,7 @@ the standard library alone.
 
 import sys
 
-__all__ = ["interrupted"]
+__all__ = ["interrupted", "raised_by_interrupt"]
 
 
 def interrupted() -> int:
@@ -35,3 +35,23 @@ def interrupted() -> int:
     print("leangnn: interrupted", file=sys.stderr)
     exec("")  # noqa: S102 - clears the flag above, runs nothing
     return 130
+
+
+def raised_by_interrupt(e: BaseException) -> bool:
+    """Whether ``e`` is a Ctrl-C or was raised because of one (its chain of
+    causes holds a ``KeyboardInterrupt``; an error raised while handling one,
+    e.g. a failed save, is not: its message is the user's to read).
+
+    Why: an interrupt that lands inside ``__set_name__`` while a class is
+    created (torch's own modules, importing in the command's first seconds)
+    reaches the command as ``RuntimeError: Error calling __set_name__ ...``
+    caused by it (one run in four when hit 1.5 s in); it is still the
+    user's Ctrl-C.
+    """
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, KeyboardInterrupt):
+            return True
+        seen.add(id(e))
+        e = e.__cause__
+    return False
