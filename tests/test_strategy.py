@@ -210,3 +210,46 @@ def test_register_strategy_errors(echo_strategy):
         register_strategy("", _Echo, default_model="sage")
     with pytest.raises(ValueError, match="strategy: expected .*got 'nope'"):
         get_strategy("nope")
+
+
+def test_a_model_whose_forward_takes_the_graph_is_called_with_it():
+    """PyG's introduction writes ``forward(self, data)``; graph-level
+    examples ``forward(self, batch)``: such a model gets the ``Data``."""
+    from leangnn.strategy import call_model, takes_data
+
+    class Intro(torch.nn.Module):
+        def forward(self, data):
+            return data.x * 2
+
+    class Pooled(torch.nn.Module):
+        def forward(self, batch, scale: float = 1.0):
+            return batch.x * scale
+
+    class Plain(torch.nn.Module):
+        def forward(self, x, edge_index):
+            return x + 1
+
+    class Features(torch.nn.Module):  # one tensor in: the features
+        def forward(self, x):
+            return x
+
+    class Star(torch.nn.Module):
+        def forward(self, *args):
+            return args[0]
+
+    assert takes_data(Intro()) and takes_data(Pooled())
+    assert not any(takes_data(m) for m in (Plain(), Features(), Star()))
+    g = Data(x=torch.ones(3, 2), edge_index=torch.tensor([[0, 1], [1, 2]]))
+    assert torch.equal(FullBatch().forward(Intro(), g), torch.full((3, 2), 2.0))
+    assert torch.equal(FullBatch().forward(Plain(), g), torch.full((3, 2), 2.0))
+    # DPR's core hands a sparse adjacency in place of edge_index
+    adj = torch.eye(3).to_sparse_csr()
+    seen = {}
+
+    class Reads(torch.nn.Module):
+        def forward(self, data):
+            seen["adj"] = data.edge_index
+            return data.x
+
+    call_model(Reads(), g, g.x, adj)
+    assert seen["adj"] is adj and g.edge_index.shape == (2, 2)  # g untouched

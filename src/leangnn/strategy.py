@@ -15,6 +15,7 @@ one strategy a run uses.
 
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
 from collections.abc import Callable
@@ -26,10 +27,10 @@ from torch import Tensor
 from torch_geometric.data import Data
 
 __all__ = ["Strategy", "FullBatch", "LossFn", "node_mask", "forward_kwargs",
-           "takes_edge_attr", "uses_edge_attr", "edge_attr_refusal", "takes_batch",
-           "uses_batch", "batch_refusal", "StrategyEntry",
-           "STRATEGIES", "register_strategy", "get_strategy", "option_choices",
-           "build_strategy"]
+           "takes_data", "call_model", "takes_edge_attr", "uses_edge_attr",
+           "edge_attr_refusal", "takes_batch", "uses_batch", "batch_refusal",
+           "StrategyEntry", "STRATEGIES", "register_strategy", "get_strategy",
+           "option_choices", "build_strategy"]
 
 #: ``loss_fn(out, data) -> scalar``: the trainer's task loss on ``data``'s nodes.
 LossFn = Callable[[Tensor, Data], Tensor]
@@ -137,6 +138,45 @@ def forward_kwargs(model: torch.nn.Module, data: Data) -> dict[str, Tensor]:
     return kwargs
 
 
+@functools.lru_cache(maxsize=256)
+def _takes_data(kind: type) -> bool:
+    try:
+        params = list(inspect.signature(kind.forward).parameters.values())[1:]
+    except (TypeError, ValueError, AttributeError):
+        return False
+    required = [p for p in params if p.default is p.empty and p.kind in (
+        p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return len(required) == 1 and required[0].name != "x"
+
+
+def takes_data(model: torch.nn.Module) -> bool:
+    """Whether ``model``'s forward takes the graph itself: one required
+    positional parameter besides ``self``, not named ``x`` (PyG's
+    introduction writes ``forward(self, data)`` and reads ``data.x``,
+    ``data.edge_index`` inside; graph-level examples ``forward(self,
+    batch)``)."""
+    return _takes_data(type(model))
+
+
+def call_model(model: torch.nn.Module, data: Data, x: Tensor | None = None,
+               adj=None) -> Tensor:
+    """A plain forward of ``model`` on ``data``: ``model(data)`` where it
+    :func:`takes_data`, else ``model(data.x, data.edge_index, **kwargs)``
+    (:func:`forward_kwargs`). Given ``x`` and ``adj`` (DPR's core as a
+    sparse matrix, which PyG's convs take in place of ``edge_index``): those
+    instead, and no keyword arguments (a shallow copy of ``data`` carries
+    them to a model that takes the graph)."""
+    if adj is None:
+        if takes_data(model):
+            return model(data)
+        return model(data.x, data.edge_index, **forward_kwargs(model, data))
+    if takes_data(model):
+        view = copy.copy(data)
+        view.x, view.edge_index = x, adj
+        return model(view)
+    return model(x, adj)
+
+
 class Strategy:
     """Base class: full-batch training with plain autograd.
 
@@ -170,8 +210,7 @@ class Strategy:
 
     def forward(self, model: torch.nn.Module, data: Data) -> Tensor:
         """Plain forward pass of ``model`` on ``data`` (on ``self.device``)."""
-        data = data.to(self.device)
-        return model(data.x, data.edge_index, **forward_kwargs(model, data))
+        return call_model(model, data.to(self.device))
 
     def train_step(self, model: torch.nn.Module, data: Data, loss_fn: LossFn) -> float:
         """Forward, loss and backward on one graph; returns the loss value."""

@@ -18,7 +18,7 @@ from torch import Tensor
 from torch_geometric.data import Data
 
 from leangnn.distributed.runtime import all_reduce_gradients, all_reduce_sum
-from leangnn.strategy import LossFn, forward_kwargs
+from leangnn.strategy import LossFn, call_model
 
 __all__ = ["DataParallel", "epoch_batches", "batch_mean_loss"]
 
@@ -31,8 +31,7 @@ def epoch_batches(order: list[int], batch_size: int) -> list[list[int]]:
 
 
 def _forward(model: torch.nn.Module, data: Data, device: torch.device) -> Tensor:
-    data = data.to(device)
-    return model(data.x, data.edge_index, **forward_kwargs(model, data))
+    return call_model(model, data.to(device))
 
 
 def batch_mean_loss(model: torch.nn.Module, graphs: list[Data], loss_fn: LossFn,

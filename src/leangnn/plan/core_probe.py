@@ -18,6 +18,7 @@ from torch_geometric.utils import to_edge_index
 
 from leangnn.graphs.sparse import adj_t_of
 from leangnn.plan.user_checks import LossFnError, error_line
+from leangnn.strategy import call_model
 
 __all__ = ["PROBE_EDGES", "PROBE_RTOL", "piece_of_core", "probe_core"]
 
@@ -135,7 +136,7 @@ def _step(model: torch.nn.Module, piece: Data, adj, loss_fn, device: torch.devic
     model.zero_grad(set_to_none=True)
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(0)
-        loss = loss_fn(model(piece.x, adj), piece)
+        loss = loss_fn(call_model(model, piece, piece.x, adj), piece)
         loss.backward()
     grads = [p.grad.detach().clone() for p in model.parameters()
              if p.grad is not None]

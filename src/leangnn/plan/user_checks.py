@@ -170,7 +170,7 @@ def materialize_lazy(model: torch.nn.Module, data: Data) -> bool:
     """
     from torch.nn.parameter import is_lazy
 
-    from leangnn.strategy import forward_kwargs
+    from leangnn.strategy import call_model
 
     if not any(is_lazy(p) for p in model.parameters()):
         return False
@@ -179,7 +179,7 @@ def materialize_lazy(model: torch.nn.Module, data: Data) -> bool:
     model.eval()  # (no dropout draw, no batch statistics of two nodes)
     try:
         with torch.no_grad():
-            model(small.x, small.edge_index, **forward_kwargs(model, small))
+            call_model(model, small)
     except Exception as e:  # noqa: BLE001 - said in one line, with the fix
         raise ValueError(f"leangnn.plan: {type(model).__name__} is lazily "
                          "initialised and failed in the forward on two nodes that "

@@ -365,8 +365,18 @@ def decoder_batches(sizes: list[int], batch_size: int
     return train, val
 
 
+def _rows_data(y: Tensor) -> Data:
+    """What ``loss_fn`` sees of a batch of decoder rows: their targets, and
+    ``node_mask`` / ``train_mask`` holding every row (each row is a node
+    trained on), so a loss of the user's that reads PyG's ``train_mask``
+    scores the rows as the encoder's step scores the core's nodes (it had
+    failed: "'GlobalStorage' object has no attribute 'train_mask'")."""
+    every = torch.ones(y.size(0), dtype=torch.bool, device=y.device)
+    return Data(y=y, node_mask=every, train_mask=every)
+
+
 def _val_loss(decoder, inputs, target, val, loss_fn) -> float:
-    parts = [(float(loss_fn(decoder(*inputs(*v)), Data(y=target(*v)))), v[2] - v[1])
+    parts = [(float(loss_fn(decoder(*inputs(*v)), _rows_data(target(*v)))), v[2] - v[1])
              for v in val]
     return sum(loss * n for loss, n in parts) / sum(n for _, n in parts)
 
@@ -382,7 +392,8 @@ def train_decoder(decoder: AnchorDecoder, inputs: Callable, target: Callable,
             ``a:b`` of graph ``g``.
         target (callable): ``(g, a, b) ->`` their targets.
         train, val (list): :func:`decoder_batches`.
-        loss_fn (callable): ``(out, Data(y=...)) -> loss``.
+        loss_fn (callable): ``(out, Data(y=...)) -> loss`` (with every
+            row in its ``node_mask`` and ``train_mask``: :func:`_rows_data`).
         epochs (int, optional): at most. (default: ``100``)
         patience (int, optional): stop after this many epochs without a
             better validation loss (``0``: never). (default: ``10``)
@@ -397,7 +408,8 @@ def train_decoder(decoder: AnchorDecoder, inputs: Callable, target: Callable,
         decoder.train()
         for i in torch.randperm(len(train)).tolist():
             opt.zero_grad()
-            loss_fn(decoder(*inputs(*train[i])), Data(y=target(*train[i]))).backward()
+            batch = train[i]
+            loss_fn(decoder(*inputs(*batch)), _rows_data(target(*batch))).backward()
             opt.step()
         if val:
             decoder.eval()
@@ -461,8 +473,8 @@ def compare_to_average(decoder: AnchorDecoder, inputs: Callable, target: Callabl
         avgs.append(args[1])
         ys.append(target(*v))
     out, avg, y = torch.cat(outs), torch.cat(avgs), torch.cat(ys)
-    fig = {"decoder_val_loss": float(loss_fn(out, Data(y=y))),
-           "average_val_loss": float(loss_fn(avg, Data(y=y))),
+    fig = {"decoder_val_loss": float(loss_fn(out, _rows_data(y))),
+           "average_val_loss": float(loss_fn(avg, _rows_data(y))),
            "decoder_val_error": val_error(out, y),
            "average_val_error": val_error(avg, y),
            "decoder_val_rows": int(y.size(0))}

@@ -33,7 +33,13 @@ from torch_geometric.data import Data
 
 from ..graphs.partition import GraphStamp, reuse_enabled
 from ..graphs.sparse import adj_t_of, is_canonical, undirected_csr
-from ..strategy import LossFn, Strategy, batch_refusal, edge_attr_refusal
+from ..strategy import (
+    LossFn,
+    Strategy,
+    batch_refusal,
+    call_model,
+    edge_attr_refusal,
+)
 from .core import CoreGraph, build_core
 from .decoder import (
     DECODER_CHOICES,
@@ -555,7 +561,8 @@ class DPRStrategy(Strategy):
     def forward(self, model: torch.nn.Module, data: Data) -> Tensor:
         adj_t = data.get("adj_t", None)
         if adj_t is not None:
-            return model(data.x.to(self.device), adj_t.to(self.device))
+            return call_model(model, data, data.x.to(self.device),
+                              adj_t.to(self.device))
         return super().forward(model, data)
 
     def train_step(self, model: torch.nn.Module, data: Data, loss_fn: LossFn) -> float:
