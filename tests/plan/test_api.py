@@ -588,6 +588,11 @@ def test_fit_trains_pygs_introduction_model_that_takes_the_graph():
                          progress=False)
     strat = pruned["strategy"]
     assert strat.summary()["decoder_choice"] in ("learned", "average")
+    # the core's CSR adjacency reaches it as data.edge_index: no fallback
+    # to an edge list (the dry run had failed on it)
+    assert pruned["row"].strategy == "prune"
+    assert "sparse_adj" not in pruned["row"].knobs
+    assert strat.config.sparse_adj is not False
     pred = strat.predict(net, g)
     assert pred.shape == (600, classes) and bool(torch.isfinite(pred).all())
 

@@ -882,7 +882,9 @@ def core_of(data: Data, planned: bool | None = None, **dpr) -> Data:
 def _adj_step(model: torch.nn.Module, data: Data, loss_fn) -> float:
     """DPR's training step on a core laid out as a CSR adjacency: PyG's convs
     aggregate by sparse-dense products (no ``[E, C]`` messages)."""
-    out = model(data.x, data.adj_t)
+    from leangnn.strategy import call_model
+
+    out = call_model(model, data, data.x, data.adj_t)
     loss = loss_fn(out, data)
     loss.backward()
     return 0.0
