@@ -348,19 +348,23 @@ def test_job_edge_bytes_is_one_chunks_edges_at_the_largest_per_edge_cost():
     from leangnn.plan.estimate import job_edge_bytes
 
     fit = lambda e: SimpleNamespace(coef=np.array([4.0, 8.0, e]))  # noqa: E731
-    ws = SimpleNamespace(fits={(0, False): fit(100.0), (0, True): fit(300.0)})
-    assert job_edge_bytes(SimpleNamespace(num_chunks=8, ws=ws), 8000) == 300 * 1000
-    assert job_edge_bytes(SimpleNamespace(num_chunks=4, ws=ws), 8000) == 300 * 2000
+    # (a backward block of 250 bytes per edge, mapped apart past ``thr``)
+    ws = SimpleNamespace(fits={(0, False): fit(100.0), (0, True): fit(300.0)},
+                         mapped_bytes=lambda li, bw, n_e, thr: 250 * n_e if (
+                             bw and thr and 250 * n_e >= thr) else 0)
+    none = SimpleNamespace(heap_threshold=None)  # no heap (CUDA)
+
+    def engine(chunks, w=ws, split=none):
+        return SimpleNamespace(num_chunks=chunks, ws=w, split=split)
+
+    assert job_edge_bytes(engine(8), 8000) == 300 * 1000
+    assert job_edge_bytes(engine(4), 8000) == 300 * 2000
     # one chunk: each job is the whole layer, reusing the last one's blocks
-    assert job_edge_bytes(SimpleNamespace(num_chunks=1, ws=ws), 8000) == 0
-    assert job_edge_bytes(SimpleNamespace(num_chunks=8, ws=SimpleNamespace()),
-                          8000) == 0
-    # a backward block of 250 bytes per edge mapped apart leaves no hole in
-    # the heap: the forward's 100 per edge is then the most the heap holds
-    ws.mapped_bytes = lambda li, bw, n_e, thr: 250 * n_e if (
-        bw and thr and 250 * n_e >= thr) else 0
-    eng = SimpleNamespace(num_chunks=8, ws=ws,
-                          split=SimpleNamespace(heap_threshold=200_000))
+    assert job_edge_bytes(engine(1), 8000) == 0
+    assert job_edge_bytes(engine(8, SimpleNamespace()), 8000) == 0
+    # the mapped block leaves no hole in the heap: the forward's 100 per
+    # edge is then the most the heap holds
+    eng = engine(8, split=SimpleNamespace(heap_threshold=200_000))
     assert job_edge_bytes(eng, 8000) == 100 * 1000
     eng.split.heap_threshold = 1 << 30  # no block that large: as before
     assert job_edge_bytes(eng, 8000) == 300 * 1000

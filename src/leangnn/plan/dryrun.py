@@ -23,6 +23,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch_geometric.data import Data
 
+from leangnn import heap
 from leangnn.plan.fake import (
     MAX_OPS,
     FakeTracker,
@@ -31,7 +32,6 @@ from leangnn.plan.fake import (
     _data_bytes,
     _forget,
     _key,
-    default_heap_threshold,
     fake_model,
 )
 
@@ -66,7 +66,7 @@ def trace_step(model: torch.nn.Module, data: Data, loss_fn: Callable,
             ``4 (N + E) + 4096`` elements.
         plain, kernel_workspace (bool, optional): see :class:`FakeTracker`.
         heap_threshold (int, optional): see :class:`FakeTracker`; default
-            :func:`default_heap_threshold` of ``device``.
+            :func:`leangnn.heap.heap_threshold` of ``device``.
         max_ops (int, optional): give up (:class:`UnsupportedOpError`) after
             this many traced ops. (default: :data:`MAX_OPS`)
         backend (str, optional): ``"meta"`` (:mod:`leangnn.plan.meta`: the
@@ -148,7 +148,7 @@ def _trace(model, data, loss_fn, step, lr, weight_decay, clip_norm, dev, round_t
     # then differ by a gradient buffer); ~1.5x slower without it, exact.
     fake_mode.cache_enabled = False
     if heap_threshold is None:
-        heap_threshold = default_heap_threshold(dev)
+        heap_threshold = heap.heap_threshold(dev)
     # edge-sized heap blocks are told apart by a dimension of the edge count,
     # with self-loops too (GCN, GAT), where it is not also the node count
     n, e = int(data.num_nodes or 0), int(data.num_edges or 0)

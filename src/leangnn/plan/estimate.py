@@ -48,6 +48,7 @@ import torch
 from torch import Tensor
 from torch_geometric.data import Data
 
+from leangnn.heap import heap_threshold
 from leangnn.plan.collectives import scale_comm
 from leangnn.plan.dag import (
     cached_plans_bytes,
@@ -64,9 +65,9 @@ from leangnn.plan.fake import (
     StepTrace,
     TooManyOpsError,
     UnsupportedOpError,
-    default_heap_threshold,
     tensor_bytes,
 )
+from leangnn.strategy import call_model
 
 __all__ = ["Estimate", "depth_points", "estimate_model", "estimate_config",
            "default_loss", "largest_graph", "core_of", "offload_step",
@@ -349,15 +350,10 @@ def job_edge_bytes(eng, num_edges: int) -> int:
     if chunks <= 1 or not fits:
         return 0
     n_e = int(num_edges) / chunks
-    threshold = getattr(getattr(eng, "split", None), "heap_threshold", None)
-    mapped = getattr(ws, "mapped_bytes", None)
-    best = 0.0
-    for (layer, backward), f in fits.items():
-        held = max(0.0, float(f.coef[2])) * n_e
-        if mapped is not None:
-            held -= mapped(layer, backward, round(n_e), threshold)
-        best = max(best, held)
-    return round(best)
+    threshold = eng.split.heap_threshold
+    return round(max(max(0.0, float(f.coef[2])) * n_e
+                     - ws.mapped_bytes(layer, backward, round(n_e), threshold)
+                     for (layer, backward), f in fits.items()))
 
 
 def engine_setup_bytes(eng, floor: bool = False) -> int:
@@ -687,7 +683,7 @@ def _epoch_heap(cfg, splits, before: list[Data], loss_fn, device: torch.device,
     threshold) stay under a later, larger graph's step: measured 35 MiB above
     the tensors on the 13 small circuits of the default split.
     """
-    threshold = default_heap_threshold(device)
+    threshold = heap_threshold(device)
     if device.type != "cpu" or not threshold or not before:
         return 0
     # A graph whose every activation is below the threshold puts its whole
@@ -882,8 +878,6 @@ def core_of(data: Data, planned: bool | None = None, **dpr) -> Data:
 def _adj_step(model: torch.nn.Module, data: Data, loss_fn) -> float:
     """DPR's training step on a core laid out as a CSR adjacency: PyG's convs
     aggregate by sparse-dense products (no ``[E, C]`` messages)."""
-    from leangnn.strategy import call_model
-
     out = call_model(model, data, data.x, data.adj_t)
     loss = loss_fn(out, data)
     loss.backward()
@@ -1006,7 +1000,7 @@ def offload_estimate(eng, counters, data: Data, graphs: list[Data], params: int,
     size = int(data.num_nodes) + int(data.num_edges)
     scale = sum(int(g.num_nodes) + int(g.num_edges) for g in graphs) / max(1, size)
     setup = round(engine_setup_bytes(eng) * scale)
-    work = chunked_work(full_work, eng.num_chunks, default_heap_threshold(device))
+    work = chunked_work(full_work, eng.num_chunks, heap_threshold(device))
     work.update(jobs=counters.jobs * len(graphs),
                 traffic=counters.traffic_bytes,
                 computations=counters.vertex_layer_computations

@@ -58,7 +58,7 @@ from leangnn.plan.values import ValueMemo, changes
 from leangnn.plan.values import writes as _writes
 
 __all__ = ["FakeTracker", "StepTrace", "UnsupportedOpError", "fake_model",
-           "default_heap_threshold", "tensor_bytes", "MAX_OPS", "TooManyOpsError",
+           "tensor_bytes", "MAX_OPS", "TooManyOpsError",
            "COLD_BYTES"]
 
 aten = torch.ops.aten
@@ -818,13 +818,6 @@ def fake_model(model: torch.nn.Module, fake_mode: FakeTensorMode,
 #: a new storage of this many bytes or more is written past the core's own
 #: caches (1 MiB: the reference box's L2 per core)
 COLD_BYTES = 1 << 20
-
-
-def default_heap_threshold(device: torch.device | str = "cpu") -> int:
-    """:func:`leangnn.heap.heap_threshold` of ``device`` in this process."""
-    from leangnn.heap import heap_threshold
-
-    return heap_threshold(device)
 
 
 def tensor_bytes(t: Tensor) -> int:
