@@ -221,6 +221,58 @@ def test_pruned_core_trains_on_a_sparse_adjacency_by_default():
         assert torch.allclose(auto.forward(model, a), ref, atol=1e-5)
 
 
+def _scattering_model(kind, d):
+    from torch_geometric.nn import PNA, EdgeCNN
+
+    torch.manual_seed(0)
+    c = int(d.y.max()) + 1
+    if kind == "pna":
+        deg = torch.bincount(torch.bincount(d.edge_index[1], minlength=d.num_nodes))
+        return PNA(d.num_features, 16, 2, c, aggregators=["mean", "max"],
+                   scalers=["identity"], deg=deg)
+    return EdgeCNN(d.num_features, 16, 2, c)
+
+
+@pytest.mark.parametrize("kind", ["pna", "edgecnn"])
+def test_a_model_the_csr_core_breaks_trains_on_the_edge_list_as_sparse_adj_false(
+        kind):
+    # PNA scatters over the CSR's int32 indices (its first step raised);
+    # EdgeCNN's max over it gave NaN gradients. By default (sparse_adj=None)
+    # setup's probe sends such a model to the edge list: the very run of the
+    # off switch, step for step.
+    d = _graph(600)
+    runs = {}
+    for sparse in (None, False):
+        strat = DPRStrategy(budget_ratio=0.3, sparse_adj=sparse)
+        model = _scattering_model(kind, d)
+        opt = torch.optim.Adam(model.parameters(), lr=0.01)
+        strat.setup(model, [d])
+        losses = []
+        for _ in range(3):
+            opt.zero_grad()
+            losses.append(strat.train_step(model, d, LOSS))
+            opt.step()
+        runs[sparse] = losses, strat
+    (auto, strat), (off, _) = runs[None], runs[False]
+    assert auto == off and all(torch.isfinite(torch.tensor(auto)))
+    core = strat.prepare(d).train_data
+    assert "edge_index" in core and "adj_t" not in core
+    assert strat.summary()["csr_probe"].startswith("edge list (on the core's CSR")
+
+
+def test_a_model_the_csr_core_serves_keeps_it_and_the_probe_says_so():
+    d = _graph(600)
+    strat = DPRStrategy(budget_ratio=0.3)
+    strat.setup(_model(d), [d])
+    assert "adj_t" in strat.prepare(d).train_data
+    assert strat.summary()["csr_probe"] == "passed"
+    # the off switch and an explicit choice run no probe
+    for sparse in (True, False):
+        s = DPRStrategy(budget_ratio=0.3, sparse_adj=sparse)
+        s.setup(_model(d), [d])
+        assert "csr_probe" not in s.summary()
+
+
 def test_fused_serving_equals_unfused_in_float64():
     d = _graph(600)
     strat = DPRStrategy(budget_ratio=0.3, decoder_epochs=3, decoder="learned")

@@ -226,9 +226,11 @@ class DPRConfig:
             ``r = 0.3`` the message tensor of the core's 18.6M edges is 4.4 GiB
             per layer at 64 channels (through ``leangnn train``, 8.4 GiB of
             process peak before, measured). ``budget_ratio=1`` stays plain
-            full-batch training on ``edge_index``, bit for bit. ``False`` is
-            the off switch. Results agree to float rounding (the sums run in
-            another order), not bit for bit.
+            full-batch training on ``edge_index``, bit for bit. A model that
+            cannot train on it (PNA, TransformerConv, EdgeCNN: setup's probe,
+            :meth:`DPRStrategy._csr_refused`) trains on the edge list.
+            ``False`` is the off switch. Results agree to float rounding (the
+            sums run in another order), not bit for bit.
         serve_kernel (str): sparse row products of serving: ``"bag"`` (one
             ``embedding_bag`` call per product, 1.7-2.4x faster than
             ``torch.sparse`` on CPU, see :mod:`~leangnn.prune.serve`) or
@@ -364,6 +366,11 @@ def withdraw_offers(keep: DPRConfig | None = None,
                   and o[0].alive]
 
 
+def _probe_loss(out, data) -> Tensor:
+    out = out[0] if isinstance(out, tuple | list) else out
+    return out.float().square().mean()
+
+
 class DPRStrategy(Strategy):
     """Decoupled Prune-and-Reconstruct as a :class:`~leangnn.strategy.Strategy`.
 
@@ -389,6 +396,9 @@ class DPRStrategy(Strategy):
         self.decoder: AnchorDecoder | None = None
         self._states: dict[Any, _GraphState] = {}
         self._stats: dict[str, Any] = {}
+        # sparse_adj=None: set when the model cannot train on the core's CSR
+        # adjacency (setup's probe); its cores are then edge lists
+        self._edge_list = False
 
     @classmethod
     def from_config(cls, cfg) -> DPRStrategy:
@@ -488,7 +498,8 @@ class DPRStrategy(Strategy):
         train_data = core.data
         sparse = cfg.sparse_adj
         if sparse is None:
-            sparse = cfg.budget_bytes is not None or cfg.budget_ratio < 1.0
+            sparse = not self._edge_list and (cfg.budget_bytes is not None
+                                              or cfg.budget_ratio < 1.0)
         if sparse:
             # The CSR adjacency replaces edge_index for training; keeping both
             # would hold the core's edges twice.
@@ -553,9 +564,41 @@ class DPRStrategy(Strategy):
             refusal = core_refusal(model, data, "prune")
             if refusal:
                 raise ValueError(refusal)
-            refusal = empty_core_refusal(self.prepare(data).train_data, data, "prune")
+            st = self.prepare(data)
+            if self._csr_refused(model, st):
+                st = self.prepare(data)
+            refusal = empty_core_refusal(st.train_data, data, "prune")
             if refusal:
                 raise ValueError(refusal)
+
+    def _csr_refused(self, model: torch.nn.Module, st: _GraphState) -> bool:
+        """With ``sparse_adj=None``: whether ``model`` cannot train on the
+        core's CSR adjacency, so that every core is built again as an edge
+        list (``True``; :meth:`summary` says why).
+
+        PNA and TransformerConv scatter over the CSR's int32 indices and fail
+        at their first step; EdgeCNN's max over it gave NaN gradients. One
+        step on a few of the core's edges, compared with the same edges as an
+        edge list (:func:`~leangnn.plan.core_probe.probe_core`, the check
+        :func:`leangnn.fit` runs), tells. The user's loss is not known here:
+        the probe's is the outputs' mean square, which sends every output's
+        gradient through the step.
+        """
+        if (self.config.sparse_adj is not None or self._edge_list
+                or st.train_data.get("adj_t", None) is None
+                or "csr_probe" in self._stats):
+            return False
+        from leangnn.plan.core_probe import probe_core
+
+        why = probe_core(model, st.train_data, _probe_loss, self.device)
+        if why is None:
+            self._stats["csr_probe"] = "passed"
+            return False
+        self._stats["csr_probe"] = f"edge list (on the core's CSR adjacency: {why})"
+        self._edge_list = True
+        self._states.clear()
+        withdraw_offers(drop=self.config)  # an offered core is a CSR one
+        return True
 
     # -------------------------------------------------------------- training
     def forward(self, model: torch.nn.Module, data: Data) -> Tensor:
