@@ -689,6 +689,33 @@ def test_the_default_loss_names_float_targets_the_output_does_not_match(data):
         leangnn.plan(GCN(8, 16, 2, 4), g, "1GiB", strategies=("full",))
 
 
+class _TwoOutputs(torch.nn.Module):
+    """Node outputs and an auxiliary term, as a model with a side loss returns."""
+
+    def __init__(self):
+        super().__init__()
+        self.gnn = GCN(8, 16, 2, 4)
+
+    def forward(self, x, edge_index):
+        h = self.gnn(x, edge_index)
+        return h, h.square().mean()
+
+
+def test_the_default_loss_names_an_output_that_is_no_tensor(data):
+    # (it had failed with "TypeError: only integer tensors of a single element
+    # can be converted to an index", from indexing the tuple with the mask)
+    with pytest.raises(ValueError, match=r"default loss: the model returned a "
+                       r"tuple, not one \[N, C\] tensor of node outputs; pass "
+                       r"loss_fn\(out, data\)"):
+        leangnn.plan(_TwoOutputs(), data, "1GiB", strategies=("full",))
+    # with a loss reading it, it plans
+    table = leangnn.plan(_TwoOutputs(), data, "1GiB", strategies=("full",),
+                         loss_fn=lambda out, d: torch.nn.functional.cross_entropy(
+                             out[0], d.y)
+                         + out[1])
+    assert table.rows[0].fits
+
+
 def test_fit_trains_on_pygs_train_mask_not_on_every_label():
     """A graph with PyG's ``train_mask`` and no ``node_mask`` (Planetoid,
     OGB splits): the default loss scores the training nodes only, as a PyG

@@ -36,6 +36,11 @@ def _args(graph, **kw):
 def test_good_arguments_pass(graph):
     check_args(**_args(graph))
     check_args(**_args(graph, strategies=STRATEGIES, epochs=None, clip_norm=None))
+    check_args(**_args(graph, lr=0.01))
+    check_args(**_args(graph, lr=0))  # a frozen-weights check run trains nothing
+    # a lazy model's parameters are trainable before its first forward
+    from torch_geometric.nn import GraphSAGE
+    check_args(**_args(graph, model=GraphSAGE(-1, 8, 2, 3)))
 
 
 @pytest.mark.parametrize("kw, expect", [
@@ -51,6 +56,11 @@ def test_good_arguments_pass(graph):
                                r"None \(no clipping\), got nan$"),
     (dict(clip_norm=-1), r"^clip_norm: .* got -1$"),
     (dict(device="meta"), r"^device: expected cpu, cuda or cuda:i, got 'meta'$"),
+    (dict(lr=-1.0), r"^lr: expected a finite number >= 0, got -1.0$"),
+    (dict(lr=math.inf), r"^lr: expected a finite number >= 0, got inf$"),
+    (dict(lr="0.01"), r"^lr: expected a finite number >= 0, got '0.01'$"),
+    (dict(model=GCN(3, 8, 2, 3).requires_grad_(False)),
+     r"^model: GCN has no trainable parameters \(none with requires_grad=True\)"),
 ])
 def test_bad_arguments_are_one_line_naming_them(graph, kw, expect):
     with pytest.raises(ValueError, match=expect):

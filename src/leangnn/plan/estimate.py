@@ -218,6 +218,11 @@ def default_loss(data: Data) -> Callable[[Tensor, Data], Tensor]:
     classify = not data.y.is_floating_point()
 
     def loss_fn(out: Tensor, d: Data) -> Tensor:
+        if not isinstance(out, Tensor):
+            # (indexing a tuple with the mask fails with a bare TypeError)
+            raise ValueError(f"default loss: the model returned a "
+                             f"{type(out).__name__}, not one [N, C] tensor of node "
+                             "outputs; pass loss_fn(out, data) reading it")
         y, mask = d.y, d.get("node_mask", None)
         if mask is not None:
             out, y = out[mask], y[mask]

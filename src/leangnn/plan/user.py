@@ -148,12 +148,14 @@ def plan(model: torch.nn.Module, data: Data, memory_budget=None, loss_fn=None,
 
     Raises:
         ValueError: one line naming the argument or tensor and the value: a
-            ``model`` that is no Module or lives on the meta device, ``data``
+            ``model`` that is no Module, has no trainable parameter or lives
+            on the meta device, ``data``
             that is no ``Data`` (a list, a ``HeteroData``), a ``device`` that
             cannot train (:func:`~leangnn.config._check_device`), a
-            ``memory_budget``, ``strategies``, ``epochs`` or ``clip_norm`` out
-            of range, a graph :func:`~leangnn.data.check_graph` refuses (class
-            ids checked against the model's ``out_channels``), features of
+            ``memory_budget``, ``strategies``, ``epochs``, ``lr`` or
+            ``clip_norm`` out of range, a graph
+            :func:`~leangnn.data.check_graph` refuses (class ids checked
+            against the model's ``out_channels``), features of
             another dtype than the parameters, a ``loss_fn`` returning no
             tensor, or the full row's dry run failing. A prune row whose core
             the model cannot train on is "not possible" with the reason.
@@ -163,7 +165,7 @@ def plan(model: torch.nn.Module, data: Data, memory_budget=None, loss_fn=None,
         >>> print(table)          # rows, needs, fits, epoch times, the pick
     """
     t0 = time.perf_counter()
-    check_args(model, data, device, strategies, epochs, clip_norm)
+    check_args(model, data, device, strategies, epochs, clip_norm, lr)
     # the dry run moves the graph's tensors (PyG's Data.to works in place):
     # the caller's Data keeps its own
     data = with_train_mask(copy.copy(data), loss_fn)

@@ -57,7 +57,8 @@ def checked_loss(loss_fn):
     return checked
 
 
-def check_args(model, data, device, strategies, epochs, clip_norm) -> None:
+def check_args(model, data, device, strategies, epochs, clip_norm,
+               lr=None) -> None:
     """Refuse arguments :func:`plan` and :func:`fit` cannot use, each in one
     line naming the argument and the value, before anything runs on them."""
     from leangnn.config import _check_device
@@ -65,6 +66,15 @@ def check_args(model, data, device, strategies, epochs, clip_norm) -> None:
     if not isinstance(model, torch.nn.Module):
         raise ValueError(f"model: expected a torch.nn.Module, got "
                          f"{type(model).__name__}")
+    if not any(p.requires_grad for p in model.parameters()):
+        # (the dry run's backward would fail with "element 0 of tensors does
+        # not require grad"; a lazy model's uninitialised parameters count)
+        raise ValueError(f"model: {type(model).__name__} has no trainable "
+                         "parameters (none with requires_grad=True); nothing to "
+                         "train")
+    if lr is not None and (isinstance(lr, bool) or not isinstance(lr, numbers.Real)
+                           or not math.isfinite(lr) or lr < 0):
+        raise ValueError(f"lr: expected a finite number >= 0, got {lr!r}")
     if not isinstance(data, Data):
         # a list of graphs or a HeteroData has no data.x: say what it is instead
         raise ValueError(f"data: expected one torch_geometric.data.Data graph, got "
