@@ -716,6 +716,26 @@ def test_the_default_loss_names_an_output_that_is_no_tensor(data):
     assert table.rows[0].fits
 
 
+def test_one_hot_labels_and_a_num_nodes_beside_x_are_named(data):
+    g = data.clone()
+    c = int(g.y.max()) + 1
+    g.y = torch.nn.functional.one_hot(g.y, c)
+    # (cross-entropy had failed with "Expected input batch_size (N) to match
+    # target batch_size (C x N)")
+    with pytest.raises(ValueError, match=rf"^data: y has shape \[(\d+), {c}\], "
+                       r"integer, not one class id per node; .*y.argmax\(1\)"):
+        leangnn.plan(GCN(8, 16, 2, c), g, "1GiB", strategies=("full",))
+    g.y = data.y.view(-1, 1)  # OGB's [N, 1] class ids are one per node
+    assert leangnn.plan(GCN(8, 16, 2, c), g, "1GiB", strategies=("full",)).pick
+    g = data.clone()
+    g.train_mask = torch.ones(g.num_nodes, dtype=torch.bool)
+    g.num_nodes = g.num_nodes + 5
+    # (the train_mask's length had been named instead)
+    with pytest.raises(ValueError, match=rf"x has {data.num_nodes} rows for "
+                       rf"{data.num_nodes + 5} nodes$"):
+        leangnn.plan(GCN(8, 16, 2, c), g, "1GiB")
+
+
 def test_fit_trains_on_pygs_train_mask_not_on_every_label():
     """A graph with PyG's ``train_mask`` and no ``node_mask`` (Planetoid,
     OGB splits): the default loss scores the training nodes only, as a PyG

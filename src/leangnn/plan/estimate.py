@@ -216,6 +216,14 @@ def default_loss(data: Data) -> Callable[[Tensor, Data], Tensor]:
                          "(cross-entropy or MSE on data.y) needs them: set data.y "
                          "or pass loss_fn(out, data)")
     classify = not data.y.is_floating_point()
+    if classify and data.y.dim() > 1 and data.y[:1].numel() != 1:
+        # (cross-entropy would read the flattened y as N * C class ids and
+        # fail on a batch-size mismatch)
+        raise ValueError(f"data: y has shape {list(data.y.shape)}, integer, not "
+                         "one class id per node; the default loss takes class "
+                         "ids [N] (one-hot labels: data.y = data.y.argmax(1); "
+                         "multi-label targets: data.y = data.y.float()) or "
+                         "loss_fn(out, data)")
 
     def loss_fn(out: Tensor, d: Data) -> Tensor:
         if not isinstance(out, Tensor):

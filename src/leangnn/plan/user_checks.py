@@ -151,6 +151,9 @@ def with_train_mask(data: Data, loss_fn) -> Data:
     if mask is None or data.get("node_mask", None) is not None:
         return data
     n = data.num_nodes
+    x = data.get("x", None)
+    if isinstance(x, torch.Tensor) and x.dim() and x.size(0) != n:
+        return data  # check_graph names the graph's own mismatch first
     if split_mask(data, "train") is None:
         if loss_fn is not None:
             return data  # the user's loss reads it as it likes
