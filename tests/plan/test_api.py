@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import copy
 import subprocess
 import sys
 import types
@@ -524,6 +525,31 @@ def test_fit_initialises_a_lazy_model_as_pygs_recipe_then_trains_it(strategy):
     losses = _reference_training(ref, with_mask(g, g.train_mask), 3, 0.01, 1.0)
     assert out["row"].strategy == strategy
     assert out["losses"] == pytest.approx(losses, rel=1e-5)
+
+
+def test_fit_offloads_a_compiled_model_as_the_model_it_wraps():
+    """``torch.compile(GraphSAGE(...))``: offload had refused it ("supports
+    PyG BasicGNN models ..., got OptimizedModule"), so auto fell to DPR's
+    approximate core under a budget below full batch. Offload runs the
+    wrapped model's convs layer by layer and trains its very parameters:
+    the same losses as plain PyTorch on the uncompiled model."""
+    from torch_geometric.nn import GraphSAGE
+
+    g = contextual_sbm(500, avg_degree=5.0, in_channels=6, seed=3)
+    classes = int(g.y.max()) + 1
+    torch.manual_seed(4)
+    model = GraphSAGE(6, 16, 2, classes)
+    ref = copy.deepcopy(model)
+    # (the eager backend: no compiler needed, still an OptimizedModule)
+    compiled = torch.compile(model, backend="eager")
+    out = leangnn.fit(compiled, g, strategy="offload", epochs=3, lr=0.01,
+                      progress=False)
+    assert out["row"].strategy == "offload"
+    assert out["row"].knobs["model"] == "GraphSAGE (compiled)"
+    losses = _reference_training(ref, with_mask(g, g.train_mask), 3, 0.01, 1.0)
+    assert out["losses"] == pytest.approx(losses, rel=1e-5)
+    for a, b in zip(model.parameters(), compiled.parameters(), strict=True):
+        assert a is b  # trained in place, as any fit's model
 
 
 def test_a_lazy_model_whose_shaping_forward_fails_is_one_line():

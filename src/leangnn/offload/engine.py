@@ -55,7 +55,7 @@ from leangnn.offload.budget import DeviceBudget
 from leangnn.offload.cache import DeviceCache, resolve_policy
 from leangnn.offload.counters import OffloadCounters
 from leangnn.offload.jobs import ArrayLayout, CacheKeys, Epoch, Job, JobRunner
-from leangnn.offload.layerwise import LayerwiseModel
+from leangnn.offload.layerwise import LayerwiseModel, uncompiled
 from leangnn.offload.options import MODES, OffloadOptions
 from leangnn.offload.plane import (
     CountingPlane,
@@ -162,6 +162,7 @@ class OffloadEngine:
         elif kwargs:
             options = replace(options, **kwargs)
         self.options = o = options
+        model = uncompiled(model)
         self.model, self.lw = model, LayerwiseModel(model)
         refusal = edge_attr_refusal(
             model, data, "offload", "the layer-wise engine runs its convs without "

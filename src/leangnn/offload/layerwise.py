@@ -39,7 +39,7 @@ from torch_geometric.nn.models.basic_gnn import BasicGNN
 
 from leangnn.offload.partial import piece_kernel
 
-__all__ = ["LayerwiseModel", "SUPPORTED_CONVS"]
+__all__ = ["LayerwiseModel", "SUPPORTED_CONVS", "uncompiled"]
 
 #: convs whose output on a target depends only on its in-edges and their
 #: sources (verified against full-graph PyG in tests/offload).
@@ -77,13 +77,26 @@ def _input_width(model: torch.nn.Module) -> int:
     return next(int(p.size(1)) for p in params if p.dim() == 2)
 
 
+def uncompiled(model: torch.nn.Module) -> torch.nn.Module:
+    """The module ``torch.compile`` wrapped, else ``model``: offload runs the
+    model's convs one layer and one chunk at a time, never its compiled
+    forward, and trains the very same parameters."""
+    inner = getattr(model, "_orig_mod", None)
+    # (by name: importing torch._dynamo to test the class costs ~1 s)
+    if type(model).__name__ == "OptimizedModule" and isinstance(inner,
+                                                                 torch.nn.Module):
+        return inner
+    return model
+
+
 class LayerwiseModel:
     """Adapter running a PyG ``BasicGNN`` one layer and one chunk at a time.
 
     Args:
         model (BasicGNN): e.g. ``torch_geometric.nn.models.GCN`` as built by
             :func:`leangnn.nn.models.build_model` (``"gcn"``, ``"sage"``,
-            ``"gat"``). Jumping knowledge (``jk``) is not supported.
+            ``"gat"``), or one ``torch.compile`` wrapped (:func:`uncompiled`).
+            Jumping knowledge (``jk``) is not supported.
 
     Shapes:
         :meth:`layer` maps ``x_S [|S|, widths[li]]`` and local edges
@@ -92,6 +105,7 @@ class LayerwiseModel:
     """
 
     def __init__(self, model: torch.nn.Module):
+        model = uncompiled(model)
         if not isinstance(model, BasicGNN):
             raise ValueError(
                 "offload supports PyG BasicGNN models (GCN, GraphSAGE, GAT, GIN, "

@@ -17,7 +17,17 @@ import torch
 
 from leangnn.plan.dag import is_dag_model
 
-__all__ = ["calibrated_as", "CONV_FAMILIES"]
+__all__ = ["calibrated_as", "model_name", "CONV_FAMILIES"]
+
+
+def model_name(model: torch.nn.Module) -> str:
+    """``model``'s class name as a plan names it: ``GraphSAGE (compiled)``
+    for a ``torch.compile`` of a ``GraphSAGE``."""
+    from leangnn.offload.layerwise import uncompiled
+
+    inner = uncompiled(model)
+    return type(model).__name__ if inner is model else \
+        f"{type(inner).__name__} (compiled)"
 
 
 def calibrated_as(model: torch.nn.Module) -> dict[str, Any]:
@@ -44,7 +54,7 @@ def calibrated_as(model: torch.nn.Module) -> dict[str, Any]:
     pooled GraphSAGE on 40 graphs) +28% to +45% over with the largest
     factor, +10% to +29% with their GNN's.
     """
-    own: dict[str, Any] = {"model": type(model).__name__}
+    own: dict[str, Any] = {"model": model_name(model)}
     knobs = _family_knobs(model)
     if knobs is None:
         inner = _wrapped_families(model) or _conv_families(model)

@@ -46,7 +46,7 @@ from leangnn.plan.estimate import (
     withdraw,
 )
 from leangnn.plan.fake import UnsupportedOpError
-from leangnn.plan.families import calibrated_as
+from leangnn.plan.families import calibrated_as, model_name
 from leangnn.plan.planner import (
     CORE_RATIOS,
     LAZY_WHY,
@@ -216,7 +216,7 @@ def _as_config(config: dict[str, Any]) -> SimpleNamespace:
 def _rows(model, data, loss_fn, dev, cal, budget, strategies, epochs, lr,
           clip_norm, lazy: bool = False) -> list[PlanRow]:
     """The rows of :func:`plan` (its arguments, checked)."""
-    name = type(model).__name__
+    name = model_name(model)
     reversible = hasattr(model, "stack") and hasattr(model.stack, "num_groups")
     strategy = "reversible" if reversible else "full"
     wanted = set(strategies or STRATEGIES)
