@@ -623,3 +623,8 @@ def _fused_backward(ctx, stack: GSRStack, h: Tensor, g: Tensor, edge_index,
             # layers on epfl/multiplier when the views were kept, measured)
             del out, grads, u
             bgrads = gr = du = None
+            if flat_grad is not None and bparams:
+                # the block's parameter views now carry autograd state for
+                # as long as they live (FlatParameters.refresh): new ones
+                ctx.block_params[layer * G + i] = bparams = None
+                stack.flat.refresh(stack.flat_weight, layer * G + i)
