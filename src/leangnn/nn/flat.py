@@ -101,23 +101,13 @@ class FlatParameters:
             setattr(sub, name, view)
         self._key = key
 
-    def refresh(self, flat: Tensor, module: int) -> None:
-        """Attach fresh leaf views of ``flat`` for module ``module`` in place
-        of its current ones (as :meth:`bind` with ``autograd=False`` makes
-        them).
-
-        A leaf view that ``torch.autograd.grad`` has differentiated keeps
-        ~1.5 KiB of autograd state for as long as it lives (measured, torch
-        2.13); bound once, a stack's views lived as long as the model, so
-        after its first backward every group function held that much more
-        heap: 19 MiB at 128 layers and 64 groups, which no dry run sees.
-        The fused backward refreshes each block's views once it is done.
-        """
-        base = flat.detach()
-        for s in self._by_module[module]:
+    def attach(self, module: int, tensors: Sequence[Tensor]) -> None:
+        """Attach ``tensors`` (e.g. stand-ins of :meth:`tensors`' for one
+        differentiation) under module ``module``'s parameter names, in
+        layout order."""
+        for s, t in zip(self._by_module[module], tensors, strict=True):
             slot = self.slots[s]
-            setattr(slot[1], slot[2],
-                    self._view(base, slot).requires_grad_(flat.requires_grad))
+            setattr(slot[1], slot[2], t)
 
     def tensors(self, module: int) -> list[Tensor]:
         """The tensors bound for module ``module``, in layout order."""
