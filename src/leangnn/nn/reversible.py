@@ -119,6 +119,24 @@ class GSRBlock(torch.nn.Module):
         return self.conv(h, edge_index, *args, **kwargs)
 
 
+class _Blocks(torch.nn.ModuleList):
+    """A stack's group functions. With flat parameters and no buffers they
+    hold no state of their own (their tensors are views of ``flat_weight``),
+    so the stack's ``state_dict`` skips them (:attr:`stateless`). Walked,
+    PyG's ``Linear`` wrote its views anyway, one entry per view, which the
+    stack's hook then deleted: 0.25 s and +18 MiB resident for the 7 entries
+    of a 128-layer, 64-group model, at every checkpoint and best-model copy
+    of a run (the largest part of its measured peak)."""
+
+    stateless = False
+
+    def state_dict(self, *args, destination=None, prefix="", keep_vars=False):
+        if self.stateless and destination is not None:
+            return destination  # (called by the stack's own state_dict)
+        return super().state_dict(*args, destination=destination, prefix=prefix,
+                                  keep_vars=keep_vars)
+
+
 @dataclass
 class _Run:
     """Stochastic state of one forward call, replayed exactly in backward."""
@@ -226,12 +244,13 @@ class GSRStack(torch.nn.Module):
             conv, "__name__", type(conv).__name__)
         c = hidden_channels // num_groups
         self.k = resolve_k(sparsity, c)
-        self.blocks = torch.nn.ModuleList(
+        self.blocks = _Blocks(
             GSRBlock(c, conv, self.k, c, **conv_kwargs)
             for _ in range(num_layers * num_groups))
         self.flat: FlatParameters | None = None
         if flat_parameters:
             self.flat = FlatParameters(self.blocks)
+            self.blocks.stateless = next(self.blocks.buffers(), None) is None
             self.flat_weight = torch.nn.Parameter(self.flat.gather())
             self.flat.bind(self.flat_weight)
             self._register_state_dict_hook(_drop_block_entries)
