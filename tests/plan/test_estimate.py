@@ -194,7 +194,7 @@ def test_a_step_over_the_op_limit_is_extrapolated_from_short_traces(splits,
     full = trace_step(direct, g, default_loss(g), lr=cfg.lr, clip_norm=cfg.clip_norm)
     limit = full.ops - 1  # the full depth does not fit, depth 4 does
     monkeypatch.setattr(E, "trace_step",
-                        lambda *a, **k: trace_step(*a, **k, max_ops=limit))
+                        lambda *a, **k: trace_step(*a, **{**k, "max_ops": limit}))
     with pytest.raises(TooManyOpsError):
         E.trace_step(direct, g, default_loss(g))
     est = estimate_config(cfg, splits)
@@ -202,7 +202,42 @@ def test_a_step_over_the_op_limit_is_extrapolated_from_short_traces(splits,
     assert est.step_bytes == pytest.approx(full.peak_bytes, rel=0.05)
     # over the limit at every depth: the analytic fallback, as before
     monkeypatch.setattr(E, "trace_step",
-                        lambda *a, **k: trace_step(*a, **k, max_ops=100))
+                        lambda *a, **k: trace_step(*a, **{**k, "max_ops": 100}))
+    assert estimate_config(cfg, splits).method == "analytic"
+
+
+def test_a_shallow_trace_of_a_deep_stack_may_run_a_quarter_of_its_ops(
+        splits, monkeypatch):
+    """GSR-128 with 64 groups had stopped at its 4-layer trace (over the op
+    limit meant for a trace as long as the real step) and planned a lower
+    bound alone. A trace that extrapolates a deep stack may run a quarter of
+    the deep step's ops: the same estimate as without any limit."""
+    from leangnn.plan import estimate as E
+
+    assert E.op_limit(4, 4) == E.op_limit(128, 32) == E.MAX_OPS
+    assert E.op_limit(128, 4) == 8 * E.MAX_OPS
+    cfg = TrainConfig(strategy="reversible", model="gsr", num_layers=32,
+                      hidden_channels=8, num_groups=4)
+    free = estimate_config(cfg, splits)
+    assert free.method == "fake+extrapolated"
+    ops = {}
+    real = E.trace_step
+
+    def counted(*a, **k):
+        t = real(*a, **k)
+        ops[a[0].stack.num_layers if hasattr(a[0], "stack") else len(ops)] = t.ops
+        return t
+
+    monkeypatch.setattr(E, "trace_step", counted)
+    estimate_config(cfg, splits)
+    deepest = max(ops.values())
+    # the old rule (MAX_OPS whatever the trace stands for) stops this one
+    monkeypatch.setattr(E, "MAX_OPS", deepest - 1)
+    assert E.op_limit(cfg.num_layers, 4) >= deepest
+    est = estimate_config(cfg, splits)
+    assert est.method == "fake+extrapolated"
+    assert est.step_bytes == free.step_bytes
+    monkeypatch.setattr(E, "op_limit", lambda num_layers, depth: deepest - 1)
     assert estimate_config(cfg, splits).method == "analytic"
 
 
