@@ -241,6 +241,42 @@ def test_a_shallow_trace_of_a_deep_stack_may_run_a_quarter_of_its_ops(
     assert estimate_config(cfg, splits).method == "analytic"
 
 
+@pytest.mark.parametrize("kind", ["gsr", "res"])
+def test_a_users_deep_model_past_the_op_limit_is_extrapolated_from_twins(
+        splits, kind, monkeypatch):
+    """``leangnn.plan(GSRGNN(64 layers, 32 groups))`` raised the dry run's
+    op-limit error (110,000 ops). Our deep models repeat their layer: two
+    shallow twins (``with_depth``) extrapolate the step, within 5% of the
+    direct trace; a subclass (its forward may differ) still raises."""
+    from leangnn.nn.models import GSRGNN, ResGNN
+    from leangnn.plan import estimate as E
+    from leangnn.plan.fake import TooManyOpsError
+
+    g = splits.train[0]
+    torch.manual_seed(0)
+    model = GSRGNN(g.num_features, 16, 4, 12, num_groups=4) if kind == "gsr" \
+        else ResGNN(g.num_features, 16, 4, 12, conv="gcn")
+    direct = estimate_model(model, g)
+    assert direct.method == "fake"
+    ops = trace_step(model, g, default_loss(g)).ops
+    monkeypatch.setattr(E, "MAX_OPS", ops - 1)  # the model's own step is over
+    est = estimate_model(model, g)
+    assert est.method == "fake+extrapolated"
+    assert est.step_bytes == pytest.approx(direct.step_bytes, rel=0.05)
+    assert est.model_bytes == direct.model_bytes  # parameters: linear in depth
+    twin = model.with_depth(4)
+    assert type(twin) is type(model) and twin.num_layers == 4
+    assert repr(twin) == repr(model).replace("num_layers=12", "num_layers=4")
+
+    class Mine(type(model)):
+        pass
+
+    mine = Mine(g.num_features, 16, 4, 12, **({"num_groups": 4} if kind == "gsr"
+                                              else {"conv": "gcn"}))
+    with pytest.raises(TooManyOpsError):
+        estimate_model(mine, g)
+
+
 def test_planned_core_is_a_fresh_core_and_offered_to_the_pick_alone(splits,
                                                                     monkeypatch):
     """The prune rows of a plan share the graph's adjacency and scores and

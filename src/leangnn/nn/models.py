@@ -91,6 +91,12 @@ class GSRGNN(torch.nn.Module):
                  flat_parameters: bool = True, kernels: bool = True,
                  keep_graph: bool = True, **conv_kwargs):
         super().__init__()
+        self._options = dict(
+            in_channels=in_channels, hidden_channels=hidden_channels,
+            out_channels=out_channels, num_groups=num_groups, conv=conv,
+            sparsity=sparsity, dropout=dropout, disable=disable,
+            exact_stream=exact_stream, flat_parameters=flat_parameters,
+            kernels=kernels, keep_graph=keep_graph, **conv_kwargs)
         self.in_channels, self.hidden_channels = in_channels, hidden_channels
         self.out_channels, self.num_layers = out_channels, num_layers
         self.dropout = dropout
@@ -102,6 +108,12 @@ class GSRGNN(torch.nn.Module):
                               keep_graph=keep_graph, **conv_kwargs)
         self.out_norm = torch.nn.LayerNorm(hidden_channels)
         self.head = torch.nn.Linear(hidden_channels, out_channels)
+
+    def with_depth(self, num_layers: int) -> GSRGNN:
+        """A model of this class and these options at another depth, fresh
+        weights, this one's dtype, device and mode: the planner traces two
+        shallow ones to extrapolate a stack too long to trace."""
+        return _twin(self, num_layers)
 
     @property
     def disable(self) -> bool:
@@ -171,6 +183,10 @@ class ResGNN(torch.nn.Module):
                              f"hidden_channels={hidden_channels}, got {num_groups!r}")
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {dropout!r}")
+        self._options = dict(
+            in_channels=in_channels, hidden_channels=hidden_channels,
+            out_channels=out_channels, conv=conv, dropout=dropout,
+            num_groups=num_groups, sparsity=sparsity, **conv_kwargs)
         self.in_channels, self.hidden_channels = in_channels, hidden_channels
         self.out_channels, self.num_layers = out_channels, num_layers
         self.conv_name, self.dropout = _conv_name(conv), dropout
@@ -182,6 +198,10 @@ class ResGNN(torch.nn.Module):
             for _ in range(num_layers))
         self.out_norm = torch.nn.LayerNorm(hidden_channels)
         self.head = torch.nn.Linear(hidden_channels, out_channels)
+
+    def with_depth(self, num_layers: int) -> ResGNN:
+        """See :meth:`GSRGNN.with_depth`."""
+        return _twin(self, num_layers)
 
     def reset_parameters(self) -> None:
         self.encoder.reset_parameters()
@@ -206,6 +226,14 @@ class ResGNN(torch.nn.Module):
         return (f"{self.__class__.__name__}({self.in_channels}, "
                 f"{self.hidden_channels}, {self.out_channels}, "
                 f"num_layers={self.num_layers}, conv={self.conv_name})")
+
+
+def _twin(model: torch.nn.Module, num_layers: int) -> torch.nn.Module:
+    first = next(model.parameters(), None)
+    twin = type(model)(num_layers=num_layers, **model._options)
+    if first is not None:
+        twin = twin.to(device=first.device, dtype=first.dtype)
+    return twin.train(model.training)
 
 
 def _shallow(cls):

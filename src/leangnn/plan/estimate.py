@@ -458,17 +458,53 @@ def estimate_model(model: torch.nn.Module, data: Data, loss_fn: Callable | None 
     if step is None and data.get("adj_t", None) is not None and \
             data.get("edge_index", None) is None:
         step = _adj_step  # e.g. DPR's core, trained through its adjacency
-    trace, sweeps, host = _dry_run(model, data, partial(
-        trace_step, model, data, loss_fn or default_loss(data), step, lr=lr,
-        clip_norm=clip_norm, device=dev, round_to=512 if dev.type == "cuda" else 1))
-    c = _combine({0: trace}, 0, {0: _model_bytes(model)})
+    loss_fn = loss_fn or default_loss(data)
+
+    def traced(m: torch.nn.Module, max_ops: int = MAX_OPS):
+        return _dry_run(m, data, partial(
+            trace_step, m, data, loss_fn, step, lr=lr, clip_norm=clip_norm,
+            device=dev, round_to=512 if dev.type == "cuda" else 1, max_ops=max_ops))
+
+    method = "fake"
+    try:
+        trace, sweeps, host = traced(model)
+        c = _combine({0: trace}, 0, {0: _model_bytes(model)})
+    except TooManyOpsError:
+        twins = _depth_twins(model)
+        if twins is None:
+            raise
+        # our deep models repeat their layer: two shallow twins extrapolate
+        # the step, as for a configuration's (GSR at 64 layers x 32 groups:
+        # 110,000 ops)
+        traces, sizes = {}, {}
+        for depth, twin in twins.items():
+            traces[depth] = traced(twin, op_limit(model.num_layers, depth))[0]
+            sizes[depth] = _model_bytes(twin)
+        c, sweeps, host = _combine(traces, model.num_layers, sizes), None, 0
+        method = "fake+extrapolated"
     est = Estimate(strategy, dict(knobs or {}), str(dev), c["peak"], c["model_bytes"],
                    _resident_graph_bytes(data, dev),
                    work=_scale_work(sweeps or c["work"], data, [data]),
                    phases=c["phases"], big_bytes=c["heap"][0],
                    heap_bytes=c["heap"][1], floor_bytes=c["floor"],
-                   heap_edge_share=c["edge_share"], precompute_bytes=host)
+                   heap_edge_share=c["edge_share"], precompute_bytes=host,
+                   method=method)
     return _finish(est, calibration, t0)
+
+
+def _depth_twins(model: torch.nn.Module) -> dict[int, torch.nn.Module] | None:
+    """Shallow twins of one of our deep models (its very class: a subclass's
+    forward may differ) at :func:`depth_points` of its depth, else ``None``."""
+    from leangnn.nn.models import GSRGNN, ResGNN
+
+    if type(model) not in (GSRGNN, ResGNN):
+        return None
+    depths = depth_points(model.num_layers)
+    if len(depths) < 2:
+        depths = (2, 4)
+        if model.num_layers <= 4:
+            return None
+    return {d: model.with_depth(d) for d in depths}
 
 
 # ------------------------------------------------------------ configurations
