@@ -66,3 +66,28 @@ def test_bad_input_is_named():
         layout.bind(torch.zeros(3))
     with pytest.raises(ValueError, match="no parameters"):
         FlatParameters([torch.nn.ReLU()]).gather()
+
+
+def test_attach_puts_stand_ins_under_one_modules_names_and_back():
+    """What the GSR backward differentiates a block through: detached
+    stand-ins of one module's views, the gradients of separate parameters,
+    and the module's own views back afterwards."""
+    x = torch.randn(5, 3, dtype=torch.float64)
+    ref = _mlps()
+    _loss(ref[1:2], x).backward()
+    mods = _mlps()
+    layout = FlatParameters(mods)
+    flat = torch.nn.Parameter(layout.gather())
+    layout.bind(flat)
+    own = layout.tensors(1)
+    stand = [t.detach().requires_grad_() for t in own]
+    layout.attach(1, stand)
+    assert all(a is b for a, b in zip(layout.tensors(1), stand))
+    grads = torch.autograd.grad(_loss(mods[1:2], x), stand)
+    for g, p in zip(grads, ref[1].parameters(), strict=True):
+        torch.testing.assert_close(g, p.grad, rtol=0, atol=0)
+    layout.attach(1, own)
+    assert all(a is b for a, b in zip(layout.tensors(1), own))
+    assert own[0].data_ptr() == stand[0].data_ptr()  # the same storage
+    with pytest.raises(ValueError):
+        layout.attach(1, own[:-1])  # one per parameter, in layout order
