@@ -206,6 +206,44 @@ def test_a_step_over_the_op_limit_is_extrapolated_from_short_traces(splits,
     assert estimate_config(cfg, splits).method == "analytic"
 
 
+def test_gsr_over_the_limit_at_4_layers_is_extrapolated_from_1_and_2(splits,
+                                                                     monkeypatch):
+    """GSR at 64 groups passes the op limit at 4 layers already (8 x 64 had
+    planned only a lower bound); GSR repeats from its first layer on, so
+    depths 1 and 2 extrapolate it, equal to a direct trace."""
+    from leangnn.plan import estimate as E
+
+    cfg = TrainConfig(strategy="reversible", model="gsr", conv="gcn",
+                      num_layers=6, hidden_channels=8, num_groups=2)
+    g = splits.train[0]
+    torch.manual_seed(0)
+    model = build_model("gsr", splits.in_channels, 8, splits.out_channels, 6,
+                        **cfg.model_options())
+    full = trace_step(model, g, default_loss(g), lr=cfg.lr, clip_norm=cfg.clip_norm)
+    seen = []
+    real = E._trace_depths
+
+    def at(*a):
+        seen.append(a[6])
+        return real(*a)
+
+    monkeypatch.setattr(E, "_trace_depths", at)
+    four = real(cfg, g, splits.in_channels, splits.out_channels, default_loss(g),
+                torch.device("cpu"), (4,))[0]
+    limit = round(four["work"]["ops"]) - 1  # depth 4 is over, depth 2 is not
+    monkeypatch.setattr(E, "op_limit", lambda num_layers, depth: limit)
+    est = estimate_config(cfg, splits)
+    assert seen == [(6,), (2, 4), (1, 2)]
+    assert est.method == "fake+extrapolated"
+    assert est.step_bytes == pytest.approx(full.peak_bytes, rel=0.05)
+    # another model keeps (2, 4) as its last try
+    seen.clear()
+    res = TrainConfig(strategy="full", model="res", num_layers=6, hidden_channels=8)
+    monkeypatch.setattr(E, "op_limit", lambda num_layers, depth: 10)
+    assert estimate_config(res, splits).method == "analytic"
+    assert seen == [(6,), (2, 4)]
+
+
 def test_a_shallow_trace_of_a_deep_stack_may_run_a_quarter_of_its_ops(
         splits, monkeypatch):
     """GSR-128 with 64 groups had stopped at its 4-layer trace (over the op
@@ -237,7 +275,8 @@ def test_a_shallow_trace_of_a_deep_stack_may_run_a_quarter_of_its_ops(
     est = estimate_config(cfg, splits)
     assert est.method == "fake+extrapolated"
     assert est.step_bytes == free.step_bytes
-    monkeypatch.setattr(E, "op_limit", lambda num_layers, depth: deepest - 1)
+    # over the limit at every depth: the analytic lower bound
+    monkeypatch.setattr(E, "op_limit", lambda num_layers, depth: 10)
     assert estimate_config(cfg, splits).method == "analytic"
 
 

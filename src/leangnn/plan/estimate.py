@@ -470,16 +470,23 @@ def estimate_model(model: torch.nn.Module, data: Data, loss_fn: Callable | None 
         trace, sweeps, host = traced(model)
         c = _combine({0: trace}, 0, {0: _model_bytes(model)})
     except TooManyOpsError:
-        twins = _depth_twins(model)
-        if twins is None:
+        tries = _depth_twins(model)
+        if not tries:
             raise
         # our deep models repeat their layer: two shallow twins extrapolate
         # the step, as for a configuration's (GSR at 64 layers x 32 groups:
         # 110,000 ops)
-        traces, sizes = {}, {}
-        for depth, twin in twins.items():
-            traces[depth] = traced(twin, op_limit(model.num_layers, depth))[0]
-            sizes[depth] = _model_bytes(twin)
+        for i, twins in enumerate(tries):
+            traces, sizes = {}, {}
+            try:
+                for depth, twin in twins.items():
+                    traces[depth] = traced(twin, op_limit(model.num_layers,
+                                                          depth))[0]
+                    sizes[depth] = _model_bytes(twin)
+                break
+            except TooManyOpsError:
+                if i == len(tries) - 1:
+                    raise
         c, sweeps, host = _combine(traces, model.num_layers, sizes), None, 0
         method = "fake+extrapolated"
     est = Estimate(strategy, dict(knobs or {}), str(dev), c["peak"], c["model_bytes"],
@@ -492,19 +499,17 @@ def estimate_model(model: torch.nn.Module, data: Data, loss_fn: Callable | None 
     return _finish(est, calibration, t0)
 
 
-def _depth_twins(model: torch.nn.Module) -> dict[int, torch.nn.Module] | None:
+def _depth_twins(model: torch.nn.Module) -> list[dict[int, torch.nn.Module]]:
     """Shallow twins of one of our deep models (its very class: a subclass's
-    forward may differ) at :func:`depth_points` of its depth, else ``None``."""
+    forward may differ) to extrapolate from, in the order to try them: at
+    depths 2 and 4, then for GSR 1 and 2 (see :func:`_trace_config`)."""
     from leangnn.nn.models import GSRGNN, ResGNN
 
     if type(model) not in (GSRGNN, ResGNN):
-        return None
-    depths = depth_points(model.num_layers)
-    if len(depths) < 2:
-        depths = (2, 4)
-        if model.num_layers <= 4:
-            return None
-    return {d: model.with_depth(d) for d in depths}
+        return []
+    pairs = [(2, 4)] + ([(1, 2)] if type(model) is GSRGNN else [])
+    return [{d: model.with_depth(d) for d in pair} for pair in pairs
+            if model.num_layers > pair[1]]
 
 
 # ------------------------------------------------------------ configurations
@@ -583,19 +588,24 @@ def _trace_config(cfg, data: Data, in_channels: int, out_channels: int, loss_fn,
     """The step's trace at ``cfg``'s depth (extrapolated for deep models);
     ``step(model, data, loss_fn)`` replaces the full-batch step (a planned
     rank's, :mod:`leangnn.plan.distributed`)."""
-    depths = depth_points(cfg.num_layers)
-    try:
-        return _trace_depths(cfg, data, in_channels, out_channels, loss_fn, device,
-                             depths, step)
-    except TooManyOpsError:
-        # A shallow stack of many-op layers (GSR's GAT group functions, many
-        # groups) passes the op limit at its own depth; its hidden layers
-        # repeat, so two short traces extrapolate it as for deep stacks. The
-        # DAG model's ops grow with the circuit's levels, not with its depth.
-        if cfg.model == "dag" or depths == (2, 4) or cfg.num_layers <= 4:
-            raise
-        return _trace_depths(cfg, data, in_channels, out_channels, loss_fn, device,
-                             (2, 4), step)
+    tries = [depth_points(cfg.num_layers)]
+    # A shallow stack of many-op layers (GSR's GAT group functions, many
+    # groups) passes the op limit at its own depth; its hidden layers repeat,
+    # so two short traces extrapolate it as for deep stacks; GSR's from its
+    # first layer on (1 and 2 give the 7-layer trace to the byte), where 64
+    # groups pass the limit at 4 layers already. The DAG model's ops grow
+    # with the circuit's levels, not with its depth.
+    if cfg.model != "dag":
+        tries += [d for d, deeper in (((2, 4), 4), ((1, 2), 2))
+                  if cfg.num_layers > deeper and d not in tries
+                  and (d == (2, 4) or cfg.model == "gsr")]
+    for i, depths in enumerate(tries):
+        try:
+            return _trace_depths(cfg, data, in_channels, out_channels, loss_fn,
+                                 device, depths, step)
+        except TooManyOpsError:
+            if i == len(tries) - 1:
+                raise
 
 
 def _trace_depths(cfg, data: Data, in_channels: int, out_channels: int, loss_fn,
