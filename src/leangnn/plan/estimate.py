@@ -505,7 +505,8 @@ def _depth_twins(model: torch.nn.Module) -> list[dict[int, torch.nn.Module]]:
     depths 2 and 4, then for GSR 1 and 2 (see :func:`_trace_config`)."""
     from leangnn.nn.models import GSRGNN, ResGNN
 
-    if type(model) not in (GSRGNN, ResGNN):
+    # (a model pickled whole by an older leangnn has no options to rebuild)
+    if type(model) not in (GSRGNN, ResGNN) or not hasattr(model, "_options"):
         return []
     pairs = [(2, 4)] + ([(1, 2)] if type(model) is GSRGNN else [])
     return [{d: model.with_depth(d) for d in pair} for pair in pairs
