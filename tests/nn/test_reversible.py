@@ -381,7 +381,7 @@ def test_flat_backward_leaves_no_autograd_state_on_the_parameter_views(circuit):
     accumulator's memory (~0.5 KiB) while it lives; the model's parameter views lived as
     long as the model, so its first backward left every group function that
     much more heap (19 MiB at 128 layers, 64 groups; the planner's dry run
-    sees tensors only and read 4.7x under). The backward now differentiates
+    sees tensors only and read 4.6x under). The backward now differentiates
     each block through stand-ins of its views that die with the block. (Its
     gradients are plain autograd's: test_gradients_equal_plain_autograd_64_layers.)"""
     import ctypes
