@@ -33,7 +33,7 @@ from torch_geometric.data import Data
 from leangnn.data import check_graph
 from leangnn.graphs.partition import reuse_enabled
 from leangnn.plan.calibration import Calibration, calibration_label, load_calibration
-from leangnn.plan.core_probe import probe_core
+from leangnn.plan.core_probe import known_on_csr, probe_core
 from leangnn.plan.estimate import (
     Estimate,
     core_of,
@@ -361,7 +361,8 @@ def _core_estimate(model, data, ratio, loss_fn, dev, cal, lr, clip_norm, own,
     try:
         est = estimate_model(model, core, loss_fn, dev, "prune", lr=lr,
                              clip_norm=clip_norm, calibration=cal, knobs=knobs)
-        why = probe_core(model, core, loss_fn, dev) if probe else None
+        why = probe_core(model, core, loss_fn, dev) \
+            if probe and not known_on_csr(model) else None
     except LossFnError:
         raise
     except (ValueError, RuntimeError, TypeError, IndexError) as e:

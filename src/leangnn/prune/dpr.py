@@ -588,13 +588,9 @@ class DPRStrategy(Strategy):
                 or st.train_data.get("adj_t", None) is None
                 or "csr_probe" in self._stats):
             return False
-        from leangnn.nn.models import GSRGNN, ResGNN
-        from leangnn.plan.core_probe import probe_core
+        from leangnn.plan.core_probe import known_on_csr, probe_core
 
-        if type(model) in (GSRGNN, ResGNN):
-            # ours: their convs run on the CSR through leangnn.nn.csr's
-            # kernels (tested against edge lists), and the probe's copy of
-            # a GSR of 128 layers x 64 groups took 9.2 s and +395 MiB
+        if known_on_csr(model):
             self._stats["csr_probe"] = "not needed (a GSRGNN or ResGNN)"
             return False
 
