@@ -29,6 +29,25 @@ def _command_environment():
 
 
 @pytest.fixture(scope="session")
+def mallinfo2():
+    """glibc's ``mallinfo2`` (the heap's bytes in use: ``uordblks``, and
+    ``hblkhd`` in blocks mapped apart), or ``None`` without glibc."""
+    import ctypes
+
+    class MallInfo2(ctypes.Structure):
+        _fields_ = [(f, ctypes.c_size_t) for f in (
+            "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+            "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+    try:
+        call = ctypes.CDLL("libc.so.6").mallinfo2
+    except (OSError, AttributeError):
+        return None
+    call.restype = MallInfo2
+    return call
+
+
+@pytest.fixture(scope="session")
 def graphs():
     """The graph-parallel tests' graphs: a directed circuit (regression on a
     random half of the nodes) and an undirected power-law graph

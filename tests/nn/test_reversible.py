@@ -376,7 +376,8 @@ def test_flat_backward_holds_one_blocks_gradient_views_at_a_time(circuit,
     # the gradients themselves: test_gradients_equal_plain_autograd_64_layers
 
 
-def test_flat_backward_leaves_no_autograd_state_on_the_parameter_views(circuit):
+def test_flat_backward_leaves_no_autograd_state_on_the_parameter_views(circuit,
+                                                                       mallinfo2):
     """A leaf tensor ``torch.autograd.grad`` has differentiated keeps its
     accumulator's memory (~0.5 KiB) while it lives; the model's parameter views lived as
     long as the model, so its first backward left every group function that
@@ -384,20 +385,10 @@ def test_flat_backward_leaves_no_autograd_state_on_the_parameter_views(circuit):
     sees tensors only and read 4.6x under). The backward now differentiates
     each block through stand-ins of its views that die with the block. (Its
     gradients are plain autograd's: test_gradients_equal_plain_autograd_64_layers.)"""
-    import ctypes
     import gc
 
-    try:
-        mallinfo2 = ctypes.CDLL("libc.so.6").mallinfo2
-    except (OSError, AttributeError):
+    if mallinfo2 is None:
         pytest.skip("needs glibc's mallinfo2")
-
-    class Info(ctypes.Structure):
-        _fields_ = [(n, ctypes.c_size_t) for n in (
-            "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
-            "fsmblks", "uordblks", "fordblks", "keepcost")]
-
-    mallinfo2.restype = Info
 
     def in_use():
         gc.collect()

@@ -155,10 +155,9 @@ def test_the_cut_estimate_is_measured_and_needed_before_the_step():
     assert est.run_bytes >= got + cal.const - 1
 
 
-def test_kept_level_plans_are_counted_as_the_model_builds_them():
+def test_kept_level_plans_are_counted_as_the_model_builds_them(mallinfo2):
     # The reference: the level plans level_plan really builds (their unique
     # index storages, their tensors) and glibc's in-use bytes they hold.
-    import ctypes
     import gc
 
     from leangnn.config import TrainConfig
@@ -178,23 +177,12 @@ def test_kept_level_plans_are_counted_as_the_model_builds_them():
                          for t in ts})
     assert cached_plans_bytes(graphs) == sum(storages.values()) + \
         PLAN_VIEW_BYTES * views
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-
-        class MallInfo2(ctypes.Structure):
-            _fields_ = [(f, ctypes.c_size_t) for f in (
-                "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
-                "fsmblks", "uordblks", "fordblks", "keepcost")]
-
-        libc.mallinfo2.restype = MallInfo2
-    except (OSError, AttributeError):
-        libc = None
-    if libc is not None:  # glibc: what they hold in the heap, within 25%
+    if mallinfo2 is not None:  # glibc: what they hold in the heap, within 25%
         del plans
         gc.collect()
-        before = libc.mallinfo2().uordblks
+        before = mallinfo2().uordblks
         plans = [level_plan(g.edge_index, g.num_nodes, cache=False) for g in graphs]
-        held = libc.mallinfo2().uordblks - before
+        held = mallinfo2().uordblks - before
         assert cached_plans_bytes(graphs) == pytest.approx(held, rel=0.25)
     # the planner keeps them in a DAG model's run: more graphs, more bytes;
     # a graph trained and validated on has one plan
