@@ -19,6 +19,7 @@ from leangnn.plan.estimate import (
     depth_points,
     estimate_config,
     estimate_model,
+    fallback_depths,
 )
 from leangnn.profile import LiveBytesMeter
 from leangnn.prune.dpr import DPRStrategy
@@ -37,6 +38,10 @@ def test_depth_points():
     assert depth_points(EXTRAPOLATE_ABOVE) == (EXTRAPOLATE_ABOVE,)
     deep = depth_points(256)
     assert len(deep) == 2 and max(deep) <= EXTRAPOLATE_ABOVE
+    # a stack over the op limit: 2 and 4, for GSR then 1 and 2, below it
+    assert fallback_depths(8) == [(2, 4)] and fallback_depths(4) == []
+    assert fallback_depths(8, gsr=True) == [(2, 4), (1, 2)]
+    assert fallback_depths(3, gsr=True) == [(1, 2)]
 
 
 @pytest.mark.parametrize("strategy,model,extra", [

@@ -70,8 +70,9 @@ from leangnn.plan.fake import (
 )
 from leangnn.strategy import call_model
 
-__all__ = ["Estimate", "depth_points", "op_limit", "estimate_model", "estimate_config",
-           "default_loss", "largest_graph", "core_of", "offload_step",
+__all__ = ["Estimate", "depth_points", "fallback_depths", "op_limit",
+           "estimate_model", "estimate_config", "default_loss", "largest_graph",
+           "core_of", "offload_step",
            "forget", "withdraw", "plan_scope", "planning", "EXTRAPOLATE_ABOVE",
            "chunked_work", "job_edge_bytes", "engine_setup_bytes",
            "offload_estimate", "host_floor_bytes"]
@@ -290,6 +291,17 @@ def op_limit(num_layers: int, depth: int) -> int:
     return max(MAX_OPS, MAX_OPS * num_layers // (4 * max(1, depth)))
 
 
+def fallback_depths(num_layers: int, gsr: bool = False) -> list[tuple[int, int]]:
+    """The depth pairs a stack over the op limit at its own depth (a shallow
+    stack of many-op layers: GSR's GAT group functions, many groups) is
+    extrapolated from instead, in the order tried: 2 and 4, its hidden
+    layers repeating; for GSR then 1 and 2 (it repeats from its first layer
+    on: 1 and 2 give the 7-layer trace to the byte; 64 groups pass the limit
+    at 4 layers already). Only pairs below ``num_layers``."""
+    pairs = [(2, 4)] + ([(1, 2)] if gsr else [])
+    return [p for p in pairs if num_layers > p[1]]
+
+
 def _linear(points: list[tuple[int, float]], x: int) -> float:
     (x0, y0), (x1, y1) = points
     return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
@@ -470,16 +482,17 @@ def estimate_model(model: torch.nn.Module, data: Data, loss_fn: Callable | None 
         trace, sweeps, host = traced(model)
         c = _combine({0: trace}, 0, {0: _model_bytes(model)})
     except TooManyOpsError:
-        tries = _depth_twins(model)
+        tries = _twin_depths(model)
         if not tries:
             raise
         # our deep models repeat their layer: two shallow twins extrapolate
         # the step, as for a configuration's (GSR at 64 layers x 32 groups:
         # 110,000 ops)
-        for i, twins in enumerate(tries):
+        for i, depths in enumerate(tries):
             traces, sizes = {}, {}
             try:
-                for depth, twin in twins.items():
+                for depth in depths:
+                    twin = model.with_depth(depth)
                     traces[depth] = traced(twin, op_limit(model.num_layers,
                                                           depth))[0]
                     sizes[depth] = _model_bytes(twin)
@@ -499,18 +512,16 @@ def estimate_model(model: torch.nn.Module, data: Data, loss_fn: Callable | None 
     return _finish(est, calibration, t0)
 
 
-def _depth_twins(model: torch.nn.Module) -> list[dict[int, torch.nn.Module]]:
-    """Shallow twins of one of our deep models (its very class: a subclass's
-    forward may differ) to extrapolate from, in the order to try them: at
-    depths 2 and 4, then for GSR 1 and 2 (see :func:`_trace_config`)."""
+def _twin_depths(model: torch.nn.Module) -> list[tuple[int, int]]:
+    """:func:`fallback_depths` of one of our deep models (its very class: a
+    subclass's forward may differ), whose shallow twins
+    (``model.with_depth``) extrapolate its step; none for another model."""
     from leangnn.nn.models import GSRGNN, ResGNN
 
     # (a model pickled whole by an older leangnn has no options to rebuild)
     if type(model) not in (GSRGNN, ResGNN) or not hasattr(model, "_options"):
         return []
-    pairs = [(2, 4)] + ([(1, 2)] if type(model) is GSRGNN else [])
-    return [{d: model.with_depth(d) for d in pair} for pair in pairs
-            if model.num_layers > pair[1]]
+    return fallback_depths(model.num_layers, type(model) is GSRGNN)
 
 
 # ------------------------------------------------------------ configurations
@@ -590,16 +601,10 @@ def _trace_config(cfg, data: Data, in_channels: int, out_channels: int, loss_fn,
     ``step(model, data, loss_fn)`` replaces the full-batch step (a planned
     rank's, :mod:`leangnn.plan.distributed`)."""
     tries = [depth_points(cfg.num_layers)]
-    # A shallow stack of many-op layers (GSR's GAT group functions, many
-    # groups) passes the op limit at its own depth; its hidden layers repeat,
-    # so two short traces extrapolate it as for deep stacks; GSR's from its
-    # first layer on (1 and 2 give the 7-layer trace to the byte), where 64
-    # groups pass the limit at 4 layers already. The DAG model's ops grow
-    # with the circuit's levels, not with its depth.
+    # (the DAG model's ops grow with the circuit's levels, not its depth)
     if cfg.model != "dag":
-        tries += [d for d, deeper in (((2, 4), 4), ((1, 2), 2))
-                  if cfg.num_layers > deeper and d not in tries
-                  and (d == (2, 4) or cfg.model == "gsr")]
+        tries += [d for d in fallback_depths(cfg.num_layers, cfg.model == "gsr")
+                  if d not in tries]
     for i, depths in enumerate(tries):
         try:
             return _trace_depths(cfg, data, in_channels, out_channels, loss_fn,
