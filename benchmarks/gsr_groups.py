@@ -29,46 +29,41 @@ each epoch's peak and CPU seconds, the estimated epoch time.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from _report import results_path, write_json  # noqa: E402
+from plan import _cli_measure  # noqa: E402  (one way to run a command line)
 
 #: (layers, groups)
 ROWS = [(8, 8), (32, 8), (128, 2), (128, 8), (32, 64), (128, 64)]
 
 
 def run(layers: int, groups: int, src: str | None, timeout: float) -> dict:
-    """One ``leangnn train`` of the row, its summary's figures."""
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    """One ``leangnn train`` of the row (:func:`plan._cli_measure`, with
+    ``src`` first on the path), its summary's figures."""
+    saved = dict(os.environ)
     if src:
-        env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
-    with tempfile.TemporaryDirectory(prefix="gsr-groups-") as tmp:
-        out = Path(tmp) / "run"
-        argv = [sys.executable, "-m", "leangnn", "train", "--model", "gsr",
-                "--layers", str(layers), "--groups", str(groups), "--strategy",
-                "auto", "--memory-budget", "4GiB", "--epochs", "2", "--out",
-                str(out), "--quiet"]
-        p = subprocess.run(argv, env=env, capture_output=True, text=True,
-                           timeout=timeout, cwd=ROOT)
-        if p.returncode:
-            return {"error": (p.stderr.strip().splitlines() or ["?"])[-1]}
-        s = json.loads((out / "summary.json").read_text())
-        rec = [json.loads(x) for x in (out / "metrics.jsonl").read_text().split("\n")
-               if x]
-    b, plan = s["budget_check"], s["plan"]
+        os.environ["PYTHONPATH"] = src + os.pathsep + os.environ.get("PYTHONPATH", "")
+    try:
+        m = _cli_measure({"args": f"--model gsr --layers {layers} --groups {groups} "
+                                  "--strategy auto --memory-budget 4GiB"},
+                         2, 1, timeout)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    if "error" in m:
+        return m
+    b, plan = m["budget_check"], m["plan"]
     return {"estimated_need_bytes": b["estimated_need_bytes"],
             "measured_need_bytes": b["measured_need_bytes"],
             "error": b["estimated_need_bytes"] / b["measured_need_bytes"] - 1,
-            "epoch_peak_bytes": [r["peak_bytes"] for r in rec],
-            "epoch_cpu_seconds": [r["epoch_cpu_seconds"] for r in rec],
+            "epoch_peak_bytes": m["epoch_peak_bytes"],
+            "epoch_cpu_seconds": m["epoch_cpu_seconds"],
             "estimated_epoch_seconds": plan.get("estimated_epoch_seconds"),
             "plan_seconds": plan.get("plan_seconds"), "method": plan.get("method")}
 

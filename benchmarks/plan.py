@@ -827,6 +827,7 @@ def _cli_measure(row: dict, epochs: int, threads: int | None, timeout: float,
          "epoch_seconds_median": s["time"]["epoch_seconds_median"],
          "epoch_seconds": epochs_s, "wall_seconds": wall,
          "epoch_cpu_seconds": cpu, "epoch_cpu_seconds_median": statistics.median(cpu),
+         "epoch_peak_bytes": [r["peak_bytes"] for r in records],
          "strategy": s["strategy"], "model": s["model"],
          "num_layers": s["num_layers"], "threads": threads,
          "setup_bytes": s["memory"].get("setup_bytes")}
@@ -836,7 +837,7 @@ def _cli_measure(row: dict, epochs: int, threads: int | None, timeout: float,
         p_ = s["plan"]
         m["plan"] = {k: p_.get(k) for k in (
             "pick", "estimated_run_bytes", "estimated_epoch_seconds",
-            "plan_seconds", "config")}
+            "plan_seconds", "config", "method")}
     return m
 
 
